@@ -1,0 +1,89 @@
+// Hugging Face tokenizer.json tokenizers: byte-level BPE (Llama-3, Qwen2/3: NFC normalizer,
+// Split(regex) + ByteLevel pre-tokenizers) and SentencePiece-style BPE (Llama-2, Mistral:
+// Metaspace, byte_fallback). Added/special tokens are matched in text before the model runs.
+//
+// Thread safety: a loaded Tokenizer is immutable; all const methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace icecache::tokenizer {
+
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant"
+  std::string content;
+};
+
+enum class ChatFormat { kNone, kLlama3, kChatMl };
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Loads `path` (a tokenizer.json). If a tokenizer_config.json sits beside it, its chat template
+  // (Llama-3 or ChatML, recognised from the template text), bos/eos tokens and add_bos_token are
+  // read too. Errors name the file and the problem (INVALID_ARGUMENT for malformed or unsupported
+  // content, NOT_FOUND for a missing file).
+  static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+
+  // Encodes text. Added tokens present in the text are matched as whole tokens. With
+  // add_special_tokens, the model's bos token is prepended where the tokenizer config asks for it.
+  virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = false) const = 0;
+
+  // Decodes ids to text. OUT_OF_RANGE for an id outside the vocabulary. Invalid UTF-8 byte
+  // sequences (possible mid-stream) are replaced by U+FFFD.
+  virtual StatusOr<std::string> Decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const = 0;
+
+  // Total number of ids (model vocabulary plus added tokens), i.e. max id + 1.
+  virtual int vocab_size() const = 0;
+  virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
+  virtual bool IsSpecial(int32_t id) const = 0;
+
+  // From tokenizer_config.json where present.
+  virtual std::optional<int32_t> bos_id() const = 0;
+  virtual std::vector<int32_t> eos_ids() const = 0;
+  virtual ChatFormat chat_format() const = 0;
+
+  // Formats messages as the model's chat template would (Llama-3 or ChatML); FAILED_PRECONDITION
+  // when the tokenizer has no recognised chat template.
+  virtual StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages,
+                                                  bool add_generation_prompt) const = 0;
+};
+
+// Streaming decoder: feed ids one at a time, get back only text that is complete UTF-8 and will
+// not change when more ids arrive. Not thread-safe; one per stream. The Tokenizer must outlive it.
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
+  // Returns the new text made final by `id` (possibly empty).
+  StatusOr<std::string> Push(int32_t id);
+  // Returns whatever is left (incomplete UTF-8 becomes U+FFFD).
+  std::string Flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_tokens_;
+  std::vector<int32_t> ids_;
+  size_t emitted_bytes_ = 0;  // bytes of Decode(ids_) already returned
+};
+
+// Builds the text of a small but real byte-level BPE tokenizer.json (Llama-3 style: Split regex +
+// ByteLevel pre-tokenizer, 256 byte tokens, merges learned greedily from `corpus` until
+// `vocab_size` regular tokens exist), plus the given special tokens appended as added tokens.
+// Used by `icecache make-model` and tests. INVALID_ARGUMENT when vocab_size < 256.
+struct ByteLevelBpeSpec {
+  int vocab_size = 512;           // regular tokens (bytes + merges), special tokens not counted
+  std::string corpus;             // training text for merges; empty = bytes only
+  std::vector<std::string> special_tokens = {"<|begin_of_text|>", "<|end_of_text|>"};
+};
+StatusOr<std::string> BuildByteLevelBpeTokenizerJson(const ByteLevelBpeSpec& spec);
+
+}  // namespace icecache::tokenizer
