@@ -1,0 +1,329 @@
+#include "proto/cluster_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstring>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "common/yaml_config.h"
+
+namespace icecache::cluster {
+namespace {
+
+// Reads typed values of one YAML mapping, naming "origin: section.key" in every error.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path, const std::string& origin)
+      : node_(node), path_(std::move(path)), origin_(origin) {}
+
+  Status CheckShape(const std::set<std::string>& known) const {
+    if (!node_ || node_.IsNull()) return Status::Ok();
+    if (!node_.IsMap()) return Error(path_, "must be a mapping");
+    for (const auto& kv : node_) {
+      std::string key = kv.first.as<std::string>();
+      if (!known.count(key)) {
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        return Error(Join(key), "unknown key (known: " + list + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  template <typename T>
+  Status Number(const std::string& key, T* out, T min, T max) const {
+    YAML::Node v = Child(key);
+    if (!v) return Status::Ok();
+    T value;
+    try {
+      if (!v.IsScalar()) return Error(Join(key), "must be a number");
+      value = v.as<T>();
+    } catch (const YAML::Exception&) {
+      return Error(Join(key), "must be a number, got '" + v.Scalar() + "'");
+    }
+    if (value < min || value > max) {
+      std::ostringstream os;
+      os << "must be in [" << min << ", " << max << "], got " << value;
+      return Error(Join(key), os.str());
+    }
+    *out = value;
+    return Status::Ok();
+  }
+
+  Status String(const std::string& key, std::string* out) const {
+    YAML::Node v = Child(key);
+    if (!v) return Status::Ok();
+    if (v.IsNull()) {
+      out->clear();
+      return Status::Ok();
+    }
+    if (!v.IsScalar()) return Error(Join(key), "must be a string");
+    *out = v.Scalar();
+    return Status::Ok();
+  }
+
+  Status StringList(const std::string& key, std::vector<std::string>* out) const {
+    YAML::Node v = Child(key);
+    if (!v || v.IsNull()) return Status::Ok();
+    out->clear();
+    if (v.IsScalar()) {  // "a:1,b:2" is accepted too (handy on the command line)
+      std::stringstream ss(v.Scalar());
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        if (!item.empty()) out->push_back(item);
+      }
+      return Status::Ok();
+    }
+    if (!v.IsSequence()) return Error(Join(key), "must be a list of strings");
+    for (const auto& item : v) {
+      if (!item.IsScalar()) return Error(Join(key), "must be a list of strings");
+      out->push_back(item.Scalar());
+    }
+    return Status::Ok();
+  }
+
+  MapReader Sub(const std::string& key) const { return MapReader(Child(key), Join(key), origin_); }
+
+ private:
+  YAML::Node Child(const std::string& key) const {
+    if (!node_ || !node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    return node_[key];
+  }
+  std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  Status Error(const std::string& key, const std::string& problem) const {
+    return InvalidArgumentError(origin_ + ": " + key + ": " + problem);
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  const std::string& origin_;
+};
+
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
+Status ReadAddress(const MapReader& r, const std::string& key, std::string* out,
+                   const std::string& origin, const std::string& path) {
+  ICE_RETURN_IF_ERROR(r.String(key, out));
+  if (out->find(':') == std::string::npos) {
+    return InvalidArgumentError(origin + ": " + path + "." + key + ": expected HOST:PORT, got '" +
+                                *out + "'");
+  }
+  return Status::Ok();
+}
+
+Status ReadDiscovery(const MapReader& r, WorkerDiscovery* out) {
+  ICE_RETURN_IF_ERROR(r.CheckShape({"addresses", "dns"}));
+  ICE_RETURN_IF_ERROR(r.StringList("addresses", &out->addresses));
+  ICE_RETURN_IF_ERROR(r.String("dns", &out->dns));
+  return Status::Ok();
+}
+
+Status ApplyOverride(const std::string& assignment, const std::string& origin, YAML::Node* root) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidArgumentError(origin + ": override '" + assignment + "' is not KEY=VALUE");
+  }
+  std::string key = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  std::string part;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  if (parts.empty() || parts.size() > 3) {
+    return InvalidArgumentError(origin + ": override key '" + key + "' must be section.key");
+  }
+  YAML::Node parsed;
+  ICE_RETURN_IF_ERROR(ParseYaml(value, origin + " (override " + key + ")", &parsed));
+  if (!root->IsMap()) *root = YAML::Node(YAML::NodeType::Map);
+  // yaml-cpp nodes are handles: walking with operator[] on copies edits the shared tree.
+  YAML::Node node = *root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node child = node[parts[i]];
+    if (!child.IsMap()) child = YAML::Node(YAML::NodeType::Map);
+    node[parts[i]] = child;
+    node.reset(child);
+  }
+  node[parts.back()] = parsed;
+  return Status::Ok();
+}
+
+StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& origin) {
+  ClusterConfig c;
+  MapReader top(root, "", origin);
+  ICE_RETURN_IF_ERROR(top.CheckShape({"model", "cache", "limits", "router", "prefill", "decode", "ucx"}));
+
+  MapReader model = top.Sub("model");
+  ICE_RETURN_IF_ERROR(model.CheckShape({"dir"}));
+  ICE_RETURN_IF_ERROR(model.String("dir", &c.model.dir));
+
+  MapReader cache = top.Sub("cache");
+  ICE_RETURN_IF_ERROR(
+      cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages"}));
+  ICE_RETURN_IF_ERROR(cache.Number("page_size", &c.cache.page_size, 1, 4096));
+  ICE_RETURN_IF_ERROR(cache.Number("default_budget_pages", &c.cache.default_budget_pages, 0, kIntMax));
+  ICE_RETURN_IF_ERROR(cache.Number("dense_layers", &c.cache.dense_layers, 0, 4096));
+  ICE_RETURN_IF_ERROR(cache.Number("sink_pages", &c.cache.sink_pages, 0, 4096));
+  ICE_RETURN_IF_ERROR(cache.Number("window_pages", &c.cache.window_pages, 1, 4096));
+  if (c.cache.default_budget_pages != 0 &&
+      c.cache.default_budget_pages <= c.cache.sink_pages + c.cache.window_pages) {
+    return InvalidArgumentError(origin + ": cache.default_budget_pages: must be 0 (full) or more than "
+                                "sink_pages + window_pages = " +
+                                std::to_string(c.cache.sink_pages + c.cache.window_pages));
+  }
+
+  MapReader limits = top.Sub("limits");
+  ICE_RETURN_IF_ERROR(limits.CheckShape({"max_tokens", "max_prompt_tokens"}));
+  ICE_RETURN_IF_ERROR(limits.Number("max_tokens", &c.limits.max_tokens, 1, kIntMax));
+  ICE_RETURN_IF_ERROR(limits.Number("max_prompt_tokens", &c.limits.max_prompt_tokens, 1, kIntMax));
+
+  MapReader router = top.Sub("router");
+  ICE_RETURN_IF_ERROR(router.CheckShape({"listen", "metrics_port", "prefill", "decode", "dns_refresh_seconds",
+                                         "stats_refresh_seconds", "request_timeout_seconds",
+                                         "kv_transfer_timeout_seconds"}));
+  ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
+  ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
+  ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
+  ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("decode"), &c.router.decode));
+  ICE_RETURN_IF_ERROR(router.Number("dns_refresh_seconds", &c.router.dns_refresh_seconds, 0.1, 86400.0));
+  ICE_RETURN_IF_ERROR(router.Number("stats_refresh_seconds", &c.router.stats_refresh_seconds, 0.01, 3600.0));
+  ICE_RETURN_IF_ERROR(router.Number("request_timeout_seconds", &c.router.request_timeout_seconds, 0.001, 1e7));
+  ICE_RETURN_IF_ERROR(
+      router.Number("kv_transfer_timeout_seconds", &c.router.kv_transfer_timeout_seconds, 0.001, 1e5));
+
+  MapReader prefill = top.Sub("prefill");
+  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens"}));
+  ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
+  ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
+  ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
+  ICE_RETURN_IF_ERROR(prefill.Number("max_batch_tokens", &c.prefill.max_batch_tokens, 1, kIntMax));
+
+  MapReader decode = top.Sub("decode");
+  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences"}));
+  ICE_RETURN_IF_ERROR(ReadAddress(decode, "listen", &c.decode.listen, origin, "decode"));
+  ICE_RETURN_IF_ERROR(decode.Number("metrics_port", &c.decode.metrics_port, 0, 65535));
+  ICE_RETURN_IF_ERROR(decode.Number("threads", &c.decode.threads, 0, 4096));
+  ICE_RETURN_IF_ERROR(decode.Number<int64_t>("pool_pages", &c.decode.pool_pages, 1, int64_t{1} << 40));
+  ICE_RETURN_IF_ERROR(decode.Number("max_sequences", &c.decode.max_sequences, 1, 1 << 20));
+
+  MapReader ucx = top.Sub("ucx");
+  ICE_RETURN_IF_ERROR(ucx.CheckShape({"tls", "net_devices", "transfer_timeout_seconds"}));
+  ICE_RETURN_IF_ERROR(ucx.String("tls", &c.ucx.tls));
+  ICE_RETURN_IF_ERROR(ucx.String("net_devices", &c.ucx.net_devices));
+  ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
+  return c;
+}
+
+}  // namespace
+
+StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std::string& origin,
+                                           const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  ICE_RETURN_IF_ERROR(ParseYaml(yaml_text, origin, &root));
+  try {
+    for (const auto& o : overrides) ICE_RETURN_IF_ERROR(ApplyOverride(o, origin, &root));
+    return FromNode(root, origin);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(origin + ": " + e.msg);
+  }
+}
+
+StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return ParseClusterConfig("", "<defaults>", overrides);
+  YAML::Node root;
+  ICE_RETURN_IF_ERROR(LoadYamlFile(path, &root));
+  try {
+    for (const auto& o : overrides) ICE_RETURN_IF_ERROR(ApplyOverride(o, path, &root));
+    return FromNode(root, path);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(path + ": " + e.msg);
+  }
+}
+
+StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    auto take = [&](const char* flag) -> bool {
+      size_t n = std::strlen(flag);
+      if (arg == flag && i + 1 < argc) {
+        value = argv[++i];
+        return true;
+      }
+      if (arg.size() > n && arg.compare(0, n, flag) == 0 && arg[n] == '=') {
+        value = arg.substr(n + 1);
+        return true;
+      }
+      return false;
+    };
+    if (take("--config")) {
+      config_path = value;
+    } else if (take("--set")) {
+      overrides.push_back(value);
+    } else if (take("--model")) {
+      overrides.push_back("model.dir=" + value);
+    } else if (take("--listen")) {
+      overrides.push_back(section + ".listen=" + value);
+    } else if (take("--metrics-port")) {
+      overrides.push_back(section + ".metrics_port=" + value);
+    } else {
+      return InvalidArgumentError("unknown or incomplete option '" + arg +
+                                  "' (options: --config FILE, --set SECTION.KEY=VALUE, --model DIR, "
+                                  "--listen HOST:PORT, --metrics-port PORT)");
+    }
+  }
+  return LoadClusterConfig(config_path, overrides);
+}
+
+std::string ClusterConfigToYaml(const ClusterConfig& c) {
+  YAML::Emitter out;
+  auto discovery = [&](const char* name, const WorkerDiscovery& d) {
+    out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "addresses" << YAML::Value << YAML::Flow << d.addresses;
+    out << YAML::Key << "dns" << YAML::Value << d.dns << YAML::EndMap;
+  };
+  out << YAML::BeginMap;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
+      << c.model.dir << YAML::EndMap;
+  out << YAML::Key << "cache" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "page_size" << YAML::Value << c.cache.page_size;
+  out << YAML::Key << "default_budget_pages" << YAML::Value << c.cache.default_budget_pages;
+  out << YAML::Key << "dense_layers" << YAML::Value << c.cache.dense_layers;
+  out << YAML::Key << "sink_pages" << YAML::Value << c.cache.sink_pages;
+  out << YAML::Key << "window_pages" << YAML::Value << c.cache.window_pages << YAML::EndMap;
+  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
+  out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens << YAML::EndMap;
+  out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "listen" << YAML::Value << c.router.listen;
+  out << YAML::Key << "metrics_port" << YAML::Value << c.router.metrics_port;
+  discovery("prefill", c.router.prefill);
+  discovery("decode", c.router.decode);
+  out << YAML::Key << "dns_refresh_seconds" << YAML::Value << c.router.dns_refresh_seconds;
+  out << YAML::Key << "stats_refresh_seconds" << YAML::Value << c.router.stats_refresh_seconds;
+  out << YAML::Key << "request_timeout_seconds" << YAML::Value << c.router.request_timeout_seconds;
+  out << YAML::Key << "kv_transfer_timeout_seconds" << YAML::Value << c.router.kv_transfer_timeout_seconds;
+  out << YAML::EndMap;
+  out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;
+  out << YAML::Key << "metrics_port" << YAML::Value << c.prefill.metrics_port;
+  out << YAML::Key << "threads" << YAML::Value << c.prefill.threads;
+  out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens << YAML::EndMap;
+  out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
+  out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;
+  out << YAML::Key << "threads" << YAML::Value << c.decode.threads;
+  out << YAML::Key << "pool_pages" << YAML::Value << c.decode.pool_pages;
+  out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences << YAML::EndMap;
+  out << YAML::Key << "ucx" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "tls" << YAML::Value << c.ucx.tls;
+  out << YAML::Key << "net_devices" << YAML::Value << c.ucx.net_devices;
+  out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
+  out << YAML::EndMap << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace icecache::cluster

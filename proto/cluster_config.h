@@ -1,0 +1,100 @@
+// The one configuration schema of the three cluster processes (router, prefill, decode). Each
+// process reads the same YAML file (docs/config.md) and uses its own section plus the shared
+// ones. Command-line overrides ("--set decode.pool_pages=4096") are applied to the YAML tree
+// before it is checked, so a value has the same meaning and the same checks from either source.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace icecache::cluster {
+
+struct ModelSection {
+  std::string dir;  // model directory (config.json, *.safetensors, optional tokenizer.json)
+};
+
+struct CacheSection {
+  int page_size = 16;             // tokens per KV page
+  int default_budget_pages = 16;  // budget when a request names none; 0 = full attention
+  int dense_layers = 2;           // first layers that always attend fully
+  int sink_pages = 2;
+  int window_pages = 2;
+};
+
+struct LimitsSection {
+  int max_tokens = 4096;          // upper bound of GenerateRequest.max_tokens
+  int max_prompt_tokens = 131072;
+};
+
+// Where a set of workers is. Either a static list of "host:port", or a DNS name ("name:port")
+// resolved to every address it has and re-resolved every dns_refresh_seconds.
+struct WorkerDiscovery {
+  std::vector<std::string> addresses;
+  std::string dns;
+};
+
+struct RouterSection {
+  std::string listen = "127.0.0.1:50051";
+  int metrics_port = 0;  // 0 = no /metrics exposer
+  WorkerDiscovery prefill;
+  WorkerDiscovery decode;
+  double dns_refresh_seconds = 10;
+  double stats_refresh_seconds = 0.5;  // how often worker load is polled
+  double request_timeout_seconds = 600;  // used when the client sets no deadline
+  double kv_transfer_timeout_seconds = 30;
+};
+
+struct PrefillSection {
+  std::string listen = "127.0.0.1:50061";
+  int metrics_port = 0;
+  int threads = 0;               // compute threads, 0 = all cores
+  int max_batch_tokens = 16384;  // prompts batched together up to this many tokens
+};
+
+struct DecodeSection {
+  std::string listen = "127.0.0.1:50071";
+  int metrics_port = 0;
+  int threads = 0;
+  int64_t pool_pages = 16384;  // host KV pages (each holds page_size tokens of every layer's K and V)
+  int max_sequences = 64;
+};
+
+struct UcxSection {
+  std::string tls = "tcp,sm,self";  // UCX_TLS
+  std::string net_devices = "";     // UCX_NET_DEVICES; empty = UCX's default
+  double transfer_timeout_seconds = 30;  // a transfer that does not finish by then is aborted
+};
+
+struct ClusterConfig {
+  ModelSection model;
+  CacheSection cache;
+  LimitsSection limits;
+  RouterSection router;
+  PrefillSection prefill;
+  DecodeSection decode;
+  UcxSection ucx;
+};
+
+// Parses YAML text into a config; every key is optional (defaults above), an unknown key or a
+// value of the wrong type or range is INVALID_ARGUMENT naming `origin` and the key path.
+// `overrides` are "section.key=value" strings applied on top of the text.
+StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std::string& origin,
+                                           const std::vector<std::string>& overrides = {});
+
+// Reads the file at `path` ("" = defaults only) and applies `overrides`.
+StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path,
+                                          const std::vector<std::string>& overrides = {});
+
+// Pulls the options common to all three binaries out of argv: --config FILE, --set K=V (repeatable)
+// and shorthands (--model DIR -> model.dir, --listen ADDR -> <section>.listen, --metrics-port P ->
+// <section>.metrics_port). `section` is "router", "prefill" or "decode". Unknown flags are
+// INVALID_ARGUMENT. argv[0] is skipped.
+StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section);
+
+// Renders the config as YAML (all keys, defaults included).
+std::string ClusterConfigToYaml(const ClusterConfig& config);
+
+}  // namespace icecache::cluster
