@@ -1,0 +1,44 @@
+// The CPU backend's op table; its "device" memory is ordinary host memory.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace icecache::kernels {
+
+namespace {
+
+Status HostAlloc(size_t bytes, void** out) {
+  // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  *out = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (*out == nullptr) {
+    return ResourceExhaustedError("host allocation of " + std::to_string(bytes) + " bytes failed");
+  }
+  return Status::Ok();
+}
+
+void HostFree(void* ptr) { std::free(ptr); }
+
+Status HostCopy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+Status NoSync() { return Status::Ok(); }
+
+}  // namespace
+
+const OpTable& CpuOpTable() {
+  static const OpTable table = {
+      Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
+      cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
+      cpu::PagedDecodeAttention, cpu::Argmax, cpu::TopLogits, HostAlloc,
+      HostFree,             HostCopy,      HostCopy,       HostCopy,
+      NoSync,
+  };
+  return table;
+}
+
+}  // namespace icecache::kernels

@@ -1,0 +1,95 @@
+// Row-wise and elementwise CPU ops: RMSNorm, RoPE, SwiGLU, Add, Embedding.
+#include <cmath>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
+
+namespace icecache::kernels::cpu {
+
+Status RmsNorm(const RmsNormParams& p) {
+  DispatchDType(p.weight_dtype, [&]<DType T>() {
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+    for (int r = 0; r < p.rows; ++r) {
+      const float* x = p.x + static_cast<size_t>(r) * p.dim;
+      float* y = p.y + static_cast<size_t>(r) * p.dim;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int i = 0; i < p.dim; ++i) ss += x[i] * x[i];
+      // Matches torch: x * rsqrt(mean(x^2) + eps), then * weight, all fp32.
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(p.dim) + p.eps);
+      for (int i = 0; i < p.dim; ++i) y[i] = (x[i] * inv) * LoadScalar<T>(p.weight, i);
+    }
+  });
+  return Status::Ok();
+}
+
+Status ApplyRope(const RopeParams& p) {
+  const int half = p.rotary_dim / 2;
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  for (int t = 0; t < p.tokens; ++t) {
+    const float pos = static_cast<float>(p.positions[t]);
+    float cs[512], sn[512];  // rotary_dim / 2 <= head_dim / 2; larger dims use the slow path
+    const bool table = half <= 512;
+    if (table) {
+      for (int i = 0; i < half; ++i) {
+        const float a = pos * p.inv_freq[i];
+        cs[i] = std::cos(a);
+        sn[i] = std::sin(a);
+      }
+    }
+    for (int h = 0; h < p.heads; ++h) {
+      float* x = p.x + (static_cast<size_t>(t) * p.heads + h) * p.head_dim;
+      for (int i = 0; i < half; ++i) {
+        float c, s;
+        if (table) {
+          c = cs[i];
+          s = sn[i];
+        } else {
+          const float a = pos * p.inv_freq[i];
+          c = std::cos(a);
+          s = std::sin(a);
+        }
+        const float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * c - x2 * s;
+        x[i + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status SwiGlu(const SwiGluParams& p) {
+#pragma omp parallel for simd schedule(static) num_threads(CpuThreads())
+  for (long i = 0; i < p.n; ++i) {
+    const float g = p.gate[i];
+    p.out[i] = g / (1.f + std::exp(-g)) * p.up[i];
+  }
+  return Status::Ok();
+}
+
+Status Add(const AddParams& p) {
+#pragma omp parallel for simd schedule(static) num_threads(CpuThreads())
+  for (long i = 0; i < p.n; ++i) p.y[i] += p.x[i];
+  return Status::Ok();
+}
+
+Status Embedding(const EmbeddingParams& p) {
+  for (int i = 0; i < p.n; ++i) {
+    if (p.ids[i] < 0 || p.ids[i] >= p.vocab) {
+      return OutOfRangeError("Embedding: token id " + std::to_string(p.ids[i]) + " at position " +
+                             std::to_string(i) + " is outside [0, " + std::to_string(p.vocab) + ")");
+    }
+  }
+  DispatchDType(p.table_dtype, [&]<DType T>() {
+    const size_t row_bytes = static_cast<size_t>(p.dim) * DTypeSize(T);
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+    for (int i = 0; i < p.n; ++i) {
+      ToF32<T>(static_cast<const char*>(p.table) + p.ids[i] * row_bytes,
+               p.out + static_cast<size_t>(i) * p.dim, p.dim);
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace icecache::kernels::cpu

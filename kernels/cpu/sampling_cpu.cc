@@ -1,0 +1,48 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace icecache::kernels::cpu {
+
+Status Argmax(const ArgmaxParams& p) {
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  for (int r = 0; r < p.rows; ++r) {
+    const float* x = p.logits + static_cast<size_t>(r) * p.vocab;
+    int best = -1;
+    float bv = 0.f;
+    for (int i = 0; i < p.vocab; ++i) {
+      if (std::isnan(x[i])) continue;
+      if (best < 0 || x[i] > bv) {
+        best = i;
+        bv = x[i];
+      }
+    }
+    p.out[r] = best < 0 ? 0 : best;
+  }
+  return Status::Ok();
+}
+
+Status TopLogits(const float* logits, int vocab, int count, float* sorted_logits,
+                 int32_t* sorted_ids) {
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  // Descending by logit, NaN last, ties by ascending id.
+  auto before = [logits](int32_t a, int32_t b) {
+    const float x = logits[a], y = logits[b];
+    const bool xn = std::isnan(x), yn = std::isnan(y);
+    if (xn != yn) return yn;
+    if (!xn && x != y) return x > y;
+    return a < b;
+  };
+  std::partial_sort(ids.begin(), ids.begin() + count, ids.end(), before);
+  for (int i = 0; i < count; ++i) {
+    sorted_ids[i] = ids[i];
+    sorted_logits[i] = logits[ids[i]];
+  }
+  return Status::Ok();
+}
+
+}  // namespace icecache::kernels::cpu

@@ -1,0 +1,135 @@
+// Internal: small vector helpers for the CPU kernels. With AVX-512 (the build uses -march=native)
+// loads of f32/f16/bf16 convert to 16 fp32 lanes on the fly; otherwise scalar loops.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/dtype.h"
+
+namespace icecache::kernels::cpu {
+
+// Element i of a typed array as fp32.
+template <DType T>
+inline float LoadScalar(const void* base, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (T == DType::kBF16) {
+    return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
+  } else {
+    return F16ToF32(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+#if defined(__AVX512F__)
+inline constexpr bool kHaveAvx512 = true;
+
+// 16 consecutive elements starting at element i, as fp32.
+template <DType T>
+inline __m512 Load16(const void* base, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (T == DType::kBF16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+// Elements i .. i+count-1 (count < 16), zeros in the other lanes.
+template <DType T>
+inline __m512 Load16Tail(const void* base, size_t i, int count) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
+  if constexpr (T == DType::kF32) {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + i);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + i);
+    if constexpr (T == DType::kBF16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+#else
+inline constexpr bool kHaveAvx512 = false;
+#endif
+
+// fp32 dot product of x [n] with a typed row [n].
+template <DType T>
+inline float Dot(const float* x, const void* row, int n) {
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), Load16<T>(row, i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), Load16<T>(row, i + 16), a1);
+  }
+  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), Load16<T>(row, i), a0);
+  if (i < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i), Load16Tail<T>(row, i, n - i), a1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#else
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += x[i] * LoadScalar<T>(row, i);
+  return s;
+#endif
+}
+
+// y[0..n) += a * row[0..n) (row typed).
+template <DType T>
+inline void Axpy(float a, const void* row, float* y, int n) {
+#if defined(__AVX512F__)
+  const __m512 va = _mm512_set1_ps(a);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, Load16<T>(row, i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, mask,
+                          _mm512_fmadd_ps(va, Load16Tail<T>(row, i, n - i),
+                                          _mm512_maskz_loadu_ps(mask, y + i)));
+  }
+#else
+  for (int i = 0; i < n; ++i) y[i] += a * LoadScalar<T>(row, i);
+#endif
+}
+
+// Converts n typed elements to fp32.
+template <DType T>
+inline void ToF32(const void* src, float* dst, int n) {
+#if defined(__AVX512F__)
+  int i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, Load16<T>(src, i));
+  if (i < n) {
+    _mm512_mask_storeu_ps(dst + i, static_cast<__mmask16>((1u << (n - i)) - 1u),
+                          Load16Tail<T>(src, i, n - i));
+  }
+#else
+  for (int i = 0; i < n; ++i) dst[i] = LoadScalar<T>(src, i);
+#endif
+}
+
+// Calls f.template operator()<T>() with T the compile-time form of the run-time dtype.
+template <typename F>
+inline auto DispatchDType(DType t, F&& f) {
+  switch (t) {
+    case DType::kF16: return f.template operator()<DType::kF16>();
+    case DType::kBF16: return f.template operator()<DType::kBF16>();
+    case DType::kF32: break;
+  }
+  return f.template operator()<DType::kF32>();
+}
+
+}  // namespace icecache::kernels::cpu

@@ -1,0 +1,50 @@
+// Internal: the table of one backend's op implementations. The public entry points (ops.cc)
+// validate arguments once, resolve the backend through the registry and call through this table,
+// so CPU and CUDA implementations receive the same, already checked parameters.
+// Not part of the public interface; included by kernels/*.cc, kernels/cpu and kernels/cuda only.
+#pragma once
+
+#include <cstddef>
+
+#include "common/status.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/sampling.h"
+
+namespace icecache::kernels {
+
+struct OpTable {
+  Backend backend;
+  Status (*matmul)(const MatmulParams&);
+  Status (*rms_norm)(const RmsNormParams&);
+  Status (*apply_rope)(const RopeParams&);
+  Status (*swiglu)(const SwiGluParams&);
+  Status (*add)(const AddParams&);
+  Status (*embedding)(const EmbeddingParams&);
+  Status (*prefill_attention)(const PrefillAttentionParams&);
+  Status (*paged_decode_attention)(const PagedDecodeAttentionParams&);
+  Status (*argmax)(const ArgmaxParams&);
+  // Fills `sorted` ([vocab] capacity, descending by logit) with the top `count` (logit, id) pairs
+  // of one row; count = vocab when k <= 0. Host output; logits in the backend's memory.
+  Status (*top_logits)(const float* logits, int vocab, int count, float* sorted_logits,
+                       int32_t* sorted_ids);
+  // Memory of this backend (host memory for the CPU backend).
+  Status (*alloc)(size_t bytes, void** out);
+  void (*free)(void* ptr);
+  Status (*copy_to_device)(void* dst, const void* host_src, size_t bytes);
+  Status (*copy_to_host)(void* host_dst, const void* src, size_t bytes);
+  Status (*copy_on_device)(void* dst, const void* src, size_t bytes);
+  Status (*synchronize)();
+};
+
+// The CPU table (always present).
+const OpTable& CpuOpTable();
+
+// The table for `backend` (kAuto resolved). FAILED_PRECONDITION when CUDA is requested but not
+// compiled in or no device is usable.
+StatusOr<const OpTable*> GetOpTable(Backend backend);
+
+}  // namespace icecache::kernels

@@ -1,0 +1,200 @@
+// Public op entry points: argument checks shared by every backend, then dispatch through the
+// backend's op table.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/op_table.h"
+
+namespace icecache::kernels {
+
+namespace {
+
+Status Invalid(const char* op, const std::string& what) {
+  return InvalidArgumentError(std::string(op) + ": " + what);
+}
+
+bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+}  // namespace
+
+Status Matmul(const MatmulParams& p, Backend backend) {
+  if (p.x == nullptr || p.w == nullptr || p.y == nullptr) return Invalid("Matmul", "null x, w or y");
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
+    return Invalid("Matmul", "sizes must be positive, got m=" + std::to_string(p.m) +
+                                 " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k));
+  }
+  if (!ValidDType(p.w_dtype) || !ValidDType(p.bias_dtype)) return Invalid("Matmul", "unknown dtype");
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->matmul(p);
+}
+
+Status RmsNorm(const RmsNormParams& p, Backend backend) {
+  if (p.x == nullptr || p.weight == nullptr || p.y == nullptr) {
+    return Invalid("RmsNorm", "null x, weight or y");
+  }
+  if (p.rows < 0 || p.dim <= 0) return Invalid("RmsNorm", "rows must be >= 0 and dim > 0");
+  if (!ValidDType(p.weight_dtype)) return Invalid("RmsNorm", "unknown dtype");
+  if (p.rows == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->rms_norm(p);
+}
+
+Status ApplyRope(const RopeParams& p, Backend backend) {
+  if (p.x == nullptr || p.positions == nullptr || p.inv_freq == nullptr) {
+    return Invalid("ApplyRope", "null x, positions or inv_freq");
+  }
+  if (p.tokens < 0 || p.heads <= 0 || p.head_dim <= 0) {
+    return Invalid("ApplyRope", "tokens must be >= 0, heads and head_dim > 0");
+  }
+  if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) {
+    return Invalid("ApplyRope", "rotary_dim must be even and in (0, head_dim], got " +
+                                    std::to_string(p.rotary_dim));
+  }
+  if (p.tokens == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->apply_rope(p);
+}
+
+Status SwiGlu(const SwiGluParams& p, Backend backend) {
+  if (p.gate == nullptr || p.up == nullptr || p.out == nullptr) return Invalid("SwiGlu", "null pointer");
+  if (p.n < 0) return Invalid("SwiGlu", "n must be >= 0");
+  if (p.n == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->swiglu(p);
+}
+
+Status Add(const AddParams& p, Backend backend) {
+  if (p.y == nullptr || p.x == nullptr) return Invalid("Add", "null pointer");
+  if (p.n < 0) return Invalid("Add", "n must be >= 0");
+  if (p.n == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->add(p);
+}
+
+Status Embedding(const EmbeddingParams& p, Backend backend) {
+  if (p.ids == nullptr || p.table == nullptr || p.out == nullptr) {
+    return Invalid("Embedding", "null ids, table or out");
+  }
+  if (p.n < 0 || p.vocab <= 0 || p.dim <= 0) return Invalid("Embedding", "n >= 0, vocab and dim > 0");
+  if (!ValidDType(p.table_dtype)) return Invalid("Embedding", "unknown dtype");
+  if (p.n == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->embedding(p);
+}
+
+Status PrefillAttention(const PrefillAttentionParams& p, Backend backend) {
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.out == nullptr) {
+    return Invalid("PrefillAttention", "null q, k, v or out");
+  }
+  if (p.q_len < 0 || p.kv_len < p.q_len) {
+    return Invalid("PrefillAttention", "need 0 <= q_len <= kv_len, got q_len=" +
+                                           std::to_string(p.q_len) + " kv_len=" + std::to_string(p.kv_len));
+  }
+  if (p.num_kv_heads <= 0 || p.num_q_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
+    return Invalid("PrefillAttention", "num_q_heads must be a positive multiple of num_kv_heads");
+  }
+  if (p.head_dim <= 0) return Invalid("PrefillAttention", "head_dim must be > 0");
+  if (p.q_len == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->prefill_attention(p);
+}
+
+Status PagedDecodeAttention(const PagedDecodeAttentionParams& p, Backend backend) {
+  if (p.q == nullptr || p.out == nullptr || p.page_indptr == nullptr) {
+    return Invalid("PagedDecodeAttention", "null q, out or page_indptr");
+  }
+  if (p.batch < 0) return Invalid("PagedDecodeAttention", "batch must be >= 0");
+  if (p.num_kv_heads <= 0 || p.num_q_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
+    return Invalid("PagedDecodeAttention", "num_q_heads must be a positive multiple of num_kv_heads");
+  }
+  if (p.head_dim <= 0 || p.page_size <= 0) {
+    return Invalid("PagedDecodeAttention", "head_dim and page_size must be > 0");
+  }
+  if (!ValidDType(p.kv_dtype)) return Invalid("PagedDecodeAttention", "unknown kv dtype");
+  if (p.batch == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  if (t->backend == Backend::kCpu) {
+    // Host-resident index arrays can be checked here; the CUDA kernels trust them.
+    const int lists = p.batch * p.num_kv_heads;
+    if (p.page_indptr[0] != 0) return Invalid("PagedDecodeAttention", "page_indptr[0] must be 0");
+    for (int i = 0; i < lists; ++i) {
+      if (p.page_indptr[i + 1] < p.page_indptr[i]) {
+        return Invalid("PagedDecodeAttention", "page_indptr must be non-decreasing");
+      }
+    }
+    const int total = p.page_indptr[lists];
+    if (total > 0 && (p.pages == nullptr || p.page_ids == nullptr || p.page_valid == nullptr)) {
+      return Invalid("PagedDecodeAttention", "null pages, page_ids or page_valid with pages listed");
+    }
+    for (int i = 0; i < total; ++i) {
+      if (p.page_ids[i] < 0) return Invalid("PagedDecodeAttention", "negative page id");
+      if (p.page_valid[i] < 0 || p.page_valid[i] > p.page_size) {
+        return Invalid("PagedDecodeAttention", "page_valid[" + std::to_string(i) + "]=" +
+                                                   std::to_string(p.page_valid[i]) +
+                                                   " outside [0, page_size]");
+      }
+    }
+  }
+  return t->paged_decode_attention(p);
+}
+
+Status Argmax(const ArgmaxParams& p, Backend backend) {
+  if (p.logits == nullptr || p.out == nullptr) return Invalid("Argmax", "null logits or out");
+  if (p.rows < 0 || p.vocab <= 0) return Invalid("Argmax", "rows >= 0 and vocab > 0 required");
+  if (p.rows == 0) return Status::Ok();
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->argmax(p);
+}
+
+StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p, Backend backend) {
+  if (p.logits == nullptr) return Invalid("TopKTopPCandidates", "null logits");
+  if (p.vocab <= 0) return Invalid("TopKTopPCandidates", "vocab must be > 0");
+  if (!(p.top_p > 0.f && p.top_p <= 1.f)) {
+    return Invalid("TopKTopPCandidates", "top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  }
+  if (std::isnan(p.temperature)) return Invalid("TopKTopPCandidates", "temperature is NaN");
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  const bool greedy = p.temperature <= 0.f;
+  const int count = greedy ? 1 : (p.top_k > 0 ? std::min(p.top_k, p.vocab) : p.vocab);
+  std::vector<float> logits(count);
+  std::vector<int32_t> ids(count);
+  ICE_RETURN_IF_ERROR(t->top_logits(p.logits, p.vocab, count, logits.data(), ids.data()));
+  SamplingCandidates c;
+  if (greedy) {
+    c.ids = {ids[0]};
+    c.probs = {1.f};
+    return c;
+  }
+  // Softmax of logits/temperature over the top-k set (HF top-k masks the rest to -inf).
+  const double inv_t = 1.0 / p.temperature;
+  const double mx = static_cast<double>(logits[0]) * inv_t;
+  std::vector<double> e(count);
+  double sum = 0;
+  for (int i = 0; i < count; ++i) {
+    e[i] = std::exp(logits[i] * inv_t - mx);  // -inf logits give 0
+    sum += e[i];
+  }
+  // Nucleus: keep tokens while the probability mass before them is below top_p.
+  int keep = count;
+  if (p.top_p < 1.f) {
+    double before = 0;
+    for (int i = 0; i < count; ++i) {
+      if (i > 0 && before >= static_cast<double>(p.top_p)) {
+        keep = i;
+        break;
+      }
+      before += e[i] / sum;
+    }
+  }
+  while (keep > 1 && e[keep - 1] == 0.0) --keep;  // drop -inf / underflowed logits
+  double kept_sum = 0;
+  for (int i = 0; i < keep; ++i) kept_sum += e[i];
+  c.ids.assign(ids.begin(), ids.begin() + keep);
+  c.probs.resize(keep);
+  for (int i = 0; i < keep; ++i) c.probs[i] = static_cast<float>(e[i] / kept_sum);
+  return c;
+}
+
+}  // namespace icecache::kernels

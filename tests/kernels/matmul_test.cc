@@ -1,0 +1,129 @@
+#include "kernels/matmul.h"
+
+#include <cmath>
+
+#include "tests/kernels/test_util.h"
+
+namespace icecache::kernels {
+namespace {
+
+using testing::ExpectClose;
+using testing::RandomVector;
+using testing::ToTyped;
+
+struct MatmulCase {
+  int m, n, k;
+  DType w_dtype;
+  bool bias;
+  bool accumulate;
+  std::string Name() const {
+    return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " " +
+           std::string(DTypeName(w_dtype)) + (bias ? " bias" : "") + (accumulate ? " acc" : "");
+  }
+};
+
+std::vector<MatmulCase> Cases() {
+  std::vector<MatmulCase> cases;
+  const int shapes[][3] = {{1, 1, 1},   {1, 7, 15},   {1, 130, 1024}, {2, 33, 100}, {3, 64, 515},
+                           {4, 17, 16}, {5, 70, 33},  {8, 64, 512},   {17, 129, 1030}, {33, 5, 7}};
+  int i = 0;
+  for (auto& s : shapes) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      cases.push_back({s[0], s[1], s[2], t, (i % 2) == 0, (i % 3) == 1});
+      ++i;
+    }
+  }
+  return cases;
+}
+
+// Runs Matmul on `backend` with host inputs; y starts as y0.
+std::vector<float> RunMatmul(Backend backend, const MatmulCase& c, const std::vector<float>& x,
+                       const testing::Typed& w, const std::vector<float>& bias,
+                       const std::vector<float>& y0) {
+  auto dx = testing::Upload(backend, x);
+  auto dw = testing::Upload(backend, w.bytes);
+  auto db = testing::Upload(backend, bias);
+  auto dy = testing::Upload(backend, y0);
+  MatmulParams p;
+  p.x = dx.as<float>();
+  p.w = dw.data();
+  p.w_dtype = c.w_dtype;
+  p.bias = c.bias ? db.data() : nullptr;
+  p.y = dy.as<float>();
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.accumulate = c.accumulate;
+  Status s = Matmul(p, backend);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return testing::Download<float>(dy, y0.size());
+}
+
+TEST(MatmulTest, CpuMatchesNaive) {
+  uint32_t seed = 1;
+  for (const MatmulCase& c : Cases()) {
+    const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
+    const auto w = ToTyped(c.w_dtype, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+    const auto bias = RandomVector(c.n, seed++);
+    const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
+    std::vector<float> want(y0.size());
+    for (int r = 0; r < c.m; ++r) {
+      for (int j = 0; j < c.n; ++j) {
+        double s = c.bias ? bias[j] : 0.0;
+        for (int i = 0; i < c.k; ++i) s += static_cast<double>(x[r * c.k + i]) * w.values[j * c.k + i];
+        if (c.accumulate) s += y0[r * c.n + j];
+        want[r * c.n + j] = static_cast<float>(s);
+      }
+    }
+    const auto got = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
+    // fp32 accumulation of k products of magnitude <= 1: error grows ~ sqrt(k) ulps of the sum.
+    ExpectClose(got, want, 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name());
+  }
+}
+
+TEST(MatmulTest, CudaMatchesCpu) {
+  ICE_SKIP_WITHOUT_CUDA();
+  uint32_t seed = 100;
+  for (const MatmulCase& c : Cases()) {
+    const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
+    const auto w = ToTyped(c.w_dtype, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+    const auto bias = RandomVector(c.n, seed++);
+    const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
+    const auto cpu = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
+    const auto gpu = RunMatmul(Backend::kCuda, c, x, w, bias, y0);
+    // cuBLAS may use a different summation order (and TF32 is disabled): same fp32 bound as above.
+    ExpectClose(gpu, cpu, 4e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name());
+  }
+}
+
+TEST(MatmulTest, RejectsBadArguments) {
+  MatmulParams p;
+  EXPECT_EQ(Matmul(p).code(), StatusCode::kInvalidArgument);
+  float x = 1, w = 1, y = 0;
+  p.x = &x;
+  p.w = &w;
+  p.y = &y;
+  p.m = 1;
+  p.n = 0;
+  p.k = 1;
+  EXPECT_EQ(Matmul(p).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MatmulTest, CudaWithoutDeviceIsFailedPrecondition) {
+  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  float x = 1, w = 2, y = 0;
+  MatmulParams p;
+  p.x = &x;
+  p.w = &w;
+  p.y = &y;
+  p.m = p.n = p.k = 1;
+  const Status s = Matmul(p, Backend::kCuda);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("CUDA"), std::string::npos) << s.message();
+  EXPECT_EQ(ResolveBackend(Backend::kAuto), Backend::kCpu);
+  ASSERT_TRUE(Matmul(p, Backend::kAuto).ok());
+  EXPECT_EQ(y, 2.f);
+}
+
+}  // namespace
+}  // namespace icecache::kernels

@@ -1,0 +1,94 @@
+// Shared helpers of the kernels tests: random data, running an op on a backend from host vectors,
+// and a closeness check that reports the worst element.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/device_buffer.h"
+#include "kernels/dtype.h"
+
+namespace icecache::kernels::testing {
+
+inline constexpr char kNoCudaMessage[] = "no CUDA device: GPU differential cases skipped";
+
+#define ICE_SKIP_WITHOUT_CUDA()                                                  \
+  do {                                                                           \
+    if (!::icecache::kernels::CudaAvailable())                                   \
+      GTEST_SKIP() << ::icecache::kernels::testing::kNoCudaMessage;              \
+  } while (0)
+
+inline std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// The bytes of `v` stored as dtype t, and the fp32 values those bytes hold (what a kernel sees).
+struct Typed {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+inline Typed ToTyped(DType t, const std::vector<float>& v) {
+  Typed out;
+  out.bytes.resize(v.size() * DTypeSize(t));
+  ConvertFromF32(t, v.data(), out.bytes.data(), v.size());
+  out.values.resize(v.size());
+  ConvertToF32(t, out.bytes.data(), out.values.data(), v.size());
+  return out;
+}
+
+// A host vector uploaded to a backend. Test-fatal on failure.
+template <typename T>
+DeviceBuffer Upload(Backend b, const std::vector<T>& v) {
+  auto buf = DeviceBuffer::Allocate(b, v.size() * sizeof(T) + 1);
+  EXPECT_TRUE(buf.ok()) << buf.status().ToString();
+  EXPECT_TRUE(buf->CopyFromHost(v.data(), v.size() * sizeof(T)).ok());
+  return std::move(*buf);
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer& buf, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_TRUE(buf.CopyToHost(v.data(), n * sizeof(T)).ok());
+  return v;
+}
+
+// Expects |got[i] - want[i]| <= atol + rtol * |want[i]| for all i; reports the worst index.
+inline void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double atol,
+                        double rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst_excess = 0;
+  size_t worst = 0;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double tol = atol + rtol * std::fabs(want[i]);
+    if (!(err <= tol)) {
+      ++bad;
+      if (!(err - tol <= worst_excess)) {
+        worst_excess = err - tol;
+        worst = i;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size()
+                    << " elements off; worst at " << worst << " got " << got[worst] << " want "
+                    << want[worst] << " (atol " << atol << ", rtol " << rtol << ")";
+}
+
+inline std::vector<Backend> BackendsPresent() {
+  std::vector<Backend> b = {Backend::kCpu};
+  if (CudaAvailable()) b.push_back(Backend::kCuda);
+  return b;
+}
+
+}  // namespace icecache::kernels::testing
