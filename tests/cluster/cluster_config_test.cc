@@ -1,0 +1,123 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "proto/cluster_config.h"
+
+namespace icecache::cluster {
+namespace {
+
+TEST(ClusterConfig, DefaultsWhenEmpty) {
+  auto c = ParseClusterConfig("", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.page_size, 16);
+  EXPECT_EQ(c->cache.default_budget_pages, 16);
+  EXPECT_EQ(c->decode.pool_pages, 16384);
+}
+
+TEST(ClusterConfig, ReadsEverySection) {
+  const char* text = R"(
+model: {dir: /m}
+cache: {page_size: 32, default_budget_pages: 0, dense_layers: 1, sink_pages: 1, window_pages: 3}
+limits: {max_tokens: 100, max_prompt_tokens: 2000}
+router:
+  listen: 0.0.0.0:7000
+  metrics_port: 9100
+  prefill: {addresses: [a:1, b:2]}
+  decode: {dns: icecache-decode.ns.svc:7100}
+  dns_refresh_seconds: 5
+prefill: {listen: 127.0.0.1:7001, threads: 3, max_batch_tokens: 4096}
+decode: {listen: 127.0.0.1:7002, pool_pages: 99, max_sequences: 7}
+ucx: {tls: tcp, net_devices: lo, transfer_timeout_seconds: 2.5}
+)";
+  auto c = ParseClusterConfig(text, "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model.dir, "/m");
+  EXPECT_EQ(c->cache.page_size, 32);
+  EXPECT_EQ(c->cache.default_budget_pages, 0);
+  EXPECT_EQ(c->limits.max_prompt_tokens, 2000);
+  EXPECT_EQ(c->router.metrics_port, 9100);
+  EXPECT_EQ(c->router.prefill.addresses, (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_EQ(c->router.decode.dns, "icecache-decode.ns.svc:7100");
+  EXPECT_EQ(c->prefill.threads, 3);
+  EXPECT_EQ(c->decode.pool_pages, 99);
+  EXPECT_EQ(c->ucx.tls, "tcp");
+  EXPECT_DOUBLE_EQ(c->ucx.transfer_timeout_seconds, 2.5);
+}
+
+TEST(ClusterConfig, ErrorsNameFileAndKey) {
+  auto c = ParseClusterConfig("decode: {pool_pages: -3}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("x.yaml: decode.pool_pages: must be in"), std::string::npos)
+      << c.status().message();
+
+  c = ParseClusterConfig("decode: {pool_pagez: 3}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("decode.pool_pagez: unknown key"), std::string::npos) << c.status().message();
+
+  c = ParseClusterConfig("cache: {page_size: many}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cache.page_size: must be a number"), std::string::npos);
+
+  c = ParseClusterConfig("router: {listen: nohostport}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("expected HOST:PORT"), std::string::npos);
+
+  c = ParseClusterConfig("cache: {default_budget_pages: 3}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("default_budget_pages"), std::string::npos);
+
+  c = ParseClusterConfig("router: [1, 2", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("x.yaml: invalid YAML at line"), std::string::npos);
+}
+
+TEST(ClusterConfig, OverridesWinOverFile) {
+  auto c = ParseClusterConfig("decode: {pool_pages: 10}\n", "x.yaml",
+                              {"decode.pool_pages=20", "router.prefill.addresses=h:1,h:2", "model.dir=/z"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->decode.pool_pages, 20);
+  EXPECT_EQ(c->router.prefill.addresses, (std::vector<std::string>{"h:1", "h:2"}));
+  EXPECT_EQ(c->model.dir, "/z");
+  auto bad = ParseClusterConfig("", "x.yaml", {"decode.pool_pages"});
+  EXPECT_FALSE(bad.ok());
+  bad = ParseClusterConfig("", "x.yaml", {"decode.pool_pages=lots"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("decode.pool_pages"), std::string::npos);
+}
+
+TEST(ClusterConfig, CommandLineAndRoundTrip) {
+  std::string path = ::testing::TempDir() + "/cluster_config_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "decode: {max_sequences: 5}\n";
+  }
+  std::vector<std::string> args = {"icecache-decode", "--config", path, "--listen=127.0.0.1:9",
+                                   "--set", "decode.threads=2", "--model", "/mm"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  auto c = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->decode.max_sequences, 5);
+  EXPECT_EQ(c->decode.listen, "127.0.0.1:9");
+  EXPECT_EQ(c->decode.threads, 2);
+  EXPECT_EQ(c->model.dir, "/mm");
+
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "roundtrip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(ClusterConfigToYaml(*again), ClusterConfigToYaml(*c));
+
+  std::vector<std::string> bad_args = {"x", "--frobnicate"};
+  std::vector<char*> bad_argv;
+  for (auto& a : bad_args) bad_argv.push_back(a.data());
+  EXPECT_FALSE(ConfigFromCommandLine(2, bad_argv.data(), "decode").ok());
+}
+
+TEST(ClusterConfig, ExampleConfigIsValid) {
+  auto c = LoadClusterConfig(std::string(ICECACHE_SOURCE_DIR) + "/config/cluster.example.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+}
+
+}  // namespace
+}  // namespace icecache::cluster

@@ -1,0 +1,200 @@
+// Real UCX on loopback: two transports (each with its own ucp worker and progress thread) ship
+// pages to each other; bytes are compared with what was sent.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace icecache::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Case {
+  const char* tls;
+  bool peer_failure_detection;
+};
+
+class TransportTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    UcxOptions o{GetParam().tls, "lo", GetParam().peer_failure_detection};
+    auto r = CreateUcxTransport(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    receiver_ = std::move(*r);
+    auto s = CreateUcxTransport(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    sender_ = std::move(*s);
+  }
+
+  static std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
+    std::vector<uint8_t> v(n);
+    std::mt19937 rng(seed);
+    for (auto& b : v) b = static_cast<uint8_t>(rng());
+    return v;
+  }
+
+  std::unique_ptr<Transport> receiver_;
+  std::unique_ptr<Transport> sender_;
+};
+
+// Ships `pages` pages of `page_bytes` into one receiver-owned pool buffer, in a shuffled order
+// and in two Send calls, and checks every byte landed where the sink put it.
+void ShipAndVerify(Transport& sender, Transport& receiver, uint64_t id, size_t pages, size_t page_bytes) {
+  std::vector<uint8_t> src(pages * page_bytes);
+  std::mt19937 rng(static_cast<uint32_t>(id));
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  // The receiver places page i at slot (i * 7) % pages of its pool: a non-identity mapping.
+  std::vector<uint8_t> pool(pages * page_bytes, 0);
+  ASSERT_EQ(pages % 7 == 0, false);
+  ASSERT_TRUE(receiver
+                  .Expect(id,
+                          [&](uint32_t index, size_t bytes) -> StatusOr<void*> {
+                            if (index >= pages || bytes != page_bytes) return InvalidArgumentError("bad segment");
+                            return static_cast<void*>(pool.data() + ((index * 7) % pages) * page_bytes);
+                          })
+                  .ok());
+  std::vector<Segment> segs;
+  for (uint32_t i = 0; i < pages; ++i) segs.push_back({i, src.data() + i * page_bytes, page_bytes});
+  std::shuffle(segs.begin(), segs.end(), rng);
+  auto deadline = Clock::now() + 30s;
+  size_t half = segs.size() / 2;
+  Status s1 = sender.Send(receiver.address(), id, std::span(segs).subspan(0, half), deadline);
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  Status s2 = sender.Send(receiver.address(), id, std::span(segs).subspan(half), deadline);
+  ASSERT_TRUE(s2.ok()) << s2.ToString();
+  Status f = sender.Finish(receiver.address(), id, static_cast<uint32_t>(pages), deadline);
+  ASSERT_TRUE(f.ok()) << f.ToString();
+  Status w = receiver.Wait(id, deadline);
+  ASSERT_TRUE(w.ok()) << w.ToString();
+  for (size_t i = 0; i < pages; ++i) {
+    ASSERT_EQ(0, std::memcmp(pool.data() + ((i * 7) % pages) * page_bytes, src.data() + i * page_bytes, page_bytes))
+        << "page " << i;
+  }
+}
+
+TEST_P(TransportTest, ShipsSmallPages) {
+  // 4 KiB pages go eagerly (copied out of UCX buffers).
+  ShipAndVerify(*sender_, *receiver_, 1, 100, 4096);
+  EXPECT_EQ(receiver_->stats().bytes_received, 100u * 4096);
+  EXPECT_EQ(sender_->stats().bytes_sent, 100u * 4096);
+}
+
+TEST_P(TransportTest, ShipsLargePagesZeroCopy) {
+  // 1 MiB segments are above every rendezvous threshold: received directly into the pool.
+  ShipAndVerify(*sender_, *receiver_, 2, 20, 1 << 20);
+}
+
+TEST_P(TransportTest, ConcurrentTransfersFromTwoSenders) {
+  auto other = CreateUcxTransport(UcxOptions{GetParam().tls, "lo", GetParam().peer_failure_detection});
+  ASSERT_TRUE(other.ok());
+  std::thread a([&] { ShipAndVerify(*sender_, *receiver_, 10, 30, 256 << 10); });
+  std::thread b([&] { ShipAndVerify(**other, *receiver_, 11, 50, 8192); });
+  a.join();
+  b.join();
+  EXPECT_EQ(receiver_->stats().transfers_completed, 2u);
+}
+
+TEST_P(TransportTest, StalledTransferTimesOut) {
+  std::vector<uint8_t> pool(8 * 65536);
+  ASSERT_TRUE(receiver_->Expect(3, [&](uint32_t i, size_t bytes) -> StatusOr<void*> {
+    return static_cast<void*>(pool.data() + i * 65536);
+  }).ok());
+  auto src = RandomBytes(4 * 65536, 3);
+  std::vector<Segment> segs;
+  for (uint32_t i = 0; i < 4; ++i) segs.push_back({i, src.data() + i * 65536, 65536});
+  ASSERT_TRUE(sender_->Send(receiver_->address(), 3, segs, Clock::now() + 10s).ok());
+  // The sender announces 8 segments but only 4 arrive.
+  ASSERT_TRUE(sender_->Finish(receiver_->address(), 3, 8, Clock::now() + 10s).ok());
+  Status w = receiver_->Wait(3, Clock::now() + 300ms);
+  EXPECT_EQ(w.code(), StatusCode::kDeadlineExceeded) << w.ToString();
+  EXPECT_NE(w.message().find("4 segments arrived of 8"), std::string::npos) << w.message();
+  EXPECT_EQ(receiver_->stats().transfers_failed, 1u);
+  // The transfer is forgotten: late large segments are refused, the sender hears of it.
+  Status late = sender_->Send(receiver_->address(), 3, std::span(segs).subspan(0, 1), Clock::now() + 10s);
+  EXPECT_FALSE(late.ok());
+}
+
+TEST_P(TransportTest, NoFinishTimesOut) {
+  std::vector<uint8_t> pool(4096);
+  ASSERT_TRUE(receiver_->Expect(4, [&](uint32_t, size_t) -> StatusOr<void*> { return (void*)pool.data(); }).ok());
+  Status w = receiver_->Wait(4, Clock::now() + 100ms);
+  EXPECT_EQ(w.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(w.message().find("end not announced"), std::string::npos) << w.message();
+}
+
+TEST_P(TransportTest, RefusedSegmentFailsBothSides) {
+  std::vector<uint8_t> pool(65536);
+  ASSERT_TRUE(receiver_->Expect(5, [&](uint32_t i, size_t bytes) -> StatusOr<void*> {
+    if (bytes > pool.size()) return ResourceExhaustedError("segment larger than a page");
+    return static_cast<void*>(pool.data());
+  }).ok());
+  auto src = RandomBytes(1 << 20, 5);
+  Segment seg{0, src.data(), src.size()};
+  Status s = sender_->Send(receiver_->address(), 5, std::span(&seg, 1), Clock::now() + 10s);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  Status w = receiver_->Wait(5, Clock::now() + 10s);
+  EXPECT_EQ(w.code(), StatusCode::kAborted) << w.ToString();
+  EXPECT_NE(w.message().find("segment larger than a page"), std::string::npos);
+}
+
+TEST_P(TransportTest, CancelEndsWait) {
+  ASSERT_TRUE(receiver_->Expect(6, [](uint32_t, size_t) -> StatusOr<void*> { return nullptr; }).ok());
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(50ms);
+    receiver_->Cancel(6);
+  });
+  Status w = receiver_->Wait(6, Clock::now() + 60s);
+  canceller.join();
+  EXPECT_EQ(w.code(), StatusCode::kCancelled) << w.ToString();
+  EXPECT_EQ(receiver_->Wait(6, Clock::now()).code(), StatusCode::kNotFound);
+}
+
+TEST_P(TransportTest, DuplicateExpectIsRejected) {
+  ASSERT_TRUE(receiver_->Expect(7, [](uint32_t, size_t) -> StatusOr<void*> { return nullptr; }).ok());
+  EXPECT_EQ(receiver_->Expect(7, [](uint32_t, size_t) -> StatusOr<void*> { return nullptr; }).code(),
+            StatusCode::kAlreadyExists);
+  receiver_->Cancel(7);
+  EXPECT_EQ(receiver_->Wait(7, Clock::now()).code(), StatusCode::kCancelled);
+}
+
+TEST_P(TransportTest, DeadPeerIsAnError) {
+  std::string address = receiver_->address();
+  receiver_.reset();
+  auto src = RandomBytes(1 << 20, 8);
+  Segment seg{0, src.data(), src.size()};
+  // With failure detection the error is immediate; without, the deadline ends the send.
+  Status s = sender_->Send(address, 8, std::span(&seg, 1), Clock::now() + 2s);
+  EXPECT_FALSE(s.ok());
+  if (!s.ok() && !GetParam().peer_failure_detection) {
+    // The stale endpoint was dropped (force-closed) at the deadline, or failed on connect.
+    EXPECT_TRUE(s.code() == StatusCode::kDeadlineExceeded || s.code() == StatusCode::kUnavailable) << s.ToString();
+  }
+  // Whatever the failure mode, the sender is usable afterwards for a live peer.
+  auto fresh = CreateUcxTransport(UcxOptions{GetParam().tls, "lo", GetParam().peer_failure_detection});
+  ASSERT_TRUE(fresh.ok());
+  ShipAndVerify(*sender_, **fresh, 9, 10, 65536);
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, TransportTest,
+                         ::testing::Values(Case{"tcp,sm,self", false}, Case{"tcp", false},
+                                           Case{"sm,self", false}, Case{"tcp", true}),
+                         [](const auto& info) {
+                           std::string n = info.param.tls;
+                           if (info.param.peer_failure_detection) n += "_peer_failure_detection";
+                           for (auto& c : n) if (c == ',') c = '_';
+                           return n;
+                         });
+
+TEST(TransportOptions, UnknownTransportIsAnError) {
+  auto t = CreateUcxTransport(UcxOptions{"no_such_transport", ""});
+  EXPECT_FALSE(t.ok());
+}
+
+}  // namespace
+}  // namespace icecache::transport

@@ -1,0 +1,98 @@
+// Moves byte segments (KV pages and their index metadata) from one process to another, straight
+// into memory the receiver chose. Callers never see the underlying library (UCX); a Transport is
+// made by a factory (CreateUcxTransport) and addressed by an opaque address string that peers
+// exchange out of band (gRPC bytes fields).
+//
+// A transfer is identified by a 64-bit id chosen by the receiver. The receiver Expect()s it with a
+// SegmentSink that maps each arriving segment to its destination; the sender Send()s any number
+// of segments (indices chosen by the sender, in any order, possibly in several calls) and then
+// Finish()es with the total count. Wait() returns once every segment has landed, or reports why
+// not; after Wait() returns nothing more is written into the sink's memory, so the caller may free
+// it. A transfer that stalls (no Finish, a segment missing) ends with DEADLINE_EXCEEDED at the
+// caller's deadline.
+//
+// Thread safety: all methods may be called from any thread concurrently.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace icecache::transport {
+
+using Clock = std::chrono::steady_clock;
+
+// Returns where segment `index` of `bytes` bytes is to be written (at least `bytes` writable), or
+// an error, which fails the transfer (Wait returns it; the sender's Send sees an error too).
+// Called on the transport's progress thread: it must be quick and must not call the Transport.
+using SegmentSink = std::function<StatusOr<void*>(uint32_t index, size_t bytes)>;
+
+// One segment to send. `data` must stay valid and unchanged until Send() returns.
+struct Segment {
+  uint32_t index = 0;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+struct TransportStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t segments_sent = 0;
+  uint64_t segments_received = 0;
+  uint64_t transfers_completed = 0;
+  uint64_t transfers_failed = 0;  // received transfers that ended in an error (timeouts included)
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // This endpoint's address (opaque bytes) for peers to send to.
+  virtual const std::string& address() const = 0;
+
+  // ---- Receiving ----
+  // Registers transfer `id`. ALREADY_EXISTS if it is registered.
+  virtual Status Expect(uint64_t id, SegmentSink sink) = 0;
+  // Blocks until transfer `id` completes (OK) or fails: DEADLINE_EXCEEDED at `deadline`,
+  // CANCELLED after Cancel(id), ABORTED when the sink refused a segment, DATA_LOSS when a segment
+  // failed in flight, NOT_FOUND for an unknown id. In every case the transfer is forgotten and no
+  // write into sink memory is pending when it returns.
+  virtual Status Wait(uint64_t id, Clock::time_point deadline) = 0;
+  // Makes a pending or future Wait(id) return CANCELLED. Unknown ids are ignored.
+  virtual void Cancel(uint64_t id) = 0;
+
+  // ---- Sending ----
+  // Sends `segments` of transfer `id` to `peer` and returns when the receiver has them (or, for
+  // small segments, when they are buffered for it). UNAVAILABLE when the peer cannot be reached
+  // or fails, FAILED_PRECONDITION when it refused (unknown or failed transfer), DEADLINE_EXCEEDED.
+  // On any error nothing still references the segments' memory when it returns.
+  virtual Status Send(const std::string& peer, uint64_t id, std::span<const Segment> segments,
+                      Clock::time_point deadline) = 0;
+  // Tells the receiver that transfer `id` has `total_segments` segments (indices 0..total-1).
+  virtual Status Finish(const std::string& peer, uint64_t id, uint32_t total_segments,
+                        Clock::time_point deadline) = 0;
+
+  virtual TransportStats stats() const = 0;
+};
+
+struct UcxOptions {
+  std::string tls;          // UCX_TLS, e.g. "tcp,sm,self" or "tcp"; empty = UCX's default
+  std::string net_devices;  // UCX_NET_DEVICES, e.g. "lo"; empty = UCX's default
+  // Ask UCX to detect failed peers (endpoints in peer error-handling mode). UCX 1.13's shared
+  // memory transports cannot, so with this on only tcp carries data; with it off a dead peer
+  // shows up as a Send deadline instead of an immediate UNAVAILABLE.
+  bool peer_failure_detection = false;
+};
+
+// Creates a UCX (ucp active messages) transport with its own worker and progress thread.
+// Segments above UCX's rendezvous threshold are received zero-copy into sink memory; smaller
+// ones are copied there from UCX's buffers.
+StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const UcxOptions& options);
+
+}  // namespace icecache::transport
