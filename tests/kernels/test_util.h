@@ -70,6 +70,7 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
   size_t worst = 0;
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;  // also covers equal infinities
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
     const double tol = atol + rtol * std::fabs(want[i]);
     if (!(err <= tol)) {
