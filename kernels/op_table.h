@@ -37,6 +37,8 @@ struct OpTable {
   Status (*copy_to_device)(void* dst, const void* host_src, size_t bytes);
   Status (*copy_to_host)(void* host_dst, const void* src, size_t bytes);
   Status (*copy_on_device)(void* dst, const void* src, size_t bytes);
+  // count host→device copies of `bytes` each (dst[i] device, src[i] host); complete on return.
+  Status (*copy_pages_to_device)(void* const* dst, const void* const* src, size_t bytes, int count);
   Status (*synchronize)();
 };
 

@@ -26,6 +26,11 @@ Status HostCopy(void* dst, const void* src, size_t bytes) {
   return Status::Ok();
 }
 
+Status HostCopyPages(void* const* dst, const void* const* src, size_t bytes, int count) {
+  for (int i = 0; i < count; ++i) std::memcpy(dst[i], src[i], bytes);
+  return Status::Ok();
+}
+
 Status NoSync() { return Status::Ok(); }
 
 }  // namespace
@@ -36,7 +41,7 @@ const OpTable& CpuOpTable() {
       cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
       cpu::PagedDecodeAttention, cpu::Argmax, cpu::TopLogits, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,
-      NoSync,
+      HostCopyPages,        NoSync,
   };
   return table;
 }
