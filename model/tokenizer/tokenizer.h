@@ -42,6 +42,11 @@ class Tokenizer {
   // sequences (possible mid-stream) are replaced by U+FFFD.
   virtual StatusOr<std::string> Decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const = 0;
 
+  // Like Decode but returns the decoder's raw bytes, which may end in (or contain) incomplete
+  // UTF-8; Decode(ids) == the U+FFFD-replaced form of DecodeBytes(ids). IncrementalDecoder uses it.
+  // The default calls Decode.
+  virtual StatusOr<std::string> DecodeBytes(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
   // Total number of ids (model vocabulary plus added tokens), i.e. max id + 1.
   virtual int vocab_size() const = 0;
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
@@ -72,7 +77,12 @@ class IncrementalDecoder {
   const Tokenizer& tokenizer_;
   bool skip_special_tokens_;
   std::vector<int32_t> ids_;
-  size_t emitted_bytes_ = 0;  // bytes of Decode(ids_) already returned
+  // Text comes from decoding the window ids_[prefix_offset_ ..) minus the decode of
+  // ids_[prefix_offset_, read_offset_); emitted_bytes_ counts the bytes of that difference
+  // already returned (a character still incomplete is held back).
+  size_t prefix_offset_ = 0;
+  size_t read_offset_ = 0;
+  size_t emitted_bytes_ = 0;
 };
 
 // Builds the text of a small but real byte-level BPE tokenizer.json (Llama-3 style: Split regex +
