@@ -1,0 +1,87 @@
+// Exact dense attention over a paged KV cache held in host memory: the reference
+// AttentionBackend (model/attention_backend.h).
+//
+// Page layout is kernels/attention.h's: one page holds page_size token slots of ONE (layer,
+// kv-head), its K block [page_size, head_dim] followed by its V block [page_size, head_dim], in
+// kv_dtype. Token at position p of a sequence lives, for every (layer, kv-head), in slot
+// p % page_size of that (layer, kv-head)'s (p / page_size)-th page. Pages come from one pool
+// (one contiguous buffer that grows on demand up to max_pages) with a free list.
+// Decode segments (one new token) go through kernels::PagedDecodeAttention over all of the
+// sequence's pages, in one batched call per layer; longer segments (prefill) through
+// kernels::PrefillAttention (K/V gathered from the pages when the sequence already had tokens).
+//
+// Not thread-safe (see the AttentionBackend contract).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "model/attention_backend.h"
+
+namespace icecache::model {
+
+struct DenseKvCacheOptions {
+  int page_size = 16;
+  kernels::DType kv_dtype = kernels::DType::kF32;
+  int64_t max_pages = 0;  // pool limit in pages (0 = grow without limit)
+};
+
+class DenseKvCache final : public AttentionBackend {
+ public:
+  // REQUIRES: shape fields positive, num_q_heads % num_kv_heads == 0, options.page_size >= 1.
+  DenseKvCache(const AttentionShape& shape, const DenseKvCacheOptions& options = {});
+
+  const AttentionShape& shape() const override { return shape_; }
+  Status AddSequence(SequenceId id) override;
+  Status RemoveSequence(SequenceId id) override;
+  bool HasSequence(SequenceId id) const override { return seqs_.count(id) > 0; }
+  StatusOr<int> SequenceLength(SequenceId id) const override;
+  Status BeginStep(std::span<const StepSegment> segments) override;
+  Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override;
+  void EndStep(bool commit) override;
+
+  // Pages currently allocated to sequences, and the pool's size in pages.
+  int64_t pages_in_use() const { return pages_in_use_; }
+  int64_t pool_pages() const { return pool_pages_; }
+  // Bytes of one page (K and V blocks).
+  size_t page_bytes() const;
+
+ private:
+  struct Sequence {
+    int length = 0;
+    // pages[layer * num_kv_heads + kv_head] = page ids in position order; all lists equally long.
+    std::vector<std::vector<int32_t>> pages;
+  };
+
+  Status AllocatePage(int32_t* page);
+  void FreePage(int32_t page);
+  uint8_t* PagePtr(int32_t page) { return pool_.data() + static_cast<size_t>(page) * page_bytes(); }
+  void WriteNewKv(int layer, const float* k, const float* v);
+  Status DecodeAttention(int layer, const float* q, float* out);
+  Status PrefillSegmentAttention(int layer, size_t seg, const float* q, const float* k, const float* v, float* out);
+
+  const AttentionShape shape_;
+  const DenseKvCacheOptions options_;
+  std::unordered_map<SequenceId, Sequence> seqs_;
+  std::vector<uint8_t> pool_;
+  int64_t pool_pages_ = 0;
+  int64_t pages_in_use_ = 0;
+  std::vector<int32_t> free_pages_;
+
+  // State of the step in progress.
+  bool in_step_ = false;
+  std::vector<StepSegment> step_;
+  std::vector<Sequence*> step_seqs_;
+  std::vector<int> step_row_;  // first step row of each segment
+  std::vector<size_t> decode_segs_;  // segments with one token
+  bool decode_rows_contiguous_ = false;
+
+  // Scratch.
+  std::vector<int32_t> indptr_, page_ids_, page_valid_;
+  std::vector<float> dq_, dout_, gk_, gv_;
+};
+
+}  // namespace icecache::model

@@ -1,0 +1,180 @@
+#include "model/generator.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "model/tokenizer/tokenizer.h"
+
+namespace icecache::model {
+
+struct Generator::Seq {
+  explicit Seq(const SamplingParams& p) : params(p), sampler(p) {}
+  SamplingParams params;
+  Sampler sampler;
+  std::vector<int32_t> tokens;  // prompt + generated
+  size_t prompt_len = 0;
+  size_t fed = 0;               // tokens already in the backend
+  int generated = 0;
+  std::vector<int32_t> stop_ids;
+  std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
+  std::string text;             // decoded generated text
+  size_t emitted = 0;           // bytes of text already returned
+  size_t max_stop_len = 0;
+};
+
+std::string_view FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kContext: return "context";
+  }
+  return "";
+}
+
+Generator::Generator(Model& model, AttentionBackend& backend, const GeneratorOptions& options)
+    : Generator(model, backend, model.tokenizer(), options) {}
+
+Generator::Generator(Model& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok,
+                     const GeneratorOptions& options)
+    : model_(model), backend_(backend), tok_(tok), options_(options), next_id_(options.first_id) {}
+
+Generator::~Generator() {
+  for (auto& [id, s] : seqs_) backend_.RemoveSequence(id).IgnoreError();
+}
+
+StatusOr<SequenceId> Generator::Add(std::vector<int32_t> prompt, const SamplingParams& params) {
+  const ModelConfig& c = model_.config();
+  ICE_RETURN_IF_ERROR(ValidateSamplingParams(params));
+  if (prompt.empty()) return InvalidArgumentError("the prompt is empty");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= c.vocab_size) {
+      return InvalidArgumentError("prompt token id " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
+                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    }
+  }
+  if (static_cast<int64_t>(prompt.size()) > c.max_position) {
+    return OutOfRangeError("the prompt has " + std::to_string(prompt.size()) +
+                           " tokens, more than max_position_embeddings " + std::to_string(c.max_position));
+  }
+  if (!params.stop_strings.empty() && tok_ == nullptr) {
+    return InvalidArgumentError("stop strings need a tokenizer, and this model directory has no tokenizer.json");
+  }
+  auto s = std::make_unique<Seq>(params);
+  s->prompt_len = prompt.size();
+  s->tokens = std::move(prompt);
+  s->stop_ids = params.stop_ids;
+  if (!params.ignore_eos) s->stop_ids.insert(s->stop_ids.end(), c.eos_ids.begin(), c.eos_ids.end());
+  for (const std::string& ss : params.stop_strings) s->max_stop_len = std::max(s->max_stop_len, ss.size());
+#if ICECACHE_HAVE_TOKENIZER
+  if (tok_ != nullptr) s->decoder = std::make_unique<tokenizer::IncrementalDecoder>(*tok_, true);
+#endif
+  const SequenceId id = next_id_;
+  ICE_RETURN_IF_ERROR(backend_.AddSequence(id));
+  ++next_id_;
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
+Status Generator::Cancel(SequenceId id) {
+  if (!seqs_.count(id)) return NotFoundError("no sequence " + std::to_string(id));
+  return Finish(id);
+}
+
+Status Generator::Finish(SequenceId id) {
+  seqs_.erase(id);
+  return backend_.RemoveSequence(id);
+}
+
+StatusOr<std::vector<int32_t>> Generator::Generated(SequenceId id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return NotFoundError("no sequence " + std::to_string(id));
+  const Seq& s = *it->second;
+  return std::vector<int32_t>(s.tokens.begin() + static_cast<std::ptrdiff_t>(s.prompt_len), s.tokens.end());
+}
+
+void Generator::EmitText(Seq& s, int32_t token, GenerationEvent* ev) {
+#if ICECACHE_HAVE_TOKENIZER
+  if (!s.decoder) return;
+  auto delta = s.decoder->Push(token);
+  if (delta.ok()) s.text += *delta;
+  if (ev->finish != FinishReason::kNone) s.text += s.decoder->Flush();
+  size_t emit_to = s.text.size();
+  if (!s.params.stop_strings.empty()) {
+    const size_t from = s.emitted > s.max_stop_len ? s.emitted - s.max_stop_len + 1 : 0;
+    size_t hit = std::string::npos;
+    for (const std::string& ss : s.params.stop_strings) hit = std::min(hit, s.text.find(ss, from));
+    if (hit != std::string::npos) {
+      emit_to = std::max(hit, s.emitted);
+      ev->finish = FinishReason::kStop;
+    } else if (ev->finish == FinishReason::kNone) {
+      // Hold back a tail that could still grow into a stop string.
+      size_t hold = 0;
+      for (const std::string& ss : s.params.stop_strings) {
+        for (size_t k = std::min(ss.size() - 1, s.text.size()); k > hold; --k) {
+          if (s.text.compare(s.text.size() - k, k, ss, 0, k) == 0) {
+            hold = k;
+            break;
+          }
+        }
+      }
+      emit_to = std::max(s.emitted, s.text.size() - hold);
+    }
+  }
+  ev->text_delta = s.text.substr(s.emitted, emit_to - s.emitted);
+  s.emitted = emit_to;
+#endif
+}
+
+Status Generator::Step(std::vector<GenerationEvent>* events) {
+  if (seqs_.empty()) return Status::Ok();
+  const int max_position = model_.config().max_position;
+  int budget = options_.max_step_tokens > 0 ? options_.max_step_tokens : std::numeric_limits<int>::max();
+  std::vector<SequenceInput> inputs;
+  std::vector<Seq*> order;
+  std::vector<SequenceId> ids;
+  // Decoding sequences first (one token each), then prompt chunks.
+  for (int pass = 0; pass < 2 && budget > 0; ++pass) {
+    for (auto& [id, sp] : seqs_) {
+      Seq& s = *sp;
+      const size_t pending = s.tokens.size() - s.fed;
+      const bool decoding = s.fed >= s.prompt_len;
+      if (pending == 0 || decoding != (pass == 0) || budget <= 0) continue;
+      const size_t n = std::min<size_t>(pending, static_cast<size_t>(budget));
+      inputs.push_back({id, std::span<const int32_t>(s.tokens.data() + s.fed, n)});
+      order.push_back(&s);
+      ids.push_back(id);
+      budget -= static_cast<int>(n);
+    }
+  }
+  if (inputs.empty()) return Status::Ok();
+  ICE_RETURN_IF_ERROR(model_.Forward(inputs, backend_, LogitsMode::kLastToken, &logits_));
+  const int vocab = model_.config().vocab_size;
+  std::vector<SequenceId> finished;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Seq& s = *order[i];
+    s.fed += inputs[i].tokens.size();
+    if (s.fed < s.tokens.size()) continue;  // prompt chunk: more to feed before sampling
+    std::span<const float> row(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    ICE_ASSIGN_OR_RETURN(int32_t token, s.sampler.Sample(row, s.tokens));
+    s.tokens.push_back(token);
+    ++s.generated;
+    GenerationEvent ev;
+    ev.id = ids[i];
+    ev.token = token;
+    if (std::find(s.stop_ids.begin(), s.stop_ids.end(), token) != s.stop_ids.end()) {
+      ev.finish = FinishReason::kStop;
+    } else if (s.generated >= s.params.max_tokens) {
+      ev.finish = FinishReason::kLength;
+    } else if (static_cast<int64_t>(s.tokens.size()) > max_position) {
+      ev.finish = FinishReason::kContext;  // the new token could not be fed at a valid position
+    }
+    EmitText(s, token, &ev);
+    if (ev.finish != FinishReason::kNone) finished.push_back(ev.id);
+    events->push_back(std::move(ev));
+  }
+  for (SequenceId id : finished) ICE_RETURN_IF_ERROR(Finish(id));
+  return Status::Ok();
+}
+
+}  // namespace icecache::model

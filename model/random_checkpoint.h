@@ -1,0 +1,38 @@
+// Random checkpoints in Hugging Face layout, for tests and benchmarks (`icecache make-model`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "kernels/dtype.h"
+#include "model/config.h"
+
+namespace icecache::model {
+
+struct RandomModelSpec {
+  Architecture arch = Architecture::kLlama;
+  int hidden = 64;
+  int layers = 2;
+  int heads = 4;
+  int kv_heads = 2;
+  int head_dim = 0;       // 0 = hidden / heads
+  int intermediate = 0;   // 0 = 8/3 * hidden rounded up to a multiple of 32
+  int vocab = 512;        // total ids, the two special tokens (bos, eos = the last two ids) included
+  int max_position = 4096;
+  double rope_theta = 10000.0;
+  kernels::DType dtype = kernels::DType::kBF16;
+  bool tie = false;
+  uint64_t seed = 0;
+  bool write_tokenizer = true;  // tokenizer.json + tokenizer_config.json (needs vocab >= 258)
+};
+
+// Builds the ModelConfig a spec describes (INVALID_ARGUMENT for inconsistent sizes).
+StatusOr<ModelConfig> RandomModelConfig(const RandomModelSpec& spec);
+
+// Writes DIR/config.json, DIR/model.safetensors and (optionally) a byte-level BPE tokenizer.
+// Weights ~ N(0, 0.02²) (embeddings and lm_head N(0, 1/hidden) so logits have spread ~1),
+// norm weights 1, biases N(0, 0.02²). Deterministic for a given seed. Creates DIR if needed.
+Status WriteRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec);
+
+}  // namespace icecache::model

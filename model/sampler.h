@@ -1,0 +1,52 @@
+// Token sampling for one request: greedy, temperature, top-k, top-p, repetition penalty, seeded.
+//
+// Order of operations (as Hugging Face transformers' logits processors): repetition penalty over
+// the context tokens (prompt + generated; a positive logit is divided by the penalty, a negative
+// one multiplied), then temperature, top-k, top-p, softmax, draw. temperature == 0 is greedy
+// (argmax, lowest id on ties); top_k == 1 is greedy too.
+//
+// Reproducibility: the same params (seed included) and the same logits give the same tokens.
+// A Sampler is not thread-safe; one per sequence.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace icecache::model {
+
+struct SamplingParams {
+  float temperature = 0.f;          // 0 = greedy; else > 0
+  int top_k = 0;                    // 0 = all tokens
+  float top_p = 1.f;                // in (0, 1]
+  std::optional<uint64_t> seed;     // unset = nondeterministic
+  float repetition_penalty = 1.f;   // 1 = off; else > 0
+  int max_tokens = 16;              // generated tokens, >= 1
+  std::vector<int32_t> stop_ids;    // generation stops after producing one of these
+  std::vector<std::string> stop_strings;  // stops when the text contains one (needs a tokenizer)
+  bool ignore_eos = false;          // when false, the model's eos ids are stop ids too
+};
+
+// INVALID_ARGUMENT naming the bad field.
+Status ValidateSamplingParams(const SamplingParams& params);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  // Picks the next token from logits [vocab]. `context` = prompt + generated tokens so far
+  // (used by the repetition penalty). INVALID_ARGUMENT on empty logits.
+  StatusOr<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+};
+
+}  // namespace icecache::model

@@ -1,0 +1,165 @@
+#include "model/generator.h"
+
+#include <gtest/gtest.h>
+
+#include "model/dense_kv_cache.h"
+#include "model/random_checkpoint.h"
+#include "tests/model/test_util.h"
+
+#if ICECACHE_HAVE_TOKENIZER
+#include "model/tokenizer/tokenizer.h"
+#endif
+
+namespace icecache::model {
+namespace {
+
+using testing::FixtureDir;
+
+struct GenRun {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+};
+
+GenRun Generate(Model& m, const std::vector<int32_t>& prompt, const SamplingParams& p) {
+  DenseKvCache cache(m.attention_shape());
+  Generator gen(m, cache);
+  GenRun r;
+  auto id = gen.Add(prompt, p);
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  while (!gen.idle()) {
+    std::vector<GenerationEvent> ev;
+    EXPECT_TRUE(gen.Step(&ev).ok());
+    for (auto& e : ev) {
+      r.tokens.push_back(e.token);
+      r.text += e.text_delta;
+      if (e.finish != FinishReason::kNone) r.finish = e.finish;
+    }
+  }
+  EXPECT_EQ(cache.pages_in_use(), 0);
+  return r;
+}
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = Model::Load(FixtureDir("llama_gqa_f32"));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(*m);
+  }
+  std::unique_ptr<Model> model_;
+  std::vector<int32_t> prompt_ = {5, 17, 230, 41};
+};
+
+TEST_F(GeneratorTest, MaxTokens) {
+  SamplingParams p;
+  p.max_tokens = 7;
+  p.ignore_eos = true;
+  GenRun r = Generate(*model_, prompt_, p);
+  EXPECT_EQ(r.tokens.size(), 7u);
+  EXPECT_EQ(r.finish, FinishReason::kLength);
+}
+
+TEST_F(GeneratorTest, StopIdsAndEos) {
+  SamplingParams p;
+  p.max_tokens = 10;
+  p.ignore_eos = true;
+  GenRun full = Generate(*model_, prompt_, p);
+  ASSERT_EQ(full.tokens.size(), 10u);
+  // Stop on the 4th generated token (if it did not occur earlier).
+  const int32_t stop = full.tokens[3];
+  size_t first = std::find(full.tokens.begin(), full.tokens.end(), stop) - full.tokens.begin();
+  p.stop_ids = {stop};
+  GenRun r = Generate(*model_, prompt_, p);
+  EXPECT_EQ(r.finish, FinishReason::kStop);
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + first + 1));
+  // eos_token_id from config.json (299 in the fixture) stops unless ignore_eos.
+  ASSERT_EQ(model_->config().eos_ids, std::vector<int32_t>{299});
+}
+
+TEST_F(GeneratorTest, SeededSamplingIsReproducible) {
+  SamplingParams p;
+  p.max_tokens = 20;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 77;
+  p.ignore_eos = true;
+  EXPECT_EQ(Generate(*model_, prompt_, p).tokens, Generate(*model_, prompt_, p).tokens);
+}
+
+TEST_F(GeneratorTest, RejectsBadRequests) {
+  DenseKvCache cache(model_->attention_shape());
+  Generator gen(*model_, cache);
+  SamplingParams p;
+  EXPECT_EQ(gen.Add({}, p).status().code(), StatusCode::kInvalidArgument);
+  auto bad = gen.Add({1, 300}, p);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("300"), std::string::npos);
+  p.stop_strings = {"x"};
+  EXPECT_NE(gen.Add({1}, p).status().message().find("no tokenizer.json"), std::string::npos);
+  std::vector<int32_t> too_long(model_->config().max_position + 1, 1);
+  EXPECT_EQ(gen.Add(too_long, {}).status().code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(gen.idle());
+}
+
+TEST_F(GeneratorTest, CancelFreesState) {
+  DenseKvCache cache(model_->attention_shape());
+  Generator gen(*model_, cache);
+  SamplingParams p;
+  p.max_tokens = 100;
+  auto a = gen.Add(prompt_, p);
+  auto b = gen.Add({1, 2}, p);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<GenerationEvent> ev;
+  ASSERT_TRUE(gen.Step(&ev).ok());
+  EXPECT_EQ(ev.size(), 2u);
+  ASSERT_TRUE(gen.Cancel(*a).ok());
+  EXPECT_EQ(gen.Cancel(*a).code(), StatusCode::kNotFound);
+  EXPECT_EQ(gen.num_sequences(), 1u);
+  EXPECT_FALSE(cache.HasSequence(*a));
+  ASSERT_TRUE(gen.Cancel(*b).ok());
+  EXPECT_EQ(cache.pages_in_use(), 0);
+}
+
+TEST_F(GeneratorTest, ContextLimit) {
+  std::vector<int32_t> prompt(model_->config().max_position - 2, 7);
+  SamplingParams p;
+  p.max_tokens = 50;
+  p.ignore_eos = true;
+  GenRun r = Generate(*model_, prompt, p);
+  EXPECT_EQ(r.finish, FinishReason::kContext);
+  EXPECT_EQ(r.tokens.size(), 3u);  // positions max-2, max-1 fed; the third token cannot be
+}
+
+#if ICECACHE_HAVE_TOKENIZER
+TEST(GeneratorText, StopStringsCutTheText) {
+  testing::TempDir dir;
+  RandomModelSpec spec;
+  spec.vocab = 400;
+  spec.seed = 3;
+  ASSERT_TRUE(WriteRandomCheckpoint(dir.path(), spec).ok());
+  auto m = Model::Load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_NE((*m)->tokenizer(), nullptr);
+  auto prompt = (*m)->tokenizer()->Encode("The quick brown fox");
+  ASSERT_TRUE(prompt.ok());
+  SamplingParams p;
+  p.max_tokens = 40;
+  p.temperature = 1.0f;
+  p.seed = 5;
+  p.ignore_eos = true;
+  GenRun full = Generate(**m, *prompt, p);
+  ASSERT_EQ(full.finish, FinishReason::kLength);
+  ASSERT_GT(full.text.size(), 12u) << full.text;
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  const size_t at = full.text.find(stop);
+  p.stop_strings = {stop};
+  GenRun r = Generate(**m, *prompt, p);
+  EXPECT_EQ(r.finish, FinishReason::kStop);
+  EXPECT_EQ(r.text, full.text.substr(0, at));
+  EXPECT_LT(r.tokens.size(), full.tokens.size());
+}
+#endif
+
+}  // namespace
+}  // namespace icecache::model

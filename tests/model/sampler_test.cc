@@ -1,0 +1,121 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include <gtest/gtest.h>
+
+namespace icecache::model {
+namespace {
+
+std::vector<float> RandomLogits(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 2.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+int Argmax(const std::vector<float>& v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+TEST(Sampler, GreedyIsArgmaxAndTopK1IsGreedy) {
+  for (uint64_t s = 0; s < 20; ++s) {
+    auto logits = RandomLogits(1000, s);
+    SamplingParams greedy;
+    Sampler g(greedy);
+    EXPECT_EQ(*g.Sample(logits, {}), Argmax(logits));
+    SamplingParams k1;
+    k1.temperature = 1.5f;
+    k1.top_k = 1;
+    k1.seed = s;
+    Sampler k(k1);
+    EXPECT_EQ(*k.Sample(logits, {}), Argmax(logits));
+  }
+}
+
+TEST(Sampler, SeededRunsAreReproducibleAndSeedsDiffer) {
+  auto logits = RandomLogits(500, 3);
+  SamplingParams p;
+  p.temperature = 1.f;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  auto draw = [&](SamplingParams params) {
+    Sampler s(params);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(*s.Sample(logits, {}));
+    return out;
+  };
+  EXPECT_EQ(draw(p), draw(p));
+  SamplingParams q = p;
+  q.seed = 1235;
+  EXPECT_NE(draw(p), draw(q));
+}
+
+// Empirical frequencies of temperature/top-k/top-p sampling against the exact distribution.
+TEST(Sampler, DistributionMatchesTopKTopP) {
+  std::vector<float> logits = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f};
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 4;
+  p.top_p = 0.9f;
+  p.seed = 9;
+  // Exact: softmax(logits/0.7) over the top 4, then the smallest prefix with mass >= 0.9.
+  std::vector<double> w;
+  for (int i = 0; i < 4; ++i) w.push_back(std::exp(logits[i] / 0.7));
+  double z = w[0] + w[1] + w[2] + w[3];
+  std::vector<double> prob;
+  double cum = 0;
+  for (double x : w) {
+    prob.push_back(x / z);
+    cum += x / z;
+    if (cum >= 0.9) break;
+  }
+  double kept = 0;
+  for (double x : prob) kept += x;
+  Sampler s(p);
+  std::map<int, int> counts;
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) ++counts[*s.Sample(logits, {})];
+  for (auto& [id, c] : counts) ASSERT_LT(id, static_cast<int>(prob.size())) << "token outside top-k/top-p kept";
+  for (size_t i = 0; i < prob.size(); ++i) {
+    const double expect = prob[i] / kept;
+    // 5 standard deviations of a binomial proportion at n = 40000.
+    EXPECT_NEAR(counts[static_cast<int>(i)] / static_cast<double>(n), expect, 5 * std::sqrt(expect * (1 - expect) / n));
+  }
+}
+
+TEST(Sampler, RepetitionPenalty) {
+  std::vector<float> logits = {3.0f, 2.9f, -1.0f, -1.05f};
+  SamplingParams p;
+  p.repetition_penalty = 1.5f;
+  Sampler s(p);
+  std::vector<int32_t> ctx = {0};
+  EXPECT_EQ(*s.Sample(logits, ctx), 1);  // 3.0 / 1.5 = 2.0 < 2.9
+  std::vector<float> neg = {-1.0f, -1.2f};
+  std::vector<int32_t> ctx2 = {0};
+  EXPECT_EQ(*s.Sample(neg, ctx2), 1);  // -1.0 * 1.5 = -1.5 < -1.2
+}
+
+TEST(Sampler, Validation) {
+  SamplingParams p;
+  EXPECT_TRUE(ValidateSamplingParams(p).ok());
+  p.temperature = -1;
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.top_p = 0;
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.max_tokens = 0;
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.top_k = -2;
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.stop_strings = {""};
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+}
+
+}  // namespace
+}  // namespace icecache::model
