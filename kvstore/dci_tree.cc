@@ -1,0 +1,382 @@
+// DciTree construction, parent search, accessors, invariants and release.
+#include "kvstore/dci_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "kvstore/dci_index.h"
+#include "kvstore/vector_ops.h"
+
+namespace icecache::kvstore {
+namespace {
+
+std::string Num(double v) { return std::to_string(v); }
+
+}  // namespace
+
+Status ValidateDciParams(const DciParams& p) {
+  if (p.num_simple < 1 || p.num_simple > 64) return InvalidArgumentError("DciParams.num_simple must be in [1, 64], got " + Num(p.num_simple));
+  if (p.num_composite < 1 || p.num_composite > 64)
+    return InvalidArgumentError("DciParams.num_composite must be in [1, 64], got " + Num(p.num_composite));
+  if (!(p.p1 > 0 && p.p1 <= 1)) return InvalidArgumentError("DciParams.p1 must be in (0, 1], got " + Num(p.p1));
+  if (!(p.p2 > 0 && p.p2 < 1)) return InvalidArgumentError("DciParams.p2 must be in (0, 1), got " + Num(p.p2));
+  if (p.top_level_max_nodes < 1) return InvalidArgumentError("DciParams.top_level_max_nodes must be >= 1");
+  if (p.exact_parent_max_nodes < 0) return InvalidArgumentError("DciParams.exact_parent_max_nodes must be >= 0");
+  if (p.dci_parent_candidates < 1) return InvalidArgumentError("DciParams.dci_parent_candidates must be >= 1");
+  if (p.fov_min < 1) return InvalidArgumentError("DciParams.fov_min must be >= 1");
+  if (!(p.fov_fraction >= 0 && p.fov_fraction <= 1))
+    return InvalidArgumentError("DciParams.fov_fraction must be in [0, 1], got " + Num(p.fov_fraction));
+  if (!(p.cell_score_fraction > 0 && p.cell_score_fraction <= 1))
+    return InvalidArgumentError("DciParams.cell_score_fraction must be in (0, 1], got " + Num(p.cell_score_fraction));
+  if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))
+    return InvalidArgumentError("DciParams.promote_fraction must be in [0, 1), got " + Num(p.promote_fraction));
+  if (!(p.norm_headroom >= 1)) return InvalidArgumentError("DciParams.norm_headroom must be >= 1, got " + Num(p.norm_headroom));
+  return Status::Ok();
+}
+
+DciTree::DciTree(const DciParams& params, PagePool* pool, int num_payloads)
+    : params_(params), pool_(pool), num_payloads_(num_payloads), dim_(pool->head_dim()),
+      page_size_(pool->page_size()) {}
+
+DciTree::~DciTree() { Release(); }
+
+void DciTree::SetDirections() {
+  const int nd = params_.num_simple * params_.num_composite, d1 = dim_ + 1;
+  std::mt19937_64 rng(params_.seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  directions_.resize(static_cast<size_t>(nd) * d1);
+  for (int j = 0; j < nd; ++j) {
+    float* u = directions_.data() + static_cast<size_t>(j) * d1;
+    double n2 = 0;
+    for (int i = 0; i < d1; ++i) {
+      u[i] = g(rng);
+      n2 += double(u[i]) * u[i];
+    }
+    const float inv = static_cast<float>(1.0 / std::sqrt(n2));
+    for (int i = 0; i < d1; ++i) u[i] *= inv;
+  }
+  rng_state_ = params_.seed ^ 0x9e3779b97f4a7c15ull;
+}
+
+float DciTree::OrderProjection(int32_t t) const {
+  return proj_raw_[t] + directions_[dim_] * std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+}
+
+void DciTree::UpperAug(int32_t t, float* out) const {
+  const int l = level_[t];
+  const auto& nodes = level_nodes_[l];
+  const size_t idx = std::lower_bound(nodes.begin(), nodes.end(), t) - nodes.begin();
+  std::copy_n(level_keys_[l].data() + idx * dim_, dim_, out);
+  out[dim_] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+}
+
+StatusOr<std::unique_ptr<DciTree>> DciTree::Build(const DciParams& params, PagePool* pool, int num_payloads,
+                                                  const TokenBlock& block) {
+  ICE_RETURN_IF_ERROR(ValidateDciParams(params));
+  if (pool == nullptr) return InvalidArgumentError("DciTree::Build: pool is null");
+  if (num_payloads < 1 || num_payloads > 64)
+    return InvalidArgumentError("DciTree::Build: num_payloads must be in [1, 64], got " + Num(num_payloads));
+  if (pool->page_size() > 32767) return InvalidArgumentError("DciTree: page_size must be < 32768");
+  if (block.count < 0) return InvalidArgumentError("DciTree::Build: negative token count");
+  if (block.count > 0 && (block.keys == nullptr || block.values == nullptr || block.row_stride < static_cast<size_t>(pool->head_dim())))
+    return InvalidArgumentError("DciTree::Build: keys/values missing or row_stride < head_dim");
+  std::unique_ptr<DciTree> tree(new DciTree(params, pool, num_payloads));
+  tree->SetDirections();
+  tree->first_position_ = block.first_position;
+  Status s = tree->BuildFrom(block);
+  if (!s.ok()) return s;  // the destructor returns any pages taken
+  return tree;
+}
+
+Status DciTree::BuildFrom(const TokenBlock& block) {
+  const int n = block.count, d = dim_;
+  if (n == 0) return Status::Ok();
+  const float* keys = block.keys[0];
+  const size_t stride = block.row_stride;
+  level_.assign(n, 0);
+  parent_.assign(n, -1);
+  node_cell_.assign(n, -1);
+  tok_leaf_.assign(n, -1);
+  tok_slot_.assign(n, -1);
+  norm2_.resize(n);
+  proj_raw_.resize(n);
+  order_proj_.resize(n);
+  float mx = 0.f;
+  for (int t = 0; t < n; ++t) {
+    const float* k = keys + t * stride;
+    norm2_[t] = DotF32(k, k, d);
+    proj_raw_[t] = DotF32(directions_.data(), k, d);
+    mx = std::max(mx, norm2_[t]);
+  }
+  max_norm2_ = static_cast<float>(mx * params_.norm_headroom);
+
+  // Level sizes, then a seeded random choice of which tokens go up.
+  std::vector<int64_t> sizes{std::min<int64_t>(n, static_cast<int64_t>(std::ceil(n * params_.p1)))};
+  while (sizes.back() > params_.top_level_max_nodes) {
+    const int64_t next = static_cast<int64_t>(std::ceil(static_cast<double>(sizes.back()) * params_.p2));
+    sizes.push_back(std::min(next, sizes.back() - 1));
+  }
+  const int top = static_cast<int>(sizes.size());
+  std::vector<int32_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(params_.seed + 1);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int64_t idx = 0;
+  level_counts_.assign(top + 1, 0);
+  for (int l = top; l >= 1; --l) {
+    for (int64_t c = 0; c < sizes[l - 1] && idx < n; ++c) level_[perm[idx++]] = static_cast<int8_t>(l);
+  }
+  level_nodes_.assign(top + 1, {});
+  level_keys_.assign(top + 1, {});
+  for (int t = 0; t < n; ++t) {
+    const int l = level_[t];
+    ++level_counts_[l];
+    if (l == 0) continue;
+    level_nodes_[l].push_back(t);
+    const float* k = keys + t * stride;
+    level_keys_[l].insert(level_keys_[l].end(), k, k + d);
+  }
+  while (level_counts_.size() > 1 && level_counts_.back() == 0) level_counts_.pop_back();
+
+  // Parents: every level below the top attaches to the level above, in one batched search.
+  std::vector<std::vector<int32_t>> by_level(top + 1);
+  for (int t = 0; t < n; ++t) by_level[level_[t]].push_back(t);
+  std::vector<float> extra;
+  std::vector<int32_t> best;
+  for (int l = num_levels() - 2; l >= 0; --l) {
+    const auto& members = by_level[l];
+    if (members.empty()) continue;
+    const auto& upper = level_nodes_[l + 1];
+    const int nu = static_cast<int>(upper.size());
+    if (nu <= params_.exact_parent_max_nodes) {
+      const int ld = (nu + 31) / 32 * 32;
+      std::vector<float> rows_t(static_cast<size_t>(d) * ld, 0.f), row_extra(ld, -INFINITY);
+      for (int r = 0; r < nu; ++r) {
+        const float* k = level_keys_[l + 1].data() + static_cast<size_t>(r) * d;
+        for (int j = 0; j < d; ++j) rows_t[static_cast<size_t>(j) * ld + r] = k[j];
+        row_extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[upper[r]]));
+      }
+      // Members are gathered into a contiguous block (level 0 is almost every token).
+      constexpr int kChunk = 256;
+      std::vector<float> xs(static_cast<size_t>(kChunk) * d);
+      extra.resize(kChunk);
+      best.resize(kChunk);
+      for (size_t b = 0; b < members.size(); b += kChunk) {
+        const int cnt = static_cast<int>(std::min<size_t>(kChunk, members.size() - b));
+        for (int i = 0; i < cnt; ++i) {
+          const int32_t t = members[b + i];
+          std::copy_n(keys + t * stride, d, xs.data() + static_cast<size_t>(i) * d);
+          extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+        }
+        ArgmaxAugDot(xs.data(), d, extra.data(), cnt, rows_t.data(), ld, row_extra.data(), nu, d, best.data());
+        for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
+      }
+    } else {
+      std::vector<float> aug(d + 1);
+      for (int32_t t : members) {
+        std::copy_n(keys + t * stride, d, aug.data());
+        aug[d] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+        parent_[t] = FindParent(l + 1, aug.data());
+      }
+    }
+  }
+
+  // Cells: the root cell holds the top level; every node with children owns one.
+  cells_.clear();
+  cells_.push_back(Cell{});
+  std::vector<std::vector<int32_t>> children;  // per cell
+  children.emplace_back();
+  for (int t = 0; t < n; ++t) {
+    int32_t cell = 0;
+    if (parent_[t] >= 0) {
+      int32_t& c = node_cell_[parent_[t]];
+      if (c < 0) {
+        c = static_cast<int32_t>(cells_.size());
+        cells_.push_back(Cell{parent_[t], epoch_, 0, {}});
+        children.emplace_back();
+      }
+      cell = c;
+    }
+    children[cell].push_back(t);
+  }
+  int64_t total_leaves = 0;
+  for (auto& ch : children) total_leaves += (static_cast<int64_t>(ch.size()) + page_size_ - 1) / page_size_;
+  std::vector<int32_t> pages;
+  ICE_RETURN_IF_ERROR(pool_->AllocateMany(total_leaves * num_payloads_, &pages)
+                          .WithContext("DciTree::Build (" + std::to_string(n) + " tokens, " +
+                                       std::to_string(total_leaves) + " leaves)"));
+  leaf_pages_ = std::move(pages);
+  leaf_valid_.assign(total_leaves, 0);
+  leaf_cell_.assign(total_leaves, -1);
+  leaf_tokens_.assign(total_leaves * page_size_, -1);
+  int32_t next_leaf = 0;
+  for (size_t c = 0; c < children.size(); ++c) {
+    auto& ch = children[c];
+    for (int32_t t : ch) order_proj_[t] = OrderProjection(t);
+    std::sort(ch.begin(), ch.end(), [&](int32_t a, int32_t b) {
+      return order_proj_[a] < order_proj_[b] || (order_proj_[a] == order_proj_[b] && a < b);
+    });
+    const int64_t cnt = static_cast<int64_t>(ch.size());
+    const int64_t nl = (cnt + page_size_ - 1) / page_size_;
+    size_t pos = 0;
+    for (int64_t i = 0; i < nl; ++i) {
+      const int32_t leaf = next_leaf++;
+      cells_[c].leaves.push_back(leaf);
+      leaf_cell_[leaf] = static_cast<int32_t>(c);
+      const int take = static_cast<int>(cnt / nl + (i < cnt % nl ? 1 : 0));
+      for (int s = 0; s < take; ++s, ++pos) {
+        const int32_t t = ch[pos];
+        WriteToken(leaf, s, block, t);
+        leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s] = t;
+        tok_leaf_[t] = leaf;
+        tok_slot_[t] = static_cast<int16_t>(s);
+      }
+      leaf_valid_[leaf] = take;
+    }
+    cells_[c].count = static_cast<int32_t>(cnt);
+  }
+  return Status::Ok();
+}
+
+void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i) {
+  for (int p = 0; p < num_payloads_; ++p) {
+    const int32_t page = leaf_page(leaf, p);
+    RowFromF32(pool_->dtype(), block.keys[p] + static_cast<size_t>(i) * block.row_stride, pool_->KRow(page, slot), dim_);
+    RowFromF32(pool_->dtype(), block.values[p] + static_cast<size_t>(i) * block.row_stride, pool_->VRow(page, slot), dim_);
+  }
+}
+
+int32_t DciTree::FindParent(int level, const float* aug) const {
+  const auto& nodes = level_nodes_[level];
+  const auto& keys = level_keys_[level];
+  const int nu = static_cast<int>(nodes.size());
+  if (nu == 0) return -1;
+  auto score = [&](int r) {
+    return DotF32(keys.data() + static_cast<size_t>(r) * dim_, aug, dim_) +
+           aug[dim_] * std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
+  };
+  int best = 0;
+  float best_s = -INFINITY;
+  if (nu <= params_.exact_parent_max_nodes) {
+    for (int r = 0; r < nu; ++r) {
+      const float s = score(r);
+      if (s > best_s) { best_s = s; best = r; }
+    }
+    return nodes[best];
+  }
+  // Prioritized DCI over the level's augmented keys (rebuilt per call; levels this large are
+  // rare: > exact_parent_max_nodes / p1 tokens).
+  const int d1 = dim_ + 1;
+  DciIndex index(d1, directions_.data(), params_.num_simple, params_.num_composite);
+  std::vector<float> a(d1);
+  for (int r = 0; r < nu; ++r) {
+    std::copy_n(keys.data() + static_cast<size_t>(r) * dim_, dim_, a.data());
+    a[dim_] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
+    index.Add(r, a.data());
+  }
+  // The query side of the NN transform for an augmented key is the key itself.
+  std::vector<int32_t> cand;
+  index.Candidates(aug, params_.dci_parent_candidates, &cand);
+  for (int32_t r : cand) {
+    const float s = score(r);
+    if (s > best_s || (s == best_s && r < best)) { best_s = s; best = r; }
+  }
+  return nodes[best];
+}
+
+void DciTree::Release() {
+  if (!leaf_pages_.empty()) pool_->FreeMany(leaf_pages_).IgnoreError();
+  leaf_pages_.clear();
+  leaf_valid_.clear();
+  leaf_cell_.clear();
+  leaf_tokens_.clear();
+  cells_.clear();
+  level_.clear();
+  parent_.clear();
+  node_cell_.clear();
+  tok_leaf_.clear();
+  tok_slot_.clear();
+  norm2_.clear();
+  proj_raw_.clear();
+  order_proj_.clear();
+  level_nodes_.clear();
+  level_keys_.clear();
+  level_counts_.clear();
+}
+
+std::vector<int64_t> DciTree::LeafPositions(int32_t leaf) const {
+  std::vector<int64_t> out(leaf_valid_[leaf]);
+  for (int s = 0; s < leaf_valid_[leaf]; ++s) out[s] = first_position_ + leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s];
+  return out;
+}
+
+TokenLocation DciTree::Locate(int64_t position) const {
+  const int64_t t = position - first_position_;
+  return TokenLocation{tok_leaf_[t], tok_slot_[t]};
+}
+
+Status DciTree::CheckInvariants() const {
+  const int64_t n = size();
+  auto fail = [](const std::string& m) { return InternalError("DciTree invariant: " + m); };
+  std::vector<uint8_t> seen(n, 0);
+  int64_t total = 0;
+  for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) {
+    const int v = leaf_valid_[leaf];
+    if (v < 1 || v > page_size_) return fail("leaf " + std::to_string(leaf) + " has " + std::to_string(v) + " valid slots");
+    for (int p = 0; p < num_payloads_; ++p)
+      if (!pool_->IsAllocated(leaf_page(leaf, p))) return fail("leaf page not allocated in the pool");
+    for (int s = 0; s < page_size_; ++s) {
+      const int32_t t = leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s];
+      if (s >= v) {
+        if (t != -1) return fail("slot past valid holds a token");
+        continue;
+      }
+      if (t < 0 || t >= n) return fail("slot holds an out-of-range token");
+      if (seen[t]++) return fail("token " + std::to_string(t) + " in two slots");
+      if (tok_leaf_[t] != leaf || tok_slot_[t] != s) return fail("token->(page, slot) map disagrees for token " + std::to_string(t));
+      ++total;
+    }
+  }
+  if (total != n) return fail("leaves hold " + std::to_string(total) + " tokens, tree has " + std::to_string(n));
+  std::vector<int64_t> counts(level_counts_.size(), 0);
+  for (int64_t t = 0; t < n; ++t) {
+    if (level_[t] < 0 || level_[t] >= num_levels()) return fail("bad level");
+    ++counts[level_[t]];
+    const int32_t cell = leaf_cell_[tok_leaf_[t]];
+    const int32_t owner = cells_[cell].owner;
+    if (owner != parent_[t]) return fail("token " + std::to_string(t) + " sits in a cell not of its parent");
+    if (parent_[t] >= 0 && level_[parent_[t]] != level_[t] + 1) return fail("parent not one level up");
+    if (parent_[t] < 0 && level_[t] != num_levels() - 1) return fail("parentless token below the top level");
+  }
+  if (counts != level_counts_) return fail("level counts disagree");
+  for (size_t c = 0; c < cells_.size(); ++c) {
+    const Cell& cell = cells_[c];
+    if (cell.owner >= 0 && node_cell_[cell.owner] != static_cast<int32_t>(c)) return fail("cell owner map disagrees");
+    float prev = -INFINITY;
+    int64_t cell_count = 0;
+    for (int32_t leaf : cell.leaves) cell_count += leaf_valid_[leaf];
+    if (cell_count != cell.count) return fail("cell child count disagrees");
+    for (int32_t leaf : cell.leaves) {
+      if (leaf_cell_[leaf] != static_cast<int32_t>(c)) return fail("leaf listed in a cell it does not belong to");
+      for (int s = 0; s < leaf_valid_[leaf]; ++s) {
+        const float p = order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s]];
+        if (p < prev) return fail("cell " + std::to_string(c) + " leaves not in projection order");
+        prev = p;
+      }
+    }
+    if (cell.epoch == epoch_) {
+      for (int32_t leaf : cell.leaves)
+        for (int s = 0; s < leaf_valid_[leaf]; ++s) {
+          const int32_t t = leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s];
+          if (std::fabs(order_proj_[t] - OrderProjection(t)) > 1e-3f * (1.f + std::fabs(order_proj_[t])))
+            return fail("cached projection stale in an up-to-date cell");
+        }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace icecache::kvstore

@@ -1,0 +1,210 @@
+// DciTree: the IceCache index of one (layer, kv-head). A hierarchical prioritized-DCI k-NN tree
+// over the head's post-RoPE keys whose leaves are physical KV pages of a PagePool, so that
+// semantically related tokens share pages. See docs/kvstore.md and DESIGN.md §3.
+//
+// Model (all defaults are the reference code's, every one configurable in DciParams):
+//  * MIPS -> NN: key k -> k' = [k, sqrt(M - |k|^2)], M = norm_headroom * running max |k|^2;
+//    query q -> q' = [q * sqrt(M)/|q|, 0] (same sphere as the keys, so projections compare).
+//    Nearest k' to q' <=> largest q.k. A key with a new max norm raises M; cached projections
+//    are then re-keyed lazily (a cell is re-sorted the next time an insertion touches it).
+//  * Every token is a node on exactly one level. Level 1 holds ~ceil(n*p1) tokens, each higher
+//    level ceil(p2 * the one below) until a level has <= top_level_max_nodes. Each node of level
+//    l attaches to its nearest node of level l+1 (exact when that level has <=
+//    exact_parent_max_nodes nodes, prioritized DCI with m simple x L composite random unit
+//    directions in R^(d+1) above); top-level nodes belong to a root cell.
+//  * A node's children form its "cell", kept in order of their projection on direction 0 as a
+//    chain of leaves; each leaf is one page per payload, holding its tokens compactly in slots
+//    [0, valid). A cell of c children is spread evenly over ceil(c / page_size) leaves at build;
+//    on insertion a full leaf splits half/half into a new page.
+//  * Query: start from the root cell; on each level keep the field of view
+//    fov = max(fov_min, fov_fraction * n) best nodes (exact q.k) and expand their cells, scoring
+//    about cell_score_fraction of each cell's children exactly (the leaves nearest the query in
+//    projection order). Result: the K best distinct leaves, ranked by the best scored token score.
+//
+// Payloads (ICE(r) reuse): a tree may carry num_payloads parallel page sets with the same layout
+// (payload 0 is the indexed layer; payloads 1.. are follower layers whose K/V simply move with
+// the leader's). Search uses payload 0's keys only.
+//
+// Tokens are identified by sequence position; the tree holds the contiguous range
+// [first_position(), first_position() + size()). Insertions must continue that range.
+//
+// Ownership: the tree owns its leaf pages (allocated from `pool`, freed by the destructor or
+// Release()). `pool` must outlive the tree. Thread safety: const methods (Query, Oracle, accessors)
+// may run concurrently with each other; Insert/Release need exclusive access.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "kvstore/page_pool.h"
+#include "kvstore/wire.h"
+
+namespace icecache::kvstore {
+
+struct DciParams {
+  int num_simple = 1;                  // m: simple indices per composite index
+  int num_composite = 1;               // L: composite indices
+  double p1 = 0.01;                    // fraction of tokens on level >= 1
+  double p2 = 0.2;                     // each higher level, fraction of the one below
+  int top_level_max_nodes = 5;         // a level this small is the top (>= 1)
+  int exact_parent_max_nodes = 3000;   // exact parent search up to this many upper nodes
+  int dci_parent_candidates = 64;      // nodes scored exactly by a DCI parent search
+  int fov_min = 30;                    // field of view: max(fov_min, fov_fraction * n) nodes
+  double fov_fraction = 1.5e-3;
+  double cell_score_fraction = 0.8;    // fraction of an expanded cell scored exactly, (0, 1]
+  double promote_fraction = 0.01;      // inserted tokens promoted to level 1 (new cells), [0, 1)
+  double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
+  uint64_t seed = 0x1cecace;           // directions and level sampling
+};
+
+// Checks ranges; INVALID_ARGUMENT naming the field.
+Status ValidateDciParams(const DciParams& p);
+
+// Keys and values of `count` consecutive tokens for each payload.
+// keys[p] / values[p]: [count, row_stride] fp32, the first head_dim values of each row used.
+struct TokenBlock {
+  int64_t first_position = 0;
+  int count = 0;
+  const float* const* keys = nullptr;    // [num_payloads]
+  const float* const* values = nullptr;  // [num_payloads]
+  size_t row_stride = 0;                 // >= head_dim
+};
+
+struct ScoredLeaf {
+  int32_t leaf = -1;
+  float score = 0.f;  // best q.k of the scored tokens in the leaf
+};
+
+struct TokenLocation {
+  int32_t leaf = -1;
+  int32_t slot = -1;
+};
+
+class DciTree {
+ public:
+  // Builds the tree over `block` (count may be 0: an empty tree that insertions grow).
+  // RESOURCE_EXHAUSTED if the pool runs out (nothing stays allocated); INVALID_ARGUMENT on bad
+  // params or shapes.
+  static StatusOr<std::unique_ptr<DciTree>> Build(const DciParams& params, PagePool* pool, int num_payloads,
+                                                  const TokenBlock& block);
+  ~DciTree();
+  DciTree(const DciTree&) = delete;
+  DciTree& operator=(const DciTree&) = delete;
+
+  // Inserts tokens (block.first_position must equal end_position()). Each token finds its
+  // parent by search and joins that cell in projection order; a full leaf splits. No rebuild.
+  // On RESOURCE_EXHAUSTED the tokens inserted before the failure stay in the tree.
+  Status Insert(const TokenBlock& block);
+
+  // The min(k, num_leaves()) best leaves for query q [head_dim] (approximate; see above), best
+  // first. Thread-safe w.r.t. other const calls.
+  void Query(const float* q, int k, std::vector<ScoredLeaf>* out) const;
+  // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
+  void Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const;
+
+  // Frees every page back to the pool; the tree becomes empty (size() == 0).
+  void Release();
+  // Forgets its pages without freeing them (ownership goes back to whoever shipped them in).
+  void DetachPages() { leaf_pages_.clear(); Release(); }
+
+  // Structure.
+  int64_t size() const { return static_cast<int64_t>(level_.size()); }
+  int64_t first_position() const { return first_position_; }
+  int64_t end_position() const { return first_position_ + size(); }
+  int num_payloads() const { return num_payloads_; }
+  int32_t num_leaves() const { return static_cast<int32_t>(leaf_valid_.size()); }
+  int32_t leaf_page(int32_t leaf, int payload = 0) const { return leaf_pages_[static_cast<size_t>(leaf) * num_payloads_ + payload]; }
+  int leaf_valid(int32_t leaf) const { return leaf_valid_[leaf]; }
+  // Sequence positions of the valid slots of `leaf`, in slot order.
+  std::vector<int64_t> LeafPositions(int32_t leaf) const;
+  TokenLocation Locate(int64_t position) const;  // REQUIRES position in range
+  int num_levels() const { return static_cast<int>(level_counts_.size()); }
+  std::vector<int64_t> level_counts() const { return level_counts_; }  // [num_levels], level 0 first
+  int32_t num_cells() const { return static_cast<int32_t>(cells_.size()); }
+  float max_norm2() const { return max_norm2_; }
+  const DciParams& params() const { return params_; }
+  PagePool* pool() const { return pool_; }
+
+  // Verifies every structural invariant (each token in exactly one slot, location map, leaf
+  // compactness and projection order within each up-to-date cell, parent levels, page ownership).
+  // INTERNAL naming the first violation.
+  Status CheckInvariants() const;
+
+  // Wire form of the metadata; pages are listed in AllPages() order and shipped separately.
+  void Serialize(WireWriter* w) const;
+  // Pages in wire order: leaf-major, payload-minor.
+  std::vector<int32_t> AllPages() const { return leaf_pages_; }
+  // Rebuilds a tree whose pages (already holding the shipped contents, in AllPages() order) are
+  // `pages`; the tree takes ownership of them.
+  static StatusOr<std::unique_ptr<DciTree>> Deserialize(WireReader* r, PagePool* pool, const int32_t* pages,
+                                                        size_t num_pages, size_t* pages_used);
+
+ private:
+  struct Cell {
+    int32_t owner = -1;               // node (tree-local token index) or -1 for the root cell
+    uint32_t epoch = 0;               // re-key epoch its order was computed in
+    int32_t count = 0;                // children
+    std::vector<int32_t> leaves;      // in projection order
+  };
+  class Scratch;
+
+  DciTree(const DciParams& params, PagePool* pool, int num_payloads);
+  Status BuildFrom(const TokenBlock& block);
+  Status InsertOne(const TokenBlock& block, int i);
+  void SetDirections();
+  float OrderProjection(int32_t t) const;
+  void Rekey(float new_max_norm2);
+  void UpperAug(int32_t t, float* out) const;  // [head_dim + 1] augmented key of an upper node
+  int32_t FindParent(int level, const float* aug) const;  // node on `level` nearest to aug
+  int32_t CellOf(int32_t node);                            // creates an empty cell if needed
+  void ResortCell(int32_t cell);
+  Status InsertIntoCell(int32_t cell, int32_t t, const TokenBlock& block, int i);
+  int32_t NewLeaf(int32_t cell, const int32_t* pages);
+  void MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to_slot);
+  void WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i);
+  void ScoreLeaf(int32_t leaf, const float* q, Scratch* s, bool collect) const;
+  void ScoreCell(int32_t cell, const float* q, float qproj, double fraction, Scratch* s, bool collect) const;
+  float LeafFirstProj(int32_t leaf) const { return order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_]]; }
+  float LeafLastProj(int32_t leaf) const {
+    return order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + leaf_valid_[leaf] - 1]];
+  }
+  void AddUpperNode(int level, int32_t t, const float* key);
+
+  DciParams params_;
+  PagePool* pool_;
+  int num_payloads_;
+  int dim_;
+  int page_size_;
+  int64_t first_position_ = 0;
+  float max_norm2_ = 0.f;             // M
+  uint32_t epoch_ = 0;                // bumped on each re-key
+  uint64_t rng_state_ = 0;            // promotion sampling on insert
+  std::vector<float> directions_;     // [m*L, head_dim + 1] unit vectors
+
+  // Per token (tree-local index t = position - first_position_).
+  std::vector<int8_t> level_;
+  std::vector<int32_t> parent_;       // node one level up, -1 for top-level nodes
+  std::vector<int32_t> node_cell_;    // cell of a node's children, -1 if none
+  std::vector<int32_t> tok_leaf_;
+  std::vector<int16_t> tok_slot_;
+  std::vector<float> norm2_;
+  std::vector<float> proj_raw_;       // direction 0 . k (first head_dim components)
+  std::vector<float> order_proj_;     // cached projection the token is ordered by in its cell
+
+  // Upper levels (index l >= 1): nodes and their fp32 keys [nodes, head_dim].
+  std::vector<std::vector<int32_t>> level_nodes_;
+  std::vector<std::vector<float>> level_keys_;
+  std::vector<int64_t> level_counts_;  // nodes per level (level 0 first)
+
+  // Leaves.
+  std::vector<int32_t> leaf_pages_;   // [num_leaves, num_payloads]
+  std::vector<int32_t> leaf_valid_;
+  std::vector<int32_t> leaf_cell_;
+  std::vector<int32_t> leaf_tokens_;  // [num_leaves, page_size], tree-local token of each slot
+  std::vector<Cell> cells_;           // cells_[0] is the root cell once the tree is non-empty
+};
+
+}  // namespace icecache::kvstore

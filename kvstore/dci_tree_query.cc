@@ -1,0 +1,127 @@
+// DciTree queries: multi-level prioritized search and the exact oracle.
+#include <algorithm>
+#include <cmath>
+
+#include "kvstore/dci_tree.h"
+#include "kvstore/vector_ops.h"
+
+namespace icecache::kvstore {
+
+// Per-thread working memory of a query, reused across calls.
+class DciTree::Scratch {
+ public:
+  void Begin(int32_t num_leaves, int page_size) {
+    if (static_cast<int32_t>(leaf_best.size()) < num_leaves) leaf_best.resize(num_leaves, -INFINITY);
+    scores.resize(page_size);
+    touched.clear();
+    cand.clear();
+    next.clear();
+  }
+  void End() {
+    for (int32_t leaf : touched) leaf_best[leaf] = -INFINITY;
+  }
+  std::vector<float> leaf_best;
+  std::vector<int32_t> touched;
+  std::vector<float> scores;
+  std::vector<std::pair<float, int32_t>> cand, next;  // (score, node)
+};
+
+namespace {
+void TopLeaves(const std::vector<int32_t>& touched, const std::vector<float>& best, int k, std::vector<ScoredLeaf>* out) {
+  out->clear();
+  out->reserve(touched.size());
+  for (int32_t leaf : touched) out->push_back(ScoredLeaf{leaf, best[leaf]});
+  auto better = [](const ScoredLeaf& a, const ScoredLeaf& b) {
+    return a.score > b.score || (a.score == b.score && a.leaf < b.leaf);
+  };
+  const size_t kk = std::min<size_t>(k, out->size());
+  std::partial_sort(out->begin(), out->begin() + kk, out->end(), better);
+  out->resize(kk);
+}
+}  // namespace
+
+void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s, bool collect) const {
+  const int v = leaf_valid_[leaf];
+  ScoreRows(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), v, dim_, q, s->scores.data());
+  float best = -INFINITY;
+  const int32_t* toks = &leaf_tokens_[static_cast<size_t>(leaf) * page_size_];
+  for (int j = 0; j < v; ++j) {
+    best = std::max(best, s->scores[j]);
+    if (collect) s->next.emplace_back(s->scores[j], toks[j]);
+  }
+  if (s->leaf_best[leaf] == -INFINITY) s->touched.push_back(leaf);
+  s->leaf_best[leaf] = std::max(s->leaf_best[leaf], best);
+}
+
+void DciTree::ScoreCell(int32_t cell_id, const float* q, float qproj, double fraction, Scratch* s, bool collect) const {
+  const Cell& cell = cells_[cell_id];
+  const int nl = static_cast<int>(cell.leaves.size());
+  if (nl == 0) return;
+  const int64_t target = static_cast<int64_t>(std::ceil(fraction * cell.count));
+  if (target >= cell.count) {
+    for (int32_t leaf : cell.leaves) ScoreLeaf(leaf, q, s, collect);
+    return;
+  }
+  // Start at the leaf the query's projection falls in, then grow toward the nearer neighbour.
+  int j = static_cast<int>(std::partition_point(cell.leaves.begin(), cell.leaves.end(),
+                                                [&](int32_t leaf) { return LeafLastProj(leaf) < qproj; }) -
+                           cell.leaves.begin());
+  j = std::min(j, nl - 1);
+  ScoreLeaf(cell.leaves[j], q, s, collect);
+  int64_t scored = leaf_valid_[cell.leaves[j]];
+  int lo = j - 1, hi = j + 1;
+  while (scored < target && (lo >= 0 || hi < nl)) {
+    bool take_lo;
+    if (lo < 0) {
+      take_lo = false;
+    } else if (hi >= nl) {
+      take_lo = true;
+    } else {
+      take_lo = qproj - LeafLastProj(cell.leaves[lo]) <= LeafFirstProj(cell.leaves[hi]) - qproj;
+    }
+    const int32_t leaf = cell.leaves[take_lo ? lo-- : hi++];
+    ScoreLeaf(leaf, q, s, collect);
+    scored += leaf_valid_[leaf];
+  }
+}
+
+void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out) const {
+  out->clear();
+  if (size() == 0 || k <= 0 || cells_.empty()) return;
+  thread_local Scratch scratch;
+  Scratch* s = &scratch;
+  s->Begin(num_leaves(), page_size_);
+  const float qn = std::sqrt(DotF32(q, q, dim_));
+  const float qproj = qn > 0 ? DotF32(directions_.data(), q, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
+  const int64_t fov = std::max<int64_t>(params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * size())));
+  const int top = num_levels() - 1;
+  ScoreCell(0, q, qproj, 1.0, s, top >= 1);
+  for (int lvl = top; lvl >= 1; --lvl) {
+    std::swap(s->cand, s->next);
+    s->next.clear();
+    if (static_cast<int64_t>(s->cand.size()) > fov) {
+      std::nth_element(s->cand.begin(), s->cand.begin() + fov, s->cand.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      s->cand.resize(fov);
+    }
+    for (const auto& [score, node] : s->cand) {
+      const int32_t c = node_cell_[node];
+      if (c >= 0) ScoreCell(c, q, qproj, params_.cell_score_fraction, s, lvl - 1 >= 1);
+    }
+  }
+  TopLeaves(s->touched, s->leaf_best, k, out);
+  s->End();
+}
+
+void DciTree::Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const {
+  out->clear();
+  if (size() == 0 || k <= 0) return;
+  thread_local Scratch scratch;
+  Scratch* s = &scratch;
+  s->Begin(num_leaves(), page_size_);
+  for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) ScoreLeaf(leaf, q, s, false);
+  TopLeaves(s->touched, s->leaf_best, k, out);
+  s->End();
+}
+
+}  // namespace icecache::kvstore

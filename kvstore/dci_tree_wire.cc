@@ -1,0 +1,139 @@
+// DciTree wire form: all metadata, with pages referred to by their index in AllPages() order.
+#include <string>
+
+#include "kvstore/dci_tree.h"
+
+namespace icecache::kvstore {
+namespace {
+constexpr uint32_t kTreeMagic = 0x45455254;  // "TREE"
+constexpr uint64_t kMaxElems = uint64_t{1} << 34;
+}  // namespace
+
+void DciTree::Serialize(WireWriter* w) const {
+  w->Put(kTreeMagic);
+  w->Put(params_);
+  w->Put<int32_t>(num_payloads_);
+  w->Put<int32_t>(dim_);
+  w->Put<int32_t>(page_size_);
+  w->Put(first_position_);
+  w->Put(max_norm2_);
+  w->Put(epoch_);
+  w->Put(rng_state_);
+  w->PutVector(directions_);
+  w->PutVector(level_);
+  w->PutVector(parent_);
+  w->PutVector(node_cell_);
+  w->PutVector(tok_leaf_);
+  w->PutVector(tok_slot_);
+  w->PutVector(norm2_);
+  w->PutVector(proj_raw_);
+  w->PutVector(order_proj_);
+  w->Put<uint64_t>(level_nodes_.size());
+  for (size_t l = 0; l < level_nodes_.size(); ++l) {
+    w->PutVector(level_nodes_[l]);
+    w->PutVector(level_keys_[l]);
+  }
+  w->PutVector(level_counts_);
+  w->PutVector(leaf_valid_);
+  w->PutVector(leaf_cell_);
+  w->PutVector(leaf_tokens_);
+  w->Put<uint64_t>(cells_.size());
+  for (const Cell& c : cells_) {
+    w->Put(c.owner);
+    w->Put(c.epoch);
+    w->Put(c.count);
+    w->PutVector(c.leaves);
+  }
+}
+
+StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool* pool, const int32_t* pages,
+                                                        size_t num_pages, size_t* pages_used) {
+  uint32_t magic = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&magic, "tree magic"));
+  if (magic != kTreeMagic) return DataLossError("sequence wire form: bad tree magic");
+  DciParams params;
+  int32_t num_payloads = 0, dim = 0, page_size = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&params, "tree params"));
+  ICE_RETURN_IF_ERROR(ValidateDciParams(params).WithContext("sequence wire form"));
+  ICE_RETURN_IF_ERROR(r->Get(&num_payloads, "tree num_payloads"));
+  ICE_RETURN_IF_ERROR(r->Get(&dim, "tree head_dim"));
+  ICE_RETURN_IF_ERROR(r->Get(&page_size, "tree page_size"));
+  if (dim != pool->head_dim() || page_size != pool->page_size())
+    return InvalidArgumentError("sequence wire form: tree geometry (page_size " + std::to_string(page_size) + ", head_dim " +
+                                std::to_string(dim) + ") does not match the destination pool (" +
+                                std::to_string(pool->page_size()) + ", " + std::to_string(pool->head_dim()) + ")");
+  if (num_payloads < 1 || num_payloads > 64) return DataLossError("sequence wire form: bad tree num_payloads");
+  std::unique_ptr<DciTree> t(new DciTree(params, pool, num_payloads));
+  ICE_RETURN_IF_ERROR(r->Get(&t->first_position_, "tree first_position"));
+  ICE_RETURN_IF_ERROR(r->Get(&t->max_norm2_, "tree max_norm2"));
+  ICE_RETURN_IF_ERROR(r->Get(&t->epoch_, "tree epoch"));
+  ICE_RETURN_IF_ERROR(r->Get(&t->rng_state_, "tree rng"));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->directions_, "tree directions", kMaxElems));
+  if (t->directions_.size() != static_cast<size_t>(params.num_simple) * params.num_composite * (dim + 1))
+    return DataLossError("sequence wire form: tree directions have the wrong size");
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->level_, "tree levels", kMaxElems));
+  const size_t n = t->level_.size();
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->parent_, "tree parents", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->node_cell_, "tree node cells", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->tok_leaf_, "tree token leaves", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->tok_slot_, "tree token slots", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->norm2_, "tree norms", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->proj_raw_, "tree projections", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->order_proj_, "tree order projections", kMaxElems));
+  for (size_t sz : {t->parent_.size(), t->node_cell_.size(), t->tok_leaf_.size(), t->tok_slot_.size(), t->norm2_.size(),
+                    t->proj_raw_.size(), t->order_proj_.size()})
+    if (sz != n) return DataLossError("sequence wire form: tree per-token arrays disagree in length");
+  uint64_t nlev = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&nlev, "tree level count"));
+  if (nlev > 127) return DataLossError("sequence wire form: too many tree levels");
+  t->level_nodes_.resize(nlev);
+  t->level_keys_.resize(nlev);
+  for (size_t l = 0; l < nlev; ++l) {
+    ICE_RETURN_IF_ERROR(r->GetVector(&t->level_nodes_[l], "tree level nodes", kMaxElems));
+    ICE_RETURN_IF_ERROR(r->GetVector(&t->level_keys_[l], "tree level keys", kMaxElems));
+    if (t->level_keys_[l].size() != t->level_nodes_[l].size() * dim)
+      return DataLossError("sequence wire form: tree level keys have the wrong size");
+  }
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->level_counts_, "tree level counts", 128));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->leaf_valid_, "tree leaf valid", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->leaf_cell_, "tree leaf cells", kMaxElems));
+  ICE_RETURN_IF_ERROR(r->GetVector(&t->leaf_tokens_, "tree leaf tokens", kMaxElems));
+  const size_t nl = t->leaf_valid_.size();
+  if (t->leaf_cell_.size() != nl || t->leaf_tokens_.size() != nl * page_size)
+    return DataLossError("sequence wire form: tree leaf arrays disagree in length");
+  uint64_t nc = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&nc, "tree cell count"));
+  if (nc > n + 1) return DataLossError("sequence wire form: more cells than tokens");
+  t->cells_.resize(nc);
+  for (Cell& c : t->cells_) {
+    ICE_RETURN_IF_ERROR(r->Get(&c.owner, "cell owner"));
+    ICE_RETURN_IF_ERROR(r->Get(&c.epoch, "cell epoch"));
+    ICE_RETURN_IF_ERROR(r->Get(&c.count, "cell count"));
+    ICE_RETURN_IF_ERROR(r->GetVector(&c.leaves, "cell leaves", kMaxElems));
+  }
+  const size_t need = nl * num_payloads;
+  if (num_pages < need)
+    return InvalidArgumentError("sequence wire form: tree needs " + std::to_string(need) + " pages, " +
+                                std::to_string(num_pages) + " given");
+  t->leaf_pages_.assign(pages, pages + need);
+  *pages_used = need;
+  // Index ranges are checked before the tree is used.
+  for (int32_t v : t->tok_leaf_) if (v < 0 || static_cast<size_t>(v) >= nl) return DataLossError("sequence wire form: token leaf out of range");
+  for (int32_t v : t->leaf_cell_) if (v < 0 || static_cast<size_t>(v) >= nc) return DataLossError("sequence wire form: leaf cell out of range");
+  for (int32_t v : t->leaf_tokens_) if (v < -1 || v >= static_cast<int64_t>(n)) return DataLossError("sequence wire form: leaf token out of range");
+  for (int32_t v : t->parent_) if (v < -1 || v >= static_cast<int64_t>(n)) return DataLossError("sequence wire form: parent out of range");
+  for (int32_t v : t->node_cell_) if (v < -1 || v >= static_cast<int64_t>(nc)) return DataLossError("sequence wire form: node cell out of range");
+  for (int8_t v : t->level_) if (v < 0 || static_cast<size_t>(v) >= t->level_counts_.size()) return DataLossError("sequence wire form: level out of range");
+  for (const Cell& c : t->cells_) {
+    if (c.owner < -1 || c.owner >= static_cast<int64_t>(n)) return DataLossError("sequence wire form: cell owner out of range");
+    for (int32_t leaf : c.leaves) if (leaf < 0 || static_cast<size_t>(leaf) >= nl) return DataLossError("sequence wire form: cell leaf out of range");
+  }
+  Status inv = t->CheckInvariants();
+  if (!inv.ok()) {
+    t->leaf_pages_.clear();  // the caller still owns the pages
+    return DataLossError("sequence wire form: tree fails its invariants: " + inv.message());
+  }
+  return t;
+}
+
+}  // namespace icecache::kvstore

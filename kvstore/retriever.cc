@@ -1,0 +1,162 @@
+#include "kvstore/retriever.h"
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+namespace icecache::kvstore {
+
+std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>& lists, int k) {
+  std::vector<int32_t> out;
+  std::unordered_set<int32_t> seen;
+  size_t longest = 0;
+  for (const auto& l : lists) longest = std::max(longest, l.size());
+  for (size_t r = 0; r < longest && static_cast<int>(out.size()) < k; ++r) {
+    for (const auto& l : lists) {
+      if (r < l.size() && seen.insert(l[r].leaf).second) {
+        out.push_back(l[r].leaf);
+        if (static_cast<int>(out.size()) == k) break;
+      }
+    }
+  }
+  return out;
+}
+
+Status Retriever::SelectHead(const SequenceCache& seq, int layer, int kv_head, const float* q_group, int group,
+                             std::vector<int32_t>* ids, std::vector<int32_t>* valid,
+                             std::vector<int32_t>* leaves) const {
+  auto push = [&](int32_t id, int v, int32_t leaf) {
+    ids->push_back(id);
+    valid->push_back(v);
+    leaves->push_back(leaf);
+  };
+  if (seq.IsDense(layer)) {
+    const auto& d = seq.dense_pages(layer, kv_head);
+    for (size_t i = 0; i < d.size(); ++i) push(d[i], seq.dense_valid(i), -1);
+    return Status::Ok();
+  }
+  const auto& sink = seq.sink_pages(layer, kv_head);
+  const auto& window = seq.window_pages(layer, kv_head);
+  for (size_t i = 0; i < sink.size(); ++i) push(sink[i], seq.sink_valid(i), -1);
+  const DciTree* tree = seq.tree(layer, kv_head);
+  const int payload = seq.PayloadOf(layer);
+  if (tree != nullptr && tree->num_leaves() > 0) {
+    const int k = std::max(0, policy_.budget_pages - static_cast<int>(sink.size()) - static_cast<int>(window.size()));
+    if (policy_.mode == RetrievalMode::kFull || k >= tree->num_leaves()) {
+      for (int32_t leaf = 0; leaf < tree->num_leaves(); ++leaf) push(tree->leaf_page(leaf, payload), tree->leaf_valid(leaf), leaf);
+    } else if (k > 0) {
+      if (q_group == nullptr) return InvalidArgumentError("Retriever: query is required for sparse retrieval");
+      std::vector<std::vector<ScoredLeaf>> lists(group);
+      for (int j = 0; j < group; ++j) {
+        const float* q = q_group + static_cast<size_t>(j) * seq.pool()->head_dim();
+        if (policy_.mode == RetrievalMode::kOracle) {
+          tree->Oracle(q, k, &lists[j]);
+        } else {
+          tree->Query(q, k, &lists[j]);
+        }
+      }
+      for (int32_t leaf : MergeRankByRank(lists, k)) push(tree->leaf_page(leaf, payload), tree->leaf_valid(leaf), leaf);
+    }
+  }
+  for (size_t i = 0; i < window.size(); ++i) push(window[i], seq.window_valid(i), -1);
+  return Status::Ok();
+}
+
+Status Retriever::Select(const std::vector<const SequenceCache*>& seqs, int layer, const float* q, int num_q_heads,
+                         PageSelection* out, const PageSelection* leader) const {
+  if (policy_.budget_pages < 1) return InvalidArgumentError("Retriever: budget_pages must be >= 1");
+  const int batch = static_cast<int>(seqs.size());
+  out->batch = batch;
+  out->page_indptr.assign(1, 0);
+  out->page_ids.clear();
+  out->page_valid.clear();
+  out->tree_leaf.clear();
+  if (batch == 0) {
+    out->num_kv_heads = 0;
+    return Status::Ok();
+  }
+  const SequenceCache& s0 = *seqs[0];
+  const int nkv = s0.options().num_kv_heads, head_dim = s0.pool()->head_dim();
+  out->num_kv_heads = nkv;
+  for (const SequenceCache* s : seqs) {
+    if (s == nullptr) return InvalidArgumentError("Retriever: null sequence in batch");
+    if (s->options().num_kv_heads != nkv || s->options().num_layers != s0.options().num_layers ||
+        s->pool()->head_dim() != head_dim)
+      return InvalidArgumentError("Retriever: sequences in a batch must share the model shape");
+  }
+  if (layer < 0 || layer >= s0.options().num_layers)
+    return InvalidArgumentError("Retriever: layer " + std::to_string(layer) + " out of range");
+  if (num_q_heads < nkv || num_q_heads % nkv != 0)
+    return InvalidArgumentError("Retriever: num_q_heads (" + std::to_string(num_q_heads) + ") must be a multiple of num_kv_heads (" +
+                                std::to_string(nkv) + ")");
+  const int group = num_q_heads / nkv;
+  const int units = batch * nkv;
+  std::vector<std::vector<int32_t>> ids(units), valid(units), leaves(units);
+  std::mutex mu;
+  Status first;
+  auto fail = [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first.ok()) first = s;
+  };
+  const bool follower = !s0.IsDense(layer) && s0.LeaderOf(layer) != layer;
+  if (follower) {
+    if (leader == nullptr)
+      return FailedPreconditionError("Retriever: layer " + std::to_string(layer) + " is an ICE(r) follower of layer " +
+                                     std::to_string(s0.LeaderOf(layer)) + "; pass the leader's selection");
+    if (leader->batch != batch || leader->num_kv_heads != nkv ||
+        leader->page_indptr.size() != static_cast<size_t>(units) + 1)
+      return InvalidArgumentError("Retriever: leader selection shape does not match the batch");
+  }
+  auto task = [&](size_t u) {
+    const int b = static_cast<int>(u / nkv), g = static_cast<int>(u % nkv);
+    const SequenceCache& seq = *seqs[b];
+    if (!follower) {
+      const float* qg = q == nullptr ? nullptr : q + (static_cast<size_t>(b) * num_q_heads + static_cast<size_t>(g) * group) * head_dim;
+      Status s = SelectHead(seq, layer, g, qg, group, &ids[u], &valid[u], &leaves[u]);
+      if (!s.ok()) fail(s);
+      return;
+    }
+    // Follower: own sink pages, the leader's leaves in this layer's payload, own window pages.
+    const int payload = seq.PayloadOf(layer);
+    const DciTree* tree = seq.tree(layer, g);
+    const auto& sink = seq.sink_pages(layer, g);
+    const auto& window = seq.window_pages(layer, g);
+    for (size_t i = 0; i < sink.size(); ++i) {
+      ids[u].push_back(sink[i]);
+      valid[u].push_back(seq.sink_valid(i));
+      leaves[u].push_back(-1);
+    }
+    for (int32_t e = leader->page_indptr[u]; e < leader->page_indptr[u + 1]; ++e) {
+      const int32_t leaf = leader->tree_leaf[e];
+      if (leaf < 0) continue;
+      if (tree == nullptr || leaf >= tree->num_leaves()) {
+        fail(InvalidArgumentError("Retriever: leader selection names a leaf the tree does not have"));
+        return;
+      }
+      ids[u].push_back(tree->leaf_page(leaf, payload));
+      valid[u].push_back(tree->leaf_valid(leaf));
+      leaves[u].push_back(leaf);
+    }
+    for (size_t i = 0; i < window.size(); ++i) {
+      ids[u].push_back(window[i]);
+      valid[u].push_back(seq.window_valid(i));
+      leaves[u].push_back(-1);
+    }
+  };
+  if (threads_ != nullptr && units > 1) {
+    threads_->ParallelFor(0, units, task);
+  } else {
+    for (int u = 0; u < units; ++u) task(u);
+  }
+  ICE_RETURN_IF_ERROR(first);
+  for (int u = 0; u < units; ++u) {
+    out->page_ids.insert(out->page_ids.end(), ids[u].begin(), ids[u].end());
+    out->page_valid.insert(out->page_valid.end(), valid[u].begin(), valid[u].end());
+    out->tree_leaf.insert(out->tree_leaf.end(), leaves[u].begin(), leaves[u].end());
+    out->page_indptr.push_back(static_cast<int32_t>(out->page_ids.size()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace icecache::kvstore

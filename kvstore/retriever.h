@@ -1,0 +1,77 @@
+// Retriever: the IceCache page-selection policy for decode steps (DESIGN.md §3).
+//
+// For each (sequence, kv head) of a layer it selects, under a budget counted in pages (sink and
+// window included: 16 pages = 2 sink + 12 retrieved + 2 window):
+//   sink pages + K retrieved tree leaves + window pages,  K = budget - #sink - #window.
+// The K leaves come from DciTree::Query for every query head of the GQA group, merged rank by
+// rank (rank 0 of every head, then rank 1, ...) without duplicates. If the tree has <= K leaves,
+// all are taken (exact). Modes:
+//   kSparse  the tree search above;
+//   kFull    every page (sink, all leaves, window): exact dense attention;
+//   kOracle  as kSparse but each head's list is the exact best-K leaves by best token score.
+// Dense layers always select all their pages. If budget < #sink + #window, sink and window are
+// still selected in full (K = 0).
+//
+// ICE(r): for a follower layer (SequenceCache::LeaderOf(layer) != layer) pass the selection made
+// for its leader layer in the same step; the follower's pages are then the same tree leaves in the
+// follower's payload plus its own sink/window pages, and no query runs.
+//
+// Output (PageSelection) feeds kernels::PagedDecodeAttention directly: for b in [0, batch) and
+// kv head g, the pages of (b, g) are page_ids[page_indptr[b*H+g] .. page_indptr[b*H+g+1]) with
+// page_valid giving the valid slots of each.
+//
+// Thread safety: Select is const and may run concurrently (it only reads the caches).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "kvstore/sequence_cache.h"
+
+namespace icecache::kvstore {
+
+enum class RetrievalMode : int { kSparse = 0, kFull = 1, kOracle = 2 };
+
+struct RetrievalPolicy {
+  int budget_pages = 16;  // >= 1; sink and window pages count against it
+  RetrievalMode mode = RetrievalMode::kSparse;
+};
+
+struct PageSelection {
+  int batch = 0;
+  int num_kv_heads = 0;
+  std::vector<int32_t> page_indptr;  // [batch * num_kv_heads + 1], page_indptr[0] == 0
+  std::vector<int32_t> page_ids;     // [page_indptr.back()] pool page ids
+  std::vector<int32_t> page_valid;   // [same] valid slots, 1..page_size
+  std::vector<int32_t> tree_leaf;    // [same] tree leaf index, or -1 for sink/window/dense pages
+};
+
+class Retriever {
+ public:
+  // `threads` (optional, not owned) spreads a batch over (sequence, kv head).
+  explicit Retriever(const RetrievalPolicy& policy, ThreadPool* threads = nullptr)
+      : policy_(policy), threads_(threads) {}
+
+  const RetrievalPolicy& policy() const { return policy_; }
+
+  // seqs: [batch] caches with identical num_layers / num_kv_heads / head_dim.
+  // q: [batch, num_q_heads, head_dim] fp32 (num_q_heads a multiple of num_kv_heads); may be null
+  // for kFull and for ICE(r) followers. leader: see above (required for follower layers).
+  Status Select(const std::vector<const SequenceCache*>& seqs, int layer, const float* q, int num_q_heads,
+                PageSelection* out, const PageSelection* leader = nullptr) const;
+
+  // One (sequence, kv head): appends to the three arrays. q_group: [group, head_dim].
+  Status SelectHead(const SequenceCache& seq, int layer, int kv_head, const float* q_group, int group,
+                    std::vector<int32_t>* ids, std::vector<int32_t>* valid, std::vector<int32_t>* leaves) const;
+
+ private:
+  RetrievalPolicy policy_;
+  ThreadPool* threads_;
+};
+
+// Merges ranked lists rank by rank into at most k distinct leaves (first occurrence wins).
+std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>& lists, int k);
+
+}  // namespace icecache::kvstore

@@ -1,0 +1,284 @@
+#include "kvstore/sequence_cache.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "kvstore/vector_ops.h"
+
+namespace icecache::kvstore {
+
+SequenceCache::SequenceCache(const SequenceCacheOptions& options, PagePool* pool)
+    : options_(options), pool_(pool), page_size_(pool->page_size()), head_dim_(pool->head_dim()),
+      heads_(static_cast<size_t>(options.num_layers) * options.num_kv_heads) {}
+
+SequenceCache::~SequenceCache() { Release(); }
+
+StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Create(const SequenceCacheOptions& options, PagePool* pool) {
+  if (pool == nullptr) return InvalidArgumentError("SequenceCache: pool is null");
+  if (options.num_layers < 1 || options.num_layers > 4096)
+    return InvalidArgumentError("SequenceCache: num_layers must be in [1, 4096], got " + std::to_string(options.num_layers));
+  if (options.num_kv_heads < 1 || options.num_kv_heads > 4096)
+    return InvalidArgumentError("SequenceCache: num_kv_heads must be in [1, 4096], got " + std::to_string(options.num_kv_heads));
+  if (options.dense_layers < 0) return InvalidArgumentError("SequenceCache: dense_layers must be >= 0");
+  if (options.sink_pages < 0 || options.window_pages < 0)
+    return InvalidArgumentError("SequenceCache: sink_pages and window_pages must be >= 0");
+  if (options.ice_group < 1 || options.ice_group > 64)
+    return InvalidArgumentError("SequenceCache: ice_group must be in [1, 64], got " + std::to_string(options.ice_group));
+  ICE_RETURN_IF_ERROR(ValidateDciParams(options.dci).WithContext("SequenceCache"));
+  SequenceCacheOptions o = options;
+  o.dense_layers = std::min(o.dense_layers, o.num_layers);
+  return std::unique_ptr<SequenceCache>(new SequenceCache(o, pool));
+}
+
+int SequenceCache::LeaderOf(int layer) const {
+  if (IsDense(layer)) return layer;
+  const int rel = layer - options_.dense_layers;
+  return options_.dense_layers + rel / options_.ice_group * options_.ice_group;
+}
+
+int SequenceCache::GroupSize(int leader) const {
+  return std::min(options_.ice_group, options_.num_layers - leader);
+}
+
+const DciTree* SequenceCache::tree(int layer, int head) const {
+  if (IsDense(layer)) return nullptr;
+  return Head(LeaderOf(layer), head).tree.get();
+}
+
+int64_t SequenceCache::pages_held() const {
+  int64_t total = 0;
+  for (const HeadState& h : heads_) {
+    total += static_cast<int64_t>(h.sink.size() + h.window.size() + h.dense.size());
+    if (h.tree) total += static_cast<int64_t>(h.tree->num_leaves()) * h.tree->num_payloads();
+  }
+  return total;
+}
+
+void SequenceCache::Release() {
+  for (HeadState& h : heads_) {
+    for (auto* list : {&h.sink, &h.window, &h.dense}) {
+      pool_->FreeMany(*list).IgnoreError();
+      list->clear();
+    }
+    h.tree.reset();
+  }
+  n_ = sink_tokens_ = window_start_ = 0;
+  broken_ = false;
+}
+
+Status SequenceCache::FillList(std::vector<int32_t>* pages, const float* k, const float* v, size_t stride, int64_t count) {
+  const int64_t np = (count + page_size_ - 1) / page_size_;
+  ICE_RETURN_IF_ERROR(pool_->AllocateMany(np, pages));
+  for (int64_t t = 0; t < count; ++t) {
+    const int32_t page = (*pages)[t / page_size_];
+    const int slot = static_cast<int>(t % page_size_);
+    RowFromF32(pool_->dtype(), k + t * stride, pool_->KRow(page, slot), head_dim_);
+    RowFromF32(pool_->dtype(), v + t * stride, pool_->VRow(page, slot), head_dim_);
+  }
+  return Status::Ok();
+}
+
+Status SequenceCache::Build(const float* const* k, const float* const* v, int64_t n, ThreadPool* threads) {
+  if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
+  if (n_ != 0) return FailedPreconditionError("SequenceCache::Build: the cache already holds tokens");
+  if (n < 0 || n > INT32_MAX) return InvalidArgumentError("SequenceCache::Build: bad token count " + std::to_string(n));
+  if (n > 0 && (k == nullptr || v == nullptr)) return InvalidArgumentError("SequenceCache::Build: k/v missing");
+  const int64_t ps = page_size_;
+  sink_tokens_ = std::min<int64_t>(n, static_cast<int64_t>(options_.sink_pages) * ps);
+  const int64_t rest = n - sink_tokens_;
+  const int64_t chunks = (rest + ps - 1) / ps;
+  window_start_ = std::min<int64_t>(n, sink_tokens_ + ps * std::max<int64_t>(0, chunks - options_.window_pages));
+  const bool sink_full = sink_tokens_ == static_cast<int64_t>(options_.sink_pages) * ps;
+  if (!sink_full) window_start_ = n;  // no window or tree until the sink is full
+  const size_t stride = static_cast<size_t>(options_.num_kv_heads) * head_dim_;
+  const int nkv = options_.num_kv_heads;
+
+  std::mutex mu;
+  Status first;
+  auto task = [&](size_t idx) {
+    const int layer = static_cast<int>(idx / nkv), head = static_cast<int>(idx % nkv);
+    HeadState& h = Head(layer, head);
+    const size_t off = static_cast<size_t>(head) * head_dim_;
+    Status s;
+    if (IsDense(layer)) {
+      s = FillList(&h.dense, k[layer] + off, v[layer] + off, stride, n);
+    } else {
+      s = FillList(&h.sink, k[layer] + off, v[layer] + off, stride, sink_tokens_);
+      if (s.ok()) {
+        s = FillList(&h.window, k[layer] + window_start_ * stride + off, v[layer] + window_start_ * stride + off, stride,
+                     n - window_start_);
+      }
+      if (s.ok() && LeaderOf(layer) == layer && sink_full) {
+        const int g = GroupSize(layer);
+        std::vector<const float*> ks(g), vs(g);
+        for (int p = 0; p < g; ++p) {
+          ks[p] = k[layer + p] + sink_tokens_ * stride + off;
+          vs[p] = v[layer + p] + sink_tokens_ * stride + off;
+        }
+        TokenBlock block{sink_tokens_, static_cast<int>(window_start_ - sink_tokens_), ks.data(), vs.data(), stride};
+        auto tree = DciTree::Build(options_.dci, pool_, g, block);
+        if (tree.ok()) {
+          h.tree = std::move(tree).value();
+        } else {
+          s = tree.status();
+        }
+      }
+    }
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.ok()) first = s.WithContext("SequenceCache::Build layer " + std::to_string(layer) + " head " + std::to_string(head));
+    }
+  };
+  const size_t tasks = heads_.size();
+  if (threads != nullptr) {
+    threads->ParallelFor(0, tasks, task);
+  } else {
+    for (size_t i = 0; i < tasks; ++i) task(i);
+  }
+  if (!first.ok()) {
+    Release();
+    return first;
+  }
+  n_ = n;
+  return Status::Ok();
+}
+
+Status SequenceCache::AppendToList(std::vector<int32_t>* pages, int64_t index_in_list, const float* k, const float* v) {
+  const int slot = static_cast<int>(index_in_list % page_size_);
+  if (slot == 0) {
+    ICE_ASSIGN_OR_RETURN(int32_t page, pool_->Allocate());
+    pages->push_back(page);
+  }
+  const int32_t page = pages->back();
+  RowFromF32(pool_->dtype(), k, pool_->KRow(page, slot), head_dim_);
+  RowFromF32(pool_->dtype(), v, pool_->VRow(page, slot), head_dim_);
+  return Status::Ok();
+}
+
+Status SequenceCache::EvictWindowPage() {
+  // The oldest window page of every sparse (layer, head) goes into its tree; pages freed after.
+  const int nkv = options_.num_kv_heads, ps = page_size_;
+  std::vector<float> kbuf, vbuf;
+  for (int layer = options_.dense_layers; layer < options_.num_layers; ++layer) {
+    if (LeaderOf(layer) != layer) continue;
+    const int g = GroupSize(layer);
+    kbuf.resize(static_cast<size_t>(g) * ps * head_dim_);
+    vbuf.resize(kbuf.size());
+    for (int head = 0; head < nkv; ++head) {
+      std::vector<const float*> ks(g), vs(g);
+      for (int p = 0; p < g; ++p) {
+        const int32_t page = Head(layer + p, head).window.front();
+        float* kd = kbuf.data() + static_cast<size_t>(p) * ps * head_dim_;
+        float* vd = vbuf.data() + static_cast<size_t>(p) * ps * head_dim_;
+        RowToF32(pool_->dtype(), pool_->PageK(page), kd, ps * head_dim_);
+        RowToF32(pool_->dtype(), pool_->PageV(page), vd, ps * head_dim_);
+        ks[p] = kd;
+        vs[p] = vd;
+      }
+      TokenBlock block{window_start_, ps, ks.data(), vs.data(), static_cast<size_t>(head_dim_)};
+      ICE_RETURN_IF_ERROR(Head(layer, head).tree->Insert(block));
+    }
+  }
+  for (int layer = options_.dense_layers; layer < options_.num_layers; ++layer) {
+    for (int head = 0; head < nkv; ++head) {
+      auto& w = Head(layer, head).window;
+      pool_->Free(w.front()).IgnoreError();
+      w.erase(w.begin());
+    }
+  }
+  window_start_ += ps;
+  return Status::Ok();
+}
+
+Status SequenceCache::Append(const float* const* k, const float* const* v) {
+  if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
+  if (k == nullptr || v == nullptr) return InvalidArgumentError("SequenceCache::Append: k/v missing");
+  const int nkv = options_.num_kv_heads, ps = page_size_;
+  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * ps;
+  Status s;
+  const bool to_sink = n_ < sink_cap;
+  const bool straight_to_tree = !to_sink && options_.window_pages == 0;
+  if (!to_sink && !straight_to_tree && (n_ - window_start_) % ps == 0 &&
+      (n_ - window_start_) / ps == options_.window_pages && options_.num_layers > options_.dense_layers) {
+    s = EvictWindowPage();
+  }
+  for (int layer = 0; s.ok() && layer < options_.num_layers; ++layer) {
+    for (int head = 0; s.ok() && head < nkv; ++head) {
+      HeadState& h = Head(layer, head);
+      const float* kr = k[layer] + static_cast<size_t>(head) * head_dim_;
+      const float* vr = v[layer] + static_cast<size_t>(head) * head_dim_;
+      if (IsDense(layer)) {
+        s = AppendToList(&h.dense, n_, kr, vr);
+      } else if (to_sink) {
+        s = AppendToList(&h.sink, n_, kr, vr);
+      } else if (straight_to_tree) {
+        if (LeaderOf(layer) != layer) continue;
+        const int g = GroupSize(layer);
+        std::vector<const float*> ks(g), vs(g);
+        for (int p = 0; p < g; ++p) {
+          ks[p] = k[layer + p] + static_cast<size_t>(head) * head_dim_;
+          vs[p] = v[layer + p] + static_cast<size_t>(head) * head_dim_;
+        }
+        if (!h.tree) {
+          auto tree = DciTree::Build(options_.dci, pool_, g, TokenBlock{n_, 0, nullptr, nullptr, 0});
+          if (!tree.ok()) { s = tree.status(); break; }
+          h.tree = std::move(tree).value();
+        }
+        s = h.tree->Insert(TokenBlock{n_, 1, ks.data(), vs.data(), static_cast<size_t>(head_dim_)});
+      } else {
+        if (!h.tree && LeaderOf(layer) == layer) {
+          auto tree = DciTree::Build(options_.dci, pool_, GroupSize(layer), TokenBlock{window_start_, 0, nullptr, nullptr, 0});
+          if (!tree.ok()) { s = tree.status(); break; }
+          h.tree = std::move(tree).value();
+        }
+        s = AppendToList(&h.window, n_ - window_start_, kr, vr);
+      }
+    }
+  }
+  if (!s.ok()) {
+    broken_ = true;
+    return s.WithContext("SequenceCache::Append at position " + std::to_string(n_));
+  }
+  ++n_;
+  if (to_sink) sink_tokens_ = window_start_ = n_;
+  if (straight_to_tree) window_start_ = n_;
+  return Status::Ok();
+}
+
+TokenLocation SequenceCache::LocateToken(int layer, int head, int64_t pos, int32_t* page) const {
+  const HeadState& h = Head(layer, head);
+  if (IsDense(layer)) {
+    *page = h.dense[pos / page_size_];
+    return TokenLocation{-1, static_cast<int32_t>(pos % page_size_)};
+  }
+  if (pos < sink_tokens_) {
+    *page = h.sink[pos / page_size_];
+    return TokenLocation{-1, static_cast<int32_t>(pos % page_size_)};
+  }
+  if (pos >= window_start_) {
+    *page = h.window[(pos - window_start_) / page_size_];
+    return TokenLocation{-1, static_cast<int32_t>((pos - window_start_) % page_size_)};
+  }
+  const DciTree* t = tree(layer, head);
+  const TokenLocation loc = t->Locate(pos);
+  *page = t->leaf_page(loc.leaf, PayloadOf(layer));
+  return loc;
+}
+
+Status CopyPages(const PagePool& src, const std::vector<int32_t>& src_ids, PagePool* dst,
+                 const std::vector<int32_t>& dst_ids) {
+  if (src.page_bytes() != dst->page_bytes() || src.page_size() != dst->page_size() || src.dtype() != dst->dtype())
+    return InvalidArgumentError("CopyPages: pools differ in page geometry or dtype");
+  if (src_ids.size() != dst_ids.size()) return InvalidArgumentError("CopyPages: id lists differ in length");
+  for (size_t i = 0; i < src_ids.size(); ++i) {
+    if (src_ids[i] < 0 || src_ids[i] >= src.capacity_pages() || dst_ids[i] < 0 || dst_ids[i] >= dst->capacity_pages())
+      return InvalidArgumentError("CopyPages: page id out of range at index " + std::to_string(i));
+    std::memcpy(dst->PageK(dst_ids[i]), src.PageK(src_ids[i]), src.page_bytes());
+  }
+  return Status::Ok();
+}
+
+}  // namespace icecache::kvstore

@@ -1,0 +1,137 @@
+// SequenceCache: one sequence's KV pages across all layers and kv heads, organised the IceCache
+// way (DESIGN.md §3):
+//  * dense layers (the first `dense_layers`): every token in pages in position order, no tree;
+//  * sparse layers, per kv head: sink pages (the first sink_pages * page_size tokens, in order),
+//    a DciTree over the middle tokens, and window pages (the most recent tokens, at most
+//    window_pages pages, page-aligned so that appended tokens fill the last one). When a token
+//    arrives while the window is full, the window's oldest page is inserted into the tree and
+//    its page is reused for the new token.
+//  * ICE(r) (ice_group > 1): consecutive sparse layers form groups of ice_group; the first layer
+//    of a group (the leader) owns the tree, whose leaves carry the followers' K/V as extra
+//    payloads, so a follower reuses the leader's selection and runs no query.
+//
+// Inputs are fp32; pages store the pool's dtype. Keys are post-RoPE (after q/k-norm if any).
+//
+// Ownership: the cache owns every page it holds (freed by Release() or the destructor); `pool`
+// must outlive it. Thread safety: const methods may run concurrently; Build/Append/Release need
+// exclusive access. After a failed Append (pool exhausted) the cache is marked broken and only
+// Release()/destruction are allowed (other calls return FAILED_PRECONDITION).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "kvstore/dci_tree.h"
+#include "kvstore/page_pool.h"
+
+namespace icecache::kvstore {
+
+struct SequenceCacheOptions {
+  int num_layers = 0;      // >= 1
+  int num_kv_heads = 0;    // >= 1
+  int dense_layers = 2;    // first layers kept dense (no tree); clamped to num_layers
+  int sink_pages = 2;      // >= 0
+  int window_pages = 2;    // >= 0 (0: appended tokens go straight into the tree)
+  int ice_group = 1;       // ICE(r) group size over sparse layers; 1 = off, the paper uses 3
+  DciParams dci;           // every tree of the sequence uses these (same seed: shared directions)
+};
+
+// The flat wire form of a sequence: metadata (versioned) and the list of source page ids in the
+// order the pages must be shipped. Page contents travel separately (e.g. UCX straight into the
+// destination pool); the receiver passes its own page ids in the same order to Deserialize.
+struct SequenceWire {
+  std::vector<uint8_t> metadata;
+  std::vector<int32_t> pages;
+};
+
+class SequenceCache {
+ public:
+  static constexpr uint32_t kWireVersion = 1;
+
+  static StatusOr<std::unique_ptr<SequenceCache>> Create(const SequenceCacheOptions& options, PagePool* pool);
+  ~SequenceCache();
+  SequenceCache(const SequenceCache&) = delete;
+  SequenceCache& operator=(const SequenceCache&) = delete;
+
+  // Prefill. k[l], v[l] for each layer l: [n, num_kv_heads, head_dim] fp32. REQUIRES an empty
+  // cache. Work is spread over (layer, kv-head) on `threads` (nullptr: the calling thread).
+  // On error nothing stays allocated.
+  Status Build(const float* const* k, const float* const* v, int64_t n, ThreadPool* threads = nullptr);
+  // Decode: appends one token. k[l], v[l]: [num_kv_heads, head_dim] fp32 for each layer.
+  Status Append(const float* const* k, const float* const* v);
+  // Frees every page; the cache becomes empty (and usable again).
+  void Release();
+
+  const SequenceCacheOptions& options() const { return options_; }
+  PagePool* pool() const { return pool_; }
+  int64_t num_tokens() const { return n_; }
+  int64_t sink_tokens() const { return sink_tokens_; }     // positions [0, sink_tokens)
+  int64_t window_start() const { return window_start_; }  // window holds [window_start, n)
+  int64_t pages_held() const;
+
+  bool IsDense(int layer) const { return layer < options_.dense_layers; }
+  // ICE(r): the layer whose tree serves `layer`, and the payload index of `layer` in it.
+  int LeaderOf(int layer) const;
+  int PayloadOf(int layer) const { return layer - LeaderOf(layer); }
+
+  // Pages of (layer, kv_head). Valid slots: dense/sink/window pages are filled in position order,
+  // every page full except possibly the last of each list.
+  const std::vector<int32_t>& dense_pages(int layer, int head) const { return Head(layer, head).dense; }
+  const std::vector<int32_t>& sink_pages(int layer, int head) const { return Head(layer, head).sink; }
+  const std::vector<int32_t>& window_pages(int layer, int head) const { return Head(layer, head).window; }
+  int dense_valid(size_t i) const { return ListValid(i, n_); }
+  int sink_valid(size_t i) const { return ListValid(i, sink_tokens_); }
+  int window_valid(size_t i) const { return ListValid(i, n_ - window_start_); }
+  // The tree serving a sparse layer (the leader's for a follower); nullptr for dense layers.
+  const DciTree* tree(int layer, int head) const;
+
+  // Where position `pos` lives in (layer, head): page id and slot. REQUIRES 0 <= pos < n.
+  TokenLocation LocateToken(int layer, int head, int64_t pos, int32_t* page) const;
+
+  // Wire form (see SequenceWire). Pages listed per (layer, head): sink, window, dense, tree.
+  StatusOr<SequenceWire> Serialize() const;
+  // Rebuilds a cache in `pool` from metadata and destination page ids (same order as
+  // SequenceWire::pages, contents already in place). On success the cache owns the pages; on
+  // error the caller still owns them. DATA_LOSS / INVALID_ARGUMENT name the problem.
+  static StatusOr<std::unique_ptr<SequenceCache>> Deserialize(const uint8_t* metadata, size_t size, const int32_t* pages,
+                                                              size_t num_pages, PagePool* pool);
+
+ private:
+  struct HeadState {
+    std::vector<int32_t> sink, window, dense;
+    std::unique_ptr<DciTree> tree;  // leaders of sparse layers only
+  };
+  SequenceCache(const SequenceCacheOptions& options, PagePool* pool);
+  HeadState& Head(int layer, int head) { return heads_[static_cast<size_t>(layer) * options_.num_kv_heads + head]; }
+  const HeadState& Head(int layer, int head) const {
+    return heads_[static_cast<size_t>(layer) * options_.num_kv_heads + head];
+  }
+  int ListValid(size_t i, int64_t tokens) const {
+    const int64_t v = tokens - static_cast<int64_t>(i) * page_size_;
+    return static_cast<int>(v < 0 ? 0 : (v > page_size_ ? page_size_ : v));
+  }
+  int GroupSize(int leader) const;  // layers served by this leader's tree
+  Status AppendToList(std::vector<int32_t>* pages, int64_t index_in_list, const float* k, const float* v);
+  Status FillList(std::vector<int32_t>* pages, const float* k, const float* v, size_t stride, int64_t count);
+  Status EvictWindowPage();
+
+  SequenceCacheOptions options_;
+  PagePool* pool_;
+  int page_size_;
+  int head_dim_;
+  int64_t n_ = 0;
+  int64_t sink_tokens_ = 0;
+  int64_t window_start_ = 0;
+  bool broken_ = false;
+  std::vector<HeadState> heads_;  // [num_layers, num_kv_heads]
+};
+
+// Copies page contents between pools of the same geometry (src_ids[i] -> dst_ids[i]); what a
+// transport does over the network, for local use and tests.
+Status CopyPages(const PagePool& src, const std::vector<int32_t>& src_ids, PagePool* dst,
+                 const std::vector<int32_t>& dst_ids);
+
+}  // namespace icecache::kvstore

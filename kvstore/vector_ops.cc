@@ -1,0 +1,270 @@
+#include "kvstore/vector_ops.h"
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ICE_KV_AVX2 1
+#endif
+
+namespace icecache::kvstore {
+namespace {
+
+#if ICE_KV_AVX2
+inline float HSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+inline __m256 LoadBf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#if defined(__F16C__)
+inline __m256 LoadF16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+#endif
+
+template <DType T>
+inline float LoadScalar(const void* rows, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return static_cast<const float*>(rows)[i];
+  } else if constexpr (T == DType::kBF16) {
+    return kernels::Bf16ToF32(static_cast<const uint16_t*>(rows)[i]);
+  } else {
+    return HalfToFloat(static_cast<const uint16_t*>(rows)[i]);
+  }
+}
+
+#if ICE_KV_AVX2
+template <DType T>
+inline __m256 Load8(const void* rows, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(rows) + i);
+  } else if constexpr (T == DType::kBF16) {
+    return LoadBf16x8(static_cast<const uint16_t*>(rows) + i);
+  } else {
+#if defined(__F16C__)
+    return LoadF16x8(static_cast<const uint16_t*>(rows) + i);
+#else
+    alignas(32) float tmp[8];
+    for (int j = 0; j < 8; ++j) tmp[j] = LoadScalar<T>(rows, i + j);
+    return _mm256_load_ps(tmp);
+#endif
+  }
+}
+#endif
+
+template <DType T>
+float DotRow(const void* rows, size_t off, const float* q, int dim) {
+  int i = 0;
+  float s = 0.f;
+#if ICE_KV_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= dim; i += 16) {
+    acc0 = _mm256_fmadd_ps(Load8<T>(rows, off + i), _mm256_loadu_ps(q + i), acc0);
+    acc1 = _mm256_fmadd_ps(Load8<T>(rows, off + i + 8), _mm256_loadu_ps(q + i + 8), acc1);
+  }
+  for (; i + 8 <= dim; i += 8) acc0 = _mm256_fmadd_ps(Load8<T>(rows, off + i), _mm256_loadu_ps(q + i), acc0);
+  s = HSum(_mm256_add_ps(acc0, acc1));
+#endif
+  for (; i < dim; ++i) s += LoadScalar<T>(rows, off + i) * q[i];
+  return s;
+}
+
+template <DType T>
+void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out) {
+  int r = 0;
+#if ICE_KV_AVX2
+  if (dim % 8 == 0) {
+    // Four rows at a time: the query chunk is loaded once per four rows.
+    for (; r + 4 <= count; r += 4) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+             a3 = _mm256_setzero_ps();
+      const size_t b = static_cast<size_t>(r) * dim;
+      for (int i = 0; i < dim; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(Load8<T>(rows, b + i), qv, a0);
+        a1 = _mm256_fmadd_ps(Load8<T>(rows, b + dim + i), qv, a1);
+        a2 = _mm256_fmadd_ps(Load8<T>(rows, b + 2 * dim + i), qv, a2);
+        a3 = _mm256_fmadd_ps(Load8<T>(rows, b + 3 * dim + i), qv, a3);
+      }
+      out[r] = HSum(a0);
+      out[r + 1] = HSum(a1);
+      out[r + 2] = HSum(a2);
+      out[r + 3] = HSum(a3);
+    }
+  }
+#endif
+  for (; r < count; ++r) out[r] = DotRow<T>(rows, static_cast<size_t>(r) * dim, q, dim);
+}
+
+template <DType T>
+void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int nq, float* out) {
+  // Rows of one page are small (page_size x dim); scoring query by query keeps them in L1.
+  for (int j = 0; j < nq; ++j) ScoreRowsT<T>(rows, count, dim, qs + static_cast<size_t>(j) * dim, out + static_cast<size_t>(j) * count);
+}
+
+}  // namespace
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      u = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;          // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;         // rounds to >= 65536: inf
+  if (abs < 0x38800000u) {                               // subnormal or zero in f16
+    if (abs < 0x33000000u) return sign;                  // < half of the smallest subnormal
+    const uint32_t e = abs >> 23, m = (abs & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - static_cast<int>(e);         // 14..24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (r & 1u))) ++r;
+    return sign | static_cast<uint16_t>(r);
+  }
+  uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
+                  const float* row_extra, int nr, int dim, int32_t* best) {
+  int i = 0;
+#if ICE_KV_AVX2
+  // Two queries against 32 rows per pass: 4 loads + 2 broadcasts feed 8 FMAs, no horizontal sums.
+  alignas(32) float sc[2][32];
+  for (; i + 2 <= nx; i += 2) {
+    const float* x0 = x + static_cast<size_t>(i) * x_stride;
+    const float* x1 = x0 + x_stride;
+    float best0 = -INFINITY, best1 = -INFINITY;
+    int32_t arg0 = 0, arg1 = 0;
+    for (int rb = 0; rb < ld; rb += 32) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+      const float* r = rows_t + rb;
+      for (int j = 0; j < dim; ++j, r += ld) {
+        const __m256 u = _mm256_set1_ps(x0[j]), v = _mm256_set1_ps(x1[j]);
+        const __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + 8), r2 = _mm256_loadu_ps(r + 16),
+                     r3 = _mm256_loadu_ps(r + 24);
+        a0 = _mm256_fmadd_ps(u, r0, a0);
+        a1 = _mm256_fmadd_ps(u, r1, a1);
+        a2 = _mm256_fmadd_ps(u, r2, a2);
+        a3 = _mm256_fmadd_ps(u, r3, a3);
+        b0 = _mm256_fmadd_ps(v, r0, b0);
+        b1 = _mm256_fmadd_ps(v, r1, b1);
+        b2 = _mm256_fmadd_ps(v, r2, b2);
+        b3 = _mm256_fmadd_ps(v, r3, b3);
+      }
+      const float* e = row_extra + rb;
+      const __m256 e0 = _mm256_loadu_ps(e), e1 = _mm256_loadu_ps(e + 8), e2 = _mm256_loadu_ps(e + 16),
+                   e3 = _mm256_loadu_ps(e + 24);
+      const __m256 u = _mm256_set1_ps(x_extra[i]), v = _mm256_set1_ps(x_extra[i + 1]);
+      _mm256_store_ps(sc[0], _mm256_fmadd_ps(u, e0, a0));
+      _mm256_store_ps(sc[0] + 8, _mm256_fmadd_ps(u, e1, a1));
+      _mm256_store_ps(sc[0] + 16, _mm256_fmadd_ps(u, e2, a2));
+      _mm256_store_ps(sc[0] + 24, _mm256_fmadd_ps(u, e3, a3));
+      _mm256_store_ps(sc[1], _mm256_fmadd_ps(v, e0, b0));
+      _mm256_store_ps(sc[1] + 8, _mm256_fmadd_ps(v, e1, b1));
+      _mm256_store_ps(sc[1] + 16, _mm256_fmadd_ps(v, e2, b2));
+      _mm256_store_ps(sc[1] + 24, _mm256_fmadd_ps(v, e3, b3));
+      for (int k = 0; k < 32; ++k) {
+        // -inf extras times a zero x_extra give NaN; the comparison then never selects them.
+        if (sc[0][k] > best0) { best0 = sc[0][k]; arg0 = rb + k; }
+        if (sc[1][k] > best1) { best1 = sc[1][k]; arg1 = rb + k; }
+      }
+    }
+    best[i] = arg0;
+    best[i + 1] = arg1;
+  }
+#endif
+  for (; i < nx; ++i) {
+    const float* xi = x + static_cast<size_t>(i) * x_stride;
+    float bs = -INFINITY;
+    int32_t arg = 0;
+    for (int r = 0; r < nr; ++r) {
+      float s = x_extra[i] * row_extra[r];
+      for (int j = 0; j < dim; ++j) s += xi[j] * rows_t[static_cast<size_t>(j) * ld + r];
+      if (s > bs) { bs = s; arg = r; }
+    }
+    best[i] = arg;
+  }
+}
+
+float DotF32(const float* a, const float* b, int n) { return DotRow<DType::kF32>(a, 0, b, n); }
+
+void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q, float* out) {
+  switch (dtype) {
+    case DType::kF32: return ScoreRowsT<DType::kF32>(rows, count, dim, q, out);
+    case DType::kBF16: return ScoreRowsT<DType::kBF16>(rows, count, dim, q, out);
+    case DType::kF16: return ScoreRowsT<DType::kF16>(rows, count, dim, q, out);
+  }
+}
+
+void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const float* qs, int nq,
+                    float* out) {
+  switch (dtype) {
+    case DType::kF32: return ScoreRowsMultiT<DType::kF32>(rows, count, dim, qs, nq, out);
+    case DType::kBF16: return ScoreRowsMultiT<DType::kBF16>(rows, count, dim, qs, nq, out);
+    case DType::kF16: return ScoreRowsMultiT<DType::kF16>(rows, count, dim, qs, nq, out);
+  }
+}
+
+void RowToF32(DType dtype, const void* src, float* dst, int n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case DType::kBF16:
+      for (int i = 0; i < n; ++i) dst[i] = kernels::Bf16ToF32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::kF16:
+      for (int i = 0; i < n; ++i) dst[i] = HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+      return;
+  }
+}
+
+void RowFromF32(DType dtype, const float* src, void* dst, int n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case DType::kBF16:
+      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = kernels::F32ToBf16(src[i]);
+      return;
+    case DType::kF16:
+      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
+      return;
+  }
+}
+
+}  // namespace icecache::kvstore

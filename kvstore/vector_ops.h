@@ -1,0 +1,43 @@
+// Small vector kernels used by the IceCache store: dot products of an fp32 query against rows
+// stored as f32/f16/bf16 (the page element types of kernels/dtype.h), and row conversions.
+// All functions are pure and thread-safe. AVX2/FMA/F16C paths are used when the compiler targets
+// them (ICECACHE_NATIVE), with portable scalar code otherwise; both give the same results up to
+// fp32 summation order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace icecache::kvstore {
+
+using kernels::DType;
+
+// sum_i a[i] * b[i] over n fp32 values.
+float DotF32(const float* a, const float* b, int n);
+
+// out[r] = q · rows[r] for r in [0, count); rows are contiguous [count, dim] elements of `dtype`.
+void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q, float* out);
+
+// Scores `count` rows against `nq` queries at once (one pass over the rows).
+// qs: [nq, dim] fp32; out: [nq, count] (row-major by query).
+void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const float* qs, int nq,
+                    float* out);
+
+// Converts n values between fp32 and `dtype` (round to nearest even; f16 overflows to inf).
+void RowToF32(DType dtype, const void* src, float* dst, int n);
+void RowFromF32(DType dtype, const float* src, void* dst, int n);
+
+// Batched arg-max of augmented inner products, the parent search of a DCI-tree level:
+// best[i] = argmax_r ( x_i . row_r + x_extra[i] * row_extra[r] ), ties to the lowest r.
+// x: [nx, x_stride] fp32 (first dim values used); rows_t: the rows transposed, [dim, ld] with
+// ld a multiple of 32 >= nr; row_extra: [ld], entries >= nr must be -inf. nr >= 1.
+void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
+                  const float* row_extra, int nr, int dim, int32_t* best);
+
+// Scalar f16 conversions (IEEE binary16), exposed for tests.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+
+}  // namespace icecache::kvstore

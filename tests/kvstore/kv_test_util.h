@@ -1,0 +1,114 @@
+// Helpers shared by the kvstore tests: pools, per-layer K/V, naive attention.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kvstore/page_pool.h"
+#include "kvstore/sequence_cache.h"
+#include "kvstore/vector_ops.h"
+
+namespace icecache::kvstore::testing {
+
+inline std::unique_ptr<PagePool> MakePool(int dim, int64_t pages, kernels::DType dt = kernels::DType::kF32, int ps = 16) {
+  PagePoolOptions o;
+  o.page_size = ps;
+  o.head_dim = dim;
+  o.dtype = dt;
+  o.num_pages = pages;
+  return PagePool::Create(o).value();
+}
+
+// K/V of a model: [layers][n, nkv, dim].
+struct ModelKv {
+  int layers = 0, nkv = 0, dim = 0;
+  int64_t n = 0;
+  std::vector<std::vector<float>> k, v;
+  std::vector<const float*> kp, vp;
+  const float* K(int l, int64_t t, int h) const { return k[l].data() + (t * nkv + h) * dim; }
+  const float* V(int l, int64_t t, int h) const { return v[l].data() + (t * nkv + h) * dim; }
+};
+
+inline ModelKv RandomKv(int layers, int nkv, int dim, int64_t n, uint64_t seed) {
+  ModelKv m{layers, nkv, dim, n, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  for (int l = 0; l < layers; ++l) {
+    m.k.emplace_back(n * nkv * dim);
+    m.v.emplace_back(n * nkv * dim);
+    for (auto& x : m.k.back()) x = g(rng);
+    for (auto& x : m.v.back()) x = g(rng);
+  }
+  for (int l = 0; l < layers; ++l) {
+    m.kp.push_back(m.k[l].data());
+    m.vp.push_back(m.v[l].data());
+  }
+  return m;
+}
+
+inline std::vector<float> Rounded(const PagePool& pool, const float* x, int dim) {
+  std::vector<uint8_t> tmp(dim * 4);
+  std::vector<float> out(dim);
+  RowFromF32(pool.dtype(), x, tmp.data(), dim);
+  RowToF32(pool.dtype(), tmp.data(), out.data(), dim);
+  return out;
+}
+
+inline std::vector<float> ReadRow(const PagePool& pool, const void* row, int dim) {
+  std::vector<float> out(dim);
+  RowToF32(pool.dtype(), row, out.data(), dim);
+  return out;
+}
+
+// Softmax attention of q over the valid slots of `pages`, read from the pool (a naive paged
+// decode attention, independent of kernels/).
+inline std::vector<double> PagedAttention(const PagePool& pool, const int32_t* ids, const int32_t* valid, int count,
+                                          const float* q, float scale) {
+  const int dim = pool.head_dim();
+  std::vector<double> scores, out(dim, 0.0);
+  std::vector<std::vector<float>> vals;
+  for (int i = 0; i < count; ++i)
+    for (int s = 0; s < valid[i]; ++s) {
+      auto k = ReadRow(pool, pool.KRow(ids[i], s), dim);
+      double d = 0;
+      for (int j = 0; j < dim; ++j) d += double(k[j]) * q[j];
+      scores.push_back(d * scale);
+      vals.push_back(ReadRow(pool, pool.VRow(ids[i], s), dim));
+    }
+  double mx = -1e300, z = 0;
+  for (double s : scores) mx = std::max(mx, s);
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const double w = std::exp(scores[i] - mx);
+    z += w;
+    for (int j = 0; j < dim; ++j) out[j] += w * vals[i][j];
+  }
+  for (auto& o : out) o /= z;
+  return out;
+}
+
+// Dense softmax attention over raw fp32 keys/values (rounded to the pool's dtype first).
+inline std::vector<double> DenseAttention(const PagePool& pool, const ModelKv& m, int layer, int head, const float* q,
+                                          float scale) {
+  const int dim = m.dim;
+  std::vector<double> scores(m.n), out(dim, 0.0);
+  double mx = -1e300, z = 0;
+  for (int64_t t = 0; t < m.n; ++t) {
+    auto k = Rounded(pool, m.K(layer, t, head), dim);
+    double d = 0;
+    for (int j = 0; j < dim; ++j) d += double(k[j]) * q[j];
+    scores[t] = d * scale;
+    mx = std::max(mx, scores[t]);
+  }
+  for (int64_t t = 0; t < m.n; ++t) {
+    const double w = std::exp(scores[t] - mx);
+    z += w;
+    auto v = Rounded(pool, m.V(layer, t, head), dim);
+    for (int j = 0; j < dim; ++j) out[j] += w * v[j];
+  }
+  for (auto& o : out) o /= z;
+  return out;
+}
+
+}  // namespace icecache::kvstore::testing

@@ -1,0 +1,205 @@
+#include "kvstore/sequence_cache.h"
+
+#include <gtest/gtest.h>
+
+#include "kvstore/retriever.h"
+#include "tests/kvstore/kv_test_util.h"
+
+namespace icecache::kvstore {
+namespace {
+
+using testing::MakePool;
+using testing::ModelKv;
+using testing::RandomKv;
+using testing::ReadRow;
+using testing::Rounded;
+
+// Every position of every (layer, head) is where LocateToken says, with the right K and V.
+void ExpectAllTokens(const SequenceCache& seq, const PagePool& pool, const ModelKv& m) {
+  const auto& o = seq.options();
+  for (int l = 0; l < o.num_layers; ++l)
+    for (int h = 0; h < o.num_kv_heads; ++h) {
+      if (const DciTree* t = seq.tree(l, h)) {
+        ASSERT_TRUE(t->CheckInvariants().ok()) << t->CheckInvariants().ToString();
+      }
+      for (int64_t pos = 0; pos < seq.num_tokens(); ++pos) {
+        int32_t page = -1;
+        const TokenLocation loc = seq.LocateToken(l, h, pos, &page);
+        ASSERT_EQ(ReadRow(pool, pool.KRow(page, loc.slot), m.dim), Rounded(pool, m.K(l, pos, h), m.dim))
+            << "layer " << l << " head " << h << " pos " << pos;
+        ASSERT_EQ(ReadRow(pool, pool.VRow(page, loc.slot), m.dim), Rounded(pool, m.V(l, pos, h), m.dim));
+      }
+    }
+}
+
+void AppendRange(SequenceCache* seq, const ModelKv& m, int64_t from, int64_t to) {
+  std::vector<const float*> kr(m.layers), vr(m.layers);
+  for (int64_t t = from; t < to; ++t) {
+    for (int l = 0; l < m.layers; ++l) {
+      kr[l] = m.K(l, t, 0);
+      vr[l] = m.V(l, t, 0);
+    }
+    ASSERT_TRUE(seq->Append(kr.data(), vr.data()).ok()) << "position " << t;
+  }
+}
+
+SequenceCacheOptions Opts(int layers, int nkv) {
+  SequenceCacheOptions o;
+  o.num_layers = layers;
+  o.num_kv_heads = nkv;
+  return o;
+}
+
+struct Shape {
+  int64_t prefill, total;
+  int sink, window, ice;
+};
+
+class SequenceCacheShapeTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(SequenceCacheShapeTest, BuildAppendEvictRelease) {
+  const Shape sh = GetParam();
+  const int layers = 5, nkv = 2, dim = 16;
+  auto pool = MakePool(dim, 6000, kernels::DType::kBF16);
+  ModelKv m = RandomKv(layers, nkv, dim, sh.total, 11);
+  SequenceCacheOptions o = Opts(layers, nkv);
+  o.sink_pages = sh.sink;
+  o.window_pages = sh.window;
+  o.ice_group = sh.ice;
+  auto seq = SequenceCache::Create(o, pool.get()).value();
+  ThreadPool threads(2);
+  ASSERT_TRUE(seq->Build(m.kp.data(), m.vp.data(), sh.prefill, &threads).ok());
+  ExpectAllTokens(*seq, *pool, m);
+  AppendRange(seq.get(), m, sh.prefill, sh.total);
+  EXPECT_EQ(seq->num_tokens(), sh.total);
+  ExpectAllTokens(*seq, *pool, m);
+  EXPECT_LE(seq->window_pages(3, 1).size(), static_cast<size_t>(sh.window));
+  EXPECT_EQ(seq->pages_held(), pool->used_pages());
+  seq->Release();
+  EXPECT_EQ(pool->used_pages(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SequenceCacheShapeTest,
+                         ::testing::Values(Shape{500, 700, 2, 2, 1}, Shape{10, 300, 2, 2, 1}, Shape{0, 200, 2, 2, 3},
+                                           Shape{400, 520, 1, 0, 1}, Shape{1000, 1100, 0, 3, 3}));
+
+TEST(SequenceCacheTest, ParallelBuildEqualsSerialBuild) {
+  const int layers = 4, nkv = 3, dim = 16;
+  auto pool = MakePool(dim, 4000);
+  ModelKv m = RandomKv(layers, nkv, dim, 900, 12);
+  auto a = SequenceCache::Create(Opts(layers, nkv), pool.get()).value();
+  auto b = SequenceCache::Create(Opts(layers, nkv), pool.get()).value();
+  ThreadPool threads(2);
+  ASSERT_TRUE(a->Build(m.kp.data(), m.vp.data(), m.n).ok());
+  ASSERT_TRUE(b->Build(m.kp.data(), m.vp.data(), m.n, &threads).ok());
+  auto wa = a->Serialize().value(), wb = b->Serialize().value();
+  EXPECT_EQ(wa.metadata, wb.metadata);  // page ids differ, structure must not
+}
+
+TEST(SequenceCacheTest, SerializeRoundTripIntoAnotherPool) {
+  const int layers = 5, nkv = 2, dim = 16, nq = 4;
+  auto src = MakePool(dim, 4000, kernels::DType::kBF16);
+  auto dst = MakePool(dim, 5000, kernels::DType::kBF16);
+  ModelKv m = RandomKv(layers, nkv, dim, 1300, 13);
+  SequenceCacheOptions o = Opts(layers, nkv);
+  o.ice_group = 3;
+  auto seq = SequenceCache::Create(o, src.get()).value();
+  ASSERT_TRUE(seq->Build(m.kp.data(), m.vp.data(), 1200).ok());
+  AppendRange(seq.get(), m, 1200, 1250);
+  auto wire = seq->Serialize().value();
+  EXPECT_EQ(static_cast<int64_t>(wire.pages.size()), seq->pages_held());
+  // "Ship" the pages into the destination pool, which hands out different ids.
+  std::vector<int32_t> burn, pages;
+  ASSERT_TRUE(dst->AllocateMany(37, &burn).ok());
+  ASSERT_TRUE(dst->AllocateMany(wire.pages.size(), &pages).ok());
+  ASSERT_TRUE(CopyPages(*src, wire.pages, dst.get(), pages).ok());
+  auto copy = SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), pages.data(), pages.size(), dst.get());
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  EXPECT_EQ((*copy)->Serialize().value().metadata, wire.metadata);
+  EXPECT_EQ((*copy)->num_tokens(), 1250);
+  ExpectAllTokens(**copy, *dst, m);
+  // Both continue identically.
+  AppendRange(seq.get(), m, 1250, 1300);
+  AppendRange(copy->get(), m, 1250, 1300);
+  EXPECT_EQ(seq->Serialize().value().metadata, (*copy)->Serialize().value().metadata);
+  ExpectAllTokens(**copy, *dst, m);
+  std::vector<float> q(nq * dim, 0.25f);
+  Retriever r(RetrievalPolicy{16, RetrievalMode::kSparse});
+  for (int layer = 0; layer < layers; ++layer) {
+    if (seq->LeaderOf(layer) != layer) continue;
+    PageSelection a, b;
+    ASSERT_TRUE(r.Select({seq.get()}, layer, q.data(), nq, &a).ok());
+    ASSERT_TRUE(r.Select({copy->get()}, layer, q.data(), nq, &b).ok());
+    EXPECT_EQ(a.tree_leaf, b.tree_leaf);
+    EXPECT_EQ(a.page_valid, b.page_valid);
+  }
+  copy->reset();
+  EXPECT_EQ(dst->used_pages(), 37);
+}
+
+TEST(SequenceCacheTest, CorruptWireIsRejectedAndPagesStayWithCaller) {
+  const int layers = 3, nkv = 1, dim = 16;
+  auto pool = MakePool(dim, 3000);
+  ModelKv m = RandomKv(layers, nkv, dim, 600, 14);
+  auto seq = SequenceCache::Create(Opts(layers, nkv), pool.get()).value();
+  ASSERT_TRUE(seq->Build(m.kp.data(), m.vp.data(), m.n).ok());
+  auto wire = seq->Serialize().value();
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(pool->AllocateMany(wire.pages.size(), &pages).ok());
+  ASSERT_TRUE(CopyPages(*pool, wire.pages, pool.get(), pages).ok());
+  const int64_t used = pool->used_pages();
+  // Truncations at every length, flipped bytes, wrong page counts: never a crash, always an error.
+  for (size_t len = 0; len < wire.metadata.size(); len += 1 + len / 8) {
+    auto r = SequenceCache::Deserialize(wire.metadata.data(), len, pages.data(), pages.size(), pool.get());
+    ASSERT_FALSE(r.ok()) << len;
+  }
+  auto bad = wire.metadata;
+  bad[0] ^= 0xff;
+  EXPECT_EQ(SequenceCache::Deserialize(bad.data(), bad.size(), pages.data(), pages.size(), pool.get()).status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), pages.data(), pages.size() - 1, pool.get())
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  auto other = MakePool(32, 10);
+  EXPECT_EQ(SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), pages.data(), pages.size(), other.get())
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_LE(pool->used_pages(), used);
+  // Flipped bytes: an error, or (for a benign flip such as a float) a valid cache.
+  for (size_t i = 200; i < wire.metadata.size(); i += 97) {
+    bad = wire.metadata;
+    bad[i] ^= 0x5a;
+    auto r = SequenceCache::Deserialize(bad.data(), bad.size(), pages.data(), pages.size(), pool.get());
+    if (r.ok()) break;  // the cache now owns the pages and frees them on destruction
+    EXPECT_EQ(pool->used_pages(), used);
+  }
+}
+
+TEST(SequenceCacheTest, PoolExhaustionIsAnErrorNotACrash) {
+  const int layers = 3, nkv = 2, dim = 16;
+  auto pool = MakePool(dim, 100);
+  ModelKv m = RandomKv(layers, nkv, dim, 2000, 15);
+  auto seq = SequenceCache::Create(Opts(layers, nkv), pool.get()).value();
+  Status s = seq->Build(m.kp.data(), m.vp.data(), m.n);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->used_pages(), 0);
+  ASSERT_TRUE(seq->Build(m.kp.data(), m.vp.data(), 150).ok());
+  std::vector<const float*> kr(layers), vr(layers);
+  Status a;
+  for (int64_t t = 150; t < m.n && a.ok(); ++t) {
+    for (int l = 0; l < layers; ++l) {
+      kr[l] = m.K(l, t, 0);
+      vr[l] = m.V(l, t, 0);
+    }
+    a = seq->Append(kr.data(), vr.data());
+  }
+  EXPECT_EQ(a.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(seq->Append(kr.data(), vr.data()).code(), StatusCode::kFailedPrecondition);
+  seq->Release();
+  EXPECT_EQ(pool->used_pages(), 0);
+}
+
+}  // namespace
+}  // namespace icecache::kvstore

@@ -1,0 +1,93 @@
+#include "kvstore/vector_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace icecache::kvstore {
+namespace {
+
+TEST(VectorOpsTest, HalfConversionsMatchIeee) {
+  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToHalf(65504.f), 0x7bff);
+  EXPECT_EQ(FloatToHalf(65520.f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(FloatToHalf(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(FloatToHalf(2.98023224e-8f), 0x0000);  // exactly half of it: ties to even
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
+  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);  // tie -> even (up)
+  EXPECT_FLOAT_EQ(HalfToFloat(0x3555), 0.333251953125f);
+  EXPECT_FLOAT_EQ(HalfToFloat(0x0001), 5.9604645e-8f);
+  EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00)));
+  EXPECT_TRUE(std::isnan(HalfToFloat(0x7e00)));
+  // Every finite half round-trips exactly.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;
+    ASSERT_EQ(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))), h) << h;
+  }
+}
+
+class ScoreRowsTest : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(ScoreRowsTest, MatchesNaive) {
+  const auto [dt, dim] = GetParam();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g;
+  const int rows = 13;
+  std::vector<float> x(rows * dim), q(2 * dim);
+  for (auto& v : x) v = g(rng);
+  for (auto& v : q) v = g(rng);
+  std::vector<uint8_t> stored(rows * dim * kernels::DTypeSize(dt));
+  RowFromF32(dt, x.data(), stored.data(), rows * dim);
+  std::vector<float> back(rows * dim);
+  RowToF32(dt, stored.data(), back.data(), rows * dim);
+  std::vector<float> out(rows), multi(2 * rows);
+  ScoreRows(dt, stored.data(), rows, dim, q.data(), out.data());
+  ScoreRowsMulti(dt, stored.data(), rows, dim, q.data(), 2, multi.data());
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < 2; ++j) {
+      double ref = 0;
+      for (int i = 0; i < dim; ++i) ref += double(back[r * dim + i]) * q[j * dim + i];
+      // fp32 accumulation of dim products of O(1) values: a few ulps times sqrt(dim).
+      if (j == 0) {
+        EXPECT_NEAR(out[r], ref, 1e-4 * (1 + std::fabs(ref)) * std::sqrt(dim));
+      }
+      EXPECT_NEAR(multi[j * rows + r], ref, 1e-4 * (1 + std::fabs(ref)) * std::sqrt(dim));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ScoreRowsTest,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                                            ::testing::Values(5, 64, 128, 100)));
+
+TEST(VectorOpsTest, ArgmaxAugDotMatchesNaive) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g;
+  for (int nr : {1, 7, 32, 45, 100}) {
+    const int dim = 24, nx = 9, ld = (nr + 31) / 32 * 32;
+    std::vector<float> rows(nr * dim), x(nx * dim), xe(nx), re(ld, -INFINITY), rows_t(dim * ld, 0.f);
+    for (auto& v : rows) v = g(rng);
+    for (auto& v : x) v = g(rng);
+    for (auto& v : xe) v = std::fabs(g(rng));
+    for (int r = 0; r < nr; ++r) re[r] = std::fabs(g(rng));
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < dim; ++j) rows_t[j * ld + r] = rows[r * dim + j];
+    std::vector<int32_t> best(nx);
+    ArgmaxAugDot(x.data(), dim, xe.data(), nx, rows_t.data(), ld, re.data(), nr, dim, best.data());
+    for (int i = 0; i < nx; ++i) {
+      int arg = 0;
+      double bs = -1e30;
+      for (int r = 0; r < nr; ++r) {
+        double s = double(xe[i]) * re[r];
+        for (int j = 0; j < dim; ++j) s += double(x[i * dim + j]) * rows[r * dim + j];
+        if (s > bs) { bs = s; arg = r; }
+      }
+      EXPECT_EQ(best[i], arg) << "nr=" << nr << " i=" << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace icecache::kvstore
