@@ -1,0 +1,93 @@
+// icecache generate: run a model directory locally and stream the generated text (or ids).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/dense_kv_cache.h"
+#include "model/generator.h"
+#include "model/model.h"
+#include "model/tokenizer/tokenizer.h"
+#include "tools/cli/command.h"
+#include "tools/cli/generate_options.h"
+
+namespace icecache::cli {
+namespace {
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "icecache generate: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+int RunGenerate(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::fputs(kGenerateUsage, stdout);
+      return 0;
+    }
+  }
+  auto opts = ParseGenerateOptions(argc, argv);
+  if (!opts.ok()) {
+    std::fprintf(stderr, "icecache generate: %s\n%s", opts.status().message().c_str(), kGenerateUsage);
+    return 2;
+  }
+  GenerateOptions& o = *opts;
+  if (!o.router.empty()) {
+    std::fprintf(stderr, "icecache generate: --router is not available in this build (run with --model)\n");
+    return 2;
+  }
+  if (o.threads > 0) kernels::SetCpuThreads(o.threads);
+  auto loaded = model::Model::Load(o.model_dir);
+  if (!loaded.ok()) return Fail(loaded.status());
+  model::Model& m = **loaded;
+  const tokenizer::Tokenizer* tok = m.tokenizer();
+  const bool want_text = o.output == GenerateOptions::Output::kText ||
+                         (o.output == GenerateOptions::Output::kDefault && tok != nullptr);
+  if (tok == nullptr && (o.prompt.has_value() || want_text || !o.sampling.stop_strings.empty())) {
+    return Fail(FailedPreconditionError(o.model_dir + " has no tokenizer.json, so it serves token ids only: use " +
+                                        "--prompt-ids 1,2,3 and --output ids (and --stop-id instead of --stop)"));
+  }
+  std::vector<int32_t> prompt = o.prompt_ids;
+  if (o.prompt.has_value()) {
+    auto ids = tok->Encode(*o.prompt, o.add_bos);
+    if (!ids.ok()) return Fail(ids.status());
+    prompt = std::move(*ids);
+  }
+  model::DenseKvCacheOptions kv;
+  kv.page_size = o.kv_page_size;
+  model::DenseKvCache cache(m.attention_shape(), kv);
+  model::Generator gen(m, cache, want_text ? tok : nullptr, {});
+  auto id = gen.Add(prompt, o.sampling);
+  if (!id.ok()) return Fail(id.status());
+  std::vector<int32_t> out;
+  model::FinishReason finish = model::FinishReason::kNone;
+  while (!gen.idle()) {
+    std::vector<model::GenerationEvent> events;
+    Status st = gen.Step(&events);
+    if (!st.ok()) return Fail(st);
+    for (const auto& e : events) {
+      out.push_back(e.token);
+      if (want_text && !e.text_delta.empty()) {
+        std::fwrite(e.text_delta.data(), 1, e.text_delta.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (e.finish != model::FinishReason::kNone) finish = e.finish;
+    }
+  }
+  if (want_text) {
+    std::fputc('\n', stdout);
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf(i ? ",%d" : "%d", out[i]);
+    std::printf("\n");
+  }
+  std::fprintf(stderr, "[%zu prompt tokens, %zu generated, finish: %s]\n", prompt.size(), out.size(),
+               std::string(model::FinishReasonName(finish)).c_str());
+  return 0;
+}
+
+}  // namespace
+
+ICE_CLI_COMMAND("generate", "generate text or token ids from a model directory", RunGenerate);
+
+}  // namespace icecache::cli
