@@ -62,4 +62,18 @@ Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
   return table_->copy_to_host(dst, static_cast<const char*>(ptr_) + offset, bytes);
 }
 
+Status DeviceBuffer::CopyFrom(const DeviceBuffer& src, size_t bytes) {
+  if (bytes > bytes_ || bytes > src.bytes_ || src.backend_ != backend_) {
+    return InvalidArgumentError("DeviceBuffer::CopyFrom: " + std::to_string(bytes) +
+                                " bytes exceed a buffer, or the backends differ");
+  }
+  if (bytes == 0) return Status::Ok();
+  return table_->copy_on_device(ptr_, src.ptr_, bytes);
+}
+
+Status Synchronize(Backend backend) {
+  ICE_ASSIGN_OR_RETURN(const OpTable* table, GetOpTable(backend));
+  return table->synchronize();
+}
+
 }  // namespace icecache::kernels

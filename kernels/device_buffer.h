@@ -29,6 +29,8 @@ class DeviceBuffer {
   // Both return after the copy is complete.
   Status CopyFromHost(const void* src, size_t bytes, size_t offset = 0);
   Status CopyToHost(void* dst, size_t bytes, size_t offset = 0) const;
+  // Copies `bytes` from the start of `src` (same backend) to the start of this buffer.
+  Status CopyFrom(const DeviceBuffer& src, size_t bytes);
 
   void* data() const { return ptr_; }
   template <typename T>
@@ -44,5 +46,9 @@ class DeviceBuffer {
   size_t bytes_ = 0;
   Backend backend_ = Backend::kCpu;
 };
+
+// Waits until every op this thread queued on `backend` has finished (CUDA ops are asynchronous;
+// CPU ops complete before they return). FAILED_PRECONDITION when the backend is unavailable.
+Status Synchronize(Backend backend);
 
 }  // namespace icecache::kernels

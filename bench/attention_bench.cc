@@ -1,0 +1,449 @@
+// Workloads "attention" and "gemv" of icecache-bench.
+//
+// attention: one decode step of one layer with the Llama-3.1-8B head layout (32 query heads,
+// 8 KV heads, head_dim 128) over a paged KV cache: dense (every page of the context) against
+// sparse (budget pages: 2 sink + 2 window + random others), plus the memory bandwidth this
+// program measures itself, so dense time can be read as a fraction of the machine's bandwidth.
+// Caches are flushed (a 64 MiB read, untimed) before every timed call: in a real decode step the
+// previous layer's pages are not in cache either.
+//
+// gemv: y = x · Wᵀ with W of n×k in bf16/f16/f32 (Llama-3.1-8B shapes by default), our Matmul
+// against OpenBLAS sgemv/sgemm on the same weights converted to fp32 beforehand.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/workload.h"
+#include "kernels/attention.h"
+#include "kernels/backend.h"
+#include "kernels/blas_reference.h"
+#include "kernels/device_buffer.h"
+#include "kernels/dtype.h"
+#include "kernels/matmul.h"
+
+namespace icecache::bench {
+namespace {
+
+using kernels::Backend;
+using kernels::DeviceBuffer;
+using kernels::DType;
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+bool ParseDType(const std::string& s, DType* t) {
+  if (s == "bf16") *t = DType::kBF16;
+  else if (s == "f16") *t = DType::kF16;
+  else if (s == "f32") *t = DType::kF32;
+  else return false;
+  return true;
+}
+
+bool ParseBackend(const std::string& s, Backend* b) {
+  if (s == "cpu") *b = Backend::kCpu;
+  else if (s == "cuda") *b = Backend::kCuda;
+  else if (s == "auto") *b = Backend::kAuto;
+  else return false;
+  return true;
+}
+
+// Deterministic pseudo-random values in [-1, 1), written as dtype t, in parallel.
+void FillRandom(DType t, void* dst, size_t n, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+  for (long blk = 0; blk < static_cast<long>((n + 4095) / 4096); ++blk) {
+    float tmp[4096];
+    const size_t i0 = static_cast<size_t>(blk) * 4096;
+    const size_t cnt = std::min<size_t>(4096, n - i0);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + i0 + 1;
+    for (size_t i = 0; i < cnt; ++i) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      tmp[i] = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / (1 << 23);
+    }
+    kernels::ConvertFromF32(t, tmp, static_cast<char*>(dst) + i0 * kernels::DTypeSize(t), cnt);
+  }
+}
+
+// Host read bandwidth: sum over a buffer much larger than the caches, best of a few passes.
+double MeasureHostReadGBps(size_t bytes) {
+  const size_t n = bytes / sizeof(float);
+  std::vector<float> buf(n);
+#pragma omp parallel for schedule(static) num_threads(kernels::CpuThreads())
+  for (long i = 0; i < static_cast<long>(n); ++i) buf[i] = static_cast<float>(i & 1023);
+  double best = 0;
+  volatile float sink = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = Clock::now();
+    float total = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : total) num_threads(kernels::CpuThreads())
+    for (long i = 0; i < static_cast<long>(n); ++i) total += buf[i];
+    const double s = Seconds(t0, Clock::now());
+    sink = sink + total;
+    if (pass > 0) best = std::max(best, bytes / s / 1e9);
+  }
+  return best;
+}
+
+// Device bandwidth: a device-to-device copy (counted as read + write).
+double MeasureDeviceGBps(size_t bytes) {
+  auto a = DeviceBuffer::Allocate(Backend::kCuda, bytes);
+  auto b = DeviceBuffer::Allocate(Backend::kCuda, bytes);
+  if (!a.ok() || !b.ok()) return 0;
+  double best = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = Clock::now();
+    if (!b->CopyFrom(*a, bytes).ok()) return 0;
+    const double s = Seconds(t0, Clock::now());
+    if (pass > 0) best = std::max(best, 2.0 * bytes / s / 1e9);
+  }
+  return best;
+}
+
+// Evicts the CPU caches (untimed) so every timed call reads from memory.
+struct CacheFlusher {
+  std::vector<float> junk = std::vector<float>(16u << 20, 1.f);  // 64 MiB
+  volatile float sink = 0;
+  void operator()() {
+    float s = 0;
+#pragma omp parallel for simd reduction(+ : s) num_threads(kernels::CpuThreads())
+    for (long i = 0; i < static_cast<long>(junk.size()); i += 16) s += junk[i];
+    sink = sink + s;
+  }
+};
+
+// Median wall time (µs) of fn() over at least min_iters calls and min_seconds, each preceded by
+// `before` (untimed) and followed by a backend synchronize (timed).
+template <typename Fn, typename Before>
+double MedianMicros(Backend backend, Fn fn, Before before, int min_iters, double min_seconds) {
+  std::vector<double> t;
+  if (!fn().ok()) return -1;  // warm-up
+  (void)kernels::Synchronize(backend);
+  const auto start = Clock::now();
+  while (static_cast<int>(t.size()) < min_iters || Seconds(start, Clock::now()) < min_seconds) {
+    before();
+    const auto t0 = Clock::now();
+    if (!fn().ok()) return -1;
+    if (!kernels::Synchronize(backend).ok()) return -1;
+    t.push_back(Seconds(t0, Clock::now()) * 1e6);
+    if (t.size() > 10000) break;
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Uploads a host vector to the backend (host memory stays where it is on the CPU backend).
+template <typename T>
+StatusOr<DeviceBuffer> ToBackend(Backend b, const T* data, size_t bytes) {
+  ICE_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Allocate(b, bytes));
+  ICE_RETURN_IF_ERROR(buf.CopyFromHost(data, bytes));
+  return buf;
+}
+
+struct PageLists {
+  std::vector<int32_t> indptr = {0}, ids, valid;
+  size_t slots = 0;
+};
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "icecache-bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// ------------------------------------------------------------------------------------------------
+
+int RunAttention(int argc, char** argv) {
+  long context = 32768;
+  int budget = 16, page_size = 16, batch = 1, threads = 0;
+  DType dtype = DType::kBF16;
+  Backend backend = Backend::kCpu;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "attention: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--context") context = std::atol(next().c_str());
+    else if (a == "--budget-pages") budget = std::atoi(next().c_str());
+    else if (a == "--page-size") page_size = std::atoi(next().c_str());
+    else if (a == "--batch") batch = std::atoi(next().c_str());
+    else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--json") json = true;
+    else if (a == "--dtype") {
+      if (!ParseDType(next(), &dtype)) return std::fprintf(stderr, "attention: --dtype bf16|f16|f32\n"), 2;
+    } else if (a == "--backend") {
+      if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "attention: --backend cpu|cuda|auto\n"), 2;
+    } else {
+      std::fprintf(stderr,
+                   "usage: icecache-bench attention --context N --budget-pages B --page-size P "
+                   "[--batch 1] [--dtype bf16|f16|f32] [--backend cpu|cuda] [--threads T] [--json]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (context <= 0 || budget < 4 || page_size <= 0 || batch <= 0) {
+    std::fprintf(stderr, "attention: need context > 0, budget-pages >= 4, page-size > 0, batch > 0\n");
+    return 2;
+  }
+  if (threads > 0) kernels::SetCpuThreads(threads);
+  backend = kernels::ResolveBackend(backend);
+  const int hq = 32, hkv = 8, d = 128;
+  const int pages_per_list = static_cast<int>((context + page_size - 1) / page_size);
+  const int lists = batch * hkv;
+  const size_t pool_pages = static_cast<size_t>(lists) * pages_per_list;
+  const size_t page_bytes = 2ull * page_size * d * kernels::DTypeSize(dtype);
+  const int last_valid = static_cast<int>(context - static_cast<long>(pages_per_list - 1) * page_size);
+
+  // Host pool with pages of one list scattered over the pool, as a page allocator leaves them.
+  std::vector<char> host_pool(pool_pages * page_bytes);
+  FillRandom(dtype, host_pool.data(), pool_pages * page_bytes / kernels::DTypeSize(dtype), 1);
+  std::vector<int32_t> perm(pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937 rng(42);
+  std::shuffle(perm.begin(), perm.end(), rng);
+
+  PageLists dense, sparse;
+  for (int l = 0; l < lists; ++l) {
+    auto page_of = [&](int i) { return perm[static_cast<size_t>(l) * pages_per_list + i]; };
+    auto valid_of = [&](int i) { return i == pages_per_list - 1 ? last_valid : page_size; };
+    for (int i = 0; i < pages_per_list; ++i) {
+      dense.ids.push_back(page_of(i));
+      dense.valid.push_back(valid_of(i));
+      dense.slots += valid_of(i);
+    }
+    dense.indptr.push_back(static_cast<int32_t>(dense.ids.size()));
+    std::vector<int> chosen;
+    if (budget >= pages_per_list) {
+      chosen.resize(pages_per_list);
+      std::iota(chosen.begin(), chosen.end(), 0);
+    } else {
+      chosen = {0, 1, pages_per_list - 2, pages_per_list - 1};  // sink and window
+      std::vector<int> middle(pages_per_list - 4);
+      std::iota(middle.begin(), middle.end(), 2);
+      std::shuffle(middle.begin(), middle.end(), rng);
+      chosen.insert(chosen.end(), middle.begin(), middle.begin() + (budget - 4));
+    }
+    for (int i : chosen) {
+      sparse.ids.push_back(page_of(i));
+      sparse.valid.push_back(valid_of(i));
+      sparse.slots += valid_of(i);
+    }
+    sparse.indptr.push_back(static_cast<int32_t>(sparse.ids.size()));
+  }
+
+  std::vector<float> q(static_cast<size_t>(batch) * hq * d);
+  FillRandom(DType::kF32, q.data(), q.size(), 2);
+  auto pool = ToBackend(backend, host_pool.data(), host_pool.size());
+  if (!pool.ok()) return Fail(pool.status());
+  if (backend == Backend::kCuda) {
+    host_pool.clear();
+    host_pool.shrink_to_fit();
+  }
+  auto dq = ToBackend(backend, q.data(), q.size() * sizeof(float));
+  auto dout = DeviceBuffer::Allocate(backend, q.size() * sizeof(float));
+  if (!dq.ok() || !dout.ok()) return Fail(!dq.ok() ? dq.status() : dout.status());
+
+  auto run_lists = [&](const PageLists& pl) -> double {
+    auto indptr = ToBackend(backend, pl.indptr.data(), pl.indptr.size() * 4);
+    auto ids = ToBackend(backend, pl.ids.data(), pl.ids.size() * 4);
+    auto valid = ToBackend(backend, pl.valid.data(), pl.valid.size() * 4);
+    if (!indptr.ok() || !ids.ok() || !valid.ok()) return -1;
+    kernels::PagedDecodeAttentionParams p;
+    p.q = dq->as<float>();
+    p.pages = pool->data();
+    p.kv_dtype = dtype;
+    p.page_indptr = indptr->as<int32_t>();
+    p.page_ids = ids->as<int32_t>();
+    p.page_valid = valid->as<int32_t>();
+    p.out = dout->as<float>();
+    p.batch = batch;
+    p.num_q_heads = hq;
+    p.num_kv_heads = hkv;
+    p.head_dim = d;
+    p.page_size = page_size;
+    p.scale = 1.f / std::sqrt(static_cast<float>(d));
+    CacheFlusher flush;
+    auto before = [&] {
+      if (backend == Backend::kCpu) flush();
+    };
+    return MedianMicros(backend, [&] { return kernels::PagedDecodeAttention(p, backend); }, before, 10, 1.0);
+  };
+  const double dense_us = run_lists(dense);
+  const double sparse_us = run_lists(sparse);
+  if (dense_us < 0 || sparse_us < 0) return Fail(InternalError("PagedDecodeAttention failed"));
+
+  const size_t elem = kernels::DTypeSize(dtype);
+  const double dense_bytes = static_cast<double>(dense.slots) * 2 * d * elem;
+  const double sparse_bytes = static_cast<double>(sparse.slots) * 2 * d * elem;
+  const double dense_gbps = dense_bytes / dense_us / 1e3;
+  const double bw = backend == Backend::kCuda ? MeasureDeviceGBps(size_t{2} << 30)
+                                              : MeasureHostReadGBps(size_t{1} << 30);
+  nlohmann::json r = {
+      {"workload", "attention"},
+      {"backend", std::string(kernels::BackendName(backend))},
+      {"threads", backend == Backend::kCpu ? kernels::CpuThreads() : 0},
+      {"dtype", std::string(kernels::DTypeName(dtype))},
+      {"context", context},
+      {"page_size", page_size},
+      {"budget_pages", budget},
+      {"batch", batch},
+      {"heads", "32q/8kv/d128"},
+      {"dense_pages_per_head", pages_per_list},
+      {"dense_us", dense_us},
+      {"sparse_us", sparse_us},
+      {"speedup", dense_us / sparse_us},
+      {"dense_bytes_read", dense_bytes},
+      {"sparse_bytes_read", sparse_bytes},
+      {"dense_gbps", dense_gbps},
+      {"sparse_gbps", sparse_bytes / sparse_us / 1e3},
+      {"measured_bandwidth_gbps", bw},
+      {"bandwidth_method", backend == Backend::kCuda ? "device-to-device copy (read+write)"
+                                                     : "parallel read of 1 GiB (sum)"},
+      {"dense_bandwidth_fraction", bw > 0 ? dense_gbps / bw : 0.0},
+  };
+  if (json) {
+    std::printf("%s\n", r.dump().c_str());
+  } else {
+    std::printf("attention decode step, Llama-3.1-8B heads (32q/8kv/128), %s KV, backend %s",
+                std::string(kernels::DTypeName(dtype)).c_str(), std::string(kernels::BackendName(backend)).c_str());
+    if (backend == Backend::kCpu) std::printf(" (%d threads)", kernels::CpuThreads());
+    std::printf("\ncontext %ld tokens, page size %d, batch %d: dense %d pages/head, sparse %d pages/head\n",
+                context, page_size, batch, pages_per_list, std::min(budget, pages_per_list));
+    std::printf("  dense_us   %10.1f   (%.1f MB read, %.2f GB/s)\n", dense_us, dense_bytes / 1e6, dense_gbps);
+    std::printf("  sparse_us  %10.1f   (%.2f MB read)\n", sparse_us, sparse_bytes / 1e6);
+    std::printf("  speedup    %10.2fx\n", dense_us / sparse_us);
+    std::printf("  measured bandwidth %.2f GB/s; dense reaches %.0f%% of it\n", bw,
+                bw > 0 ? 100 * dense_gbps / bw : 0.0);
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+
+int RunGemv(int argc, char** argv) {
+  int n = 14336, k = 4096, m = 1, threads = 0;
+  DType dtype = DType::kBF16;
+  Backend backend = Backend::kCpu;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "gemv: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--n") n = std::atoi(next().c_str());
+    else if (a == "--k") k = std::atoi(next().c_str());
+    else if (a == "--m") m = std::atoi(next().c_str());
+    else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--json") json = true;
+    else if (a == "--dtype") {
+      if (!ParseDType(next(), &dtype)) return std::fprintf(stderr, "gemv: --dtype bf16|f16|f32\n"), 2;
+    } else if (a == "--backend") {
+      if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "gemv: --backend cpu|cuda|auto\n"), 2;
+    } else {
+      std::fprintf(stderr, "usage: icecache-bench gemv [--n 14336] [--k 4096] [--m 1] "
+                           "[--dtype bf16|f16|f32] [--backend cpu|cuda] [--threads T] [--json]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (n <= 0 || k <= 0 || m <= 0) return std::fprintf(stderr, "gemv: sizes must be positive\n"), 2;
+  if (threads > 0) kernels::SetCpuThreads(threads);
+  backend = kernels::ResolveBackend(backend);
+  const size_t welems = static_cast<size_t>(n) * k;
+  std::vector<char> w(welems * kernels::DTypeSize(dtype));
+  FillRandom(dtype, w.data(), welems, 3);
+  std::vector<float> x(static_cast<size_t>(m) * k), y(static_cast<size_t>(m) * n);
+  FillRandom(DType::kF32, x.data(), x.size(), 4);
+  auto dw = ToBackend(backend, w.data(), w.size());
+  auto dx = ToBackend(backend, x.data(), x.size() * sizeof(float));
+  auto dy = DeviceBuffer::Allocate(backend, y.size() * sizeof(float));
+  if (!dw.ok() || !dx.ok() || !dy.ok()) return Fail(InternalError("allocation failed"));
+  kernels::MatmulParams p;
+  p.x = dx->as<float>();
+  p.w = dw->data();
+  p.w_dtype = dtype;
+  p.y = dy->as<float>();
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  CacheFlusher flush;
+  auto before = [&] {
+    if (backend == Backend::kCpu) flush();
+  };
+  const double ours_us = MedianMicros(backend, [&] { return kernels::Matmul(p, backend); }, before, 10, 1.0);
+  if (ours_us < 0) return Fail(InternalError("Matmul failed"));
+
+  double blas_us = -1;
+  if (backend == Backend::kCpu && kernels::OpenBlasAvailable()) {
+    std::vector<float> wf(welems);
+    kernels::ConvertToF32(dtype, w.data(), wf.data(), welems);
+    std::vector<float> yb(y.size());
+    blas_us = MedianMicros(
+        Backend::kCpu,
+        [&] { return kernels::OpenBlasMatmulF32(x.data(), wf.data(), yb.data(), m, n, k, kernels::CpuThreads()); },
+        before, 10, 1.0);
+  }
+  const double wbytes = static_cast<double>(w.size());
+  const double gbps = wbytes / ours_us / 1e3;
+  const double gflops = 2.0 * m * n * static_cast<double>(k) / ours_us / 1e3;
+  const double bw = backend == Backend::kCuda ? MeasureDeviceGBps(size_t{2} << 30)
+                                              : MeasureHostReadGBps(size_t{1} << 30);
+  nlohmann::json r = {
+      {"workload", "gemv"},
+      {"backend", std::string(kernels::BackendName(backend))},
+      {"threads", backend == Backend::kCpu ? kernels::CpuThreads() : 0},
+      {"dtype", std::string(kernels::DTypeName(dtype))},
+      {"m", m}, {"n", n}, {"k", k},
+      {"ours_us", ours_us},
+      {"ours_weight_gbps", gbps},
+      {"ours_gflops", gflops},
+      {"measured_bandwidth_gbps", bw},
+      {"bandwidth_fraction", bw > 0 ? gbps / bw : 0.0},
+      {"openblas_f32_us", blas_us},
+      {"openblas_f32_gflops", blas_us > 0 ? 2.0 * m * n * static_cast<double>(k) / blas_us / 1e3 : 0.0},
+      {"speedup_vs_openblas", blas_us > 0 ? blas_us / ours_us : 0.0},
+  };
+  if (json) {
+    std::printf("%s\n", r.dump().c_str());
+  } else {
+    std::printf("matmul m=%d n=%d k=%d, %s weights, backend %s", m, n, k,
+                std::string(kernels::DTypeName(dtype)).c_str(), std::string(kernels::BackendName(backend)).c_str());
+    if (backend == Backend::kCpu) std::printf(" (%d threads)", kernels::CpuThreads());
+    std::printf("\n  ours       %10.1f us  %7.2f GB/s of weights  %8.1f GFLOP/s\n", ours_us, gbps, gflops);
+    if (blas_us > 0) {
+      std::printf("  openblas   %10.1f us  (fp32 weights converted beforehand)  %8.1f GFLOP/s\n", blas_us,
+                  2.0 * m * n * static_cast<double>(k) / blas_us / 1e3);
+      std::printf("  ours vs openblas: %.2fx\n", blas_us / ours_us);
+    }
+    std::printf("  measured bandwidth %.2f GB/s; weights stream at %.0f%% of it\n", bw,
+                bw > 0 ? 100 * gbps / bw : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+ICE_BENCH_WORKLOAD("attention", "paged decode attention: dense vs sparse pages, Llama-3.1-8B heads", RunAttention);
+ICE_BENCH_WORKLOAD("gemv", "Matmul/GEMV on bf16/f16/f32 weights vs OpenBLAS and memory bandwidth", RunGemv);
+
+}  // namespace icecache::bench
