@@ -1,0 +1,409 @@
+#include "decode_worker/decode_engine.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "kvstore/sequence_cache.h"
+
+namespace icecache::decode {
+
+using Clock = std::chrono::steady_clock;
+
+bool TokenStream::Next(DecodeUpdate* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !updates_.empty(); })) return false;
+  *out = std::move(updates_.front());
+  updates_.pop_front();
+  while (!out->done && !updates_.empty()) {
+    DecodeUpdate& next = updates_.front();
+    out->tokens.insert(out->tokens.end(), next.tokens.begin(), next.tokens.end());
+    out->done = next.done;
+    out->finish = next.finish;
+    out->status = next.status;
+    out->pages_fetched = next.pages_fetched;
+    out->retrieval_seconds = next.retrieval_seconds;
+    updates_.pop_front();
+  }
+  return true;
+}
+
+void TokenStream::Push(DecodeUpdate update) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    updates_.push_back(std::move(update));
+  }
+  cv_.notify_all();
+}
+
+struct DecodeEngine::Reservation {
+  uint64_t id = 0;
+  int64_t committed_pages = 0;
+  int budget_pages = 0;
+  Clock::time_point created;
+  bool started = false;
+  // Filled by the transport's sink on its progress thread; read after Wait() returns.
+  std::vector<uint8_t> metadata;
+  std::vector<int32_t> pages;  // pages[i] = pool page holding shipped page i (-1: not yet)
+};
+
+struct DecodeEngine::Running {
+  uint64_t id = 0;
+  int64_t committed_pages = 0;
+  std::unique_ptr<kvstore::SequenceCache> cache;  // moved into the backend when joining
+  int budget_pages = 0;
+  DecodeParams params;
+  std::unique_ptr<model::Sampler> sampler;
+  std::vector<int32_t> generated;  // output tokens so far (first_token included)
+  int32_t last = -1;               // next input token
+  std::shared_ptr<TokenStream> stream;
+};
+
+DecodeEngine::DecodeEngine(model::Model* model, transport::Transport* transport, const DecodeEngineOptions& options)
+    : model_(model), transport_(transport), options_(options) {}
+
+StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model, transport::Transport* transport,
+                                                             const DecodeEngineOptions& options) {
+  std::unique_ptr<DecodeEngine> e(new DecodeEngine(model, transport, options));
+  kvstore::PagePoolOptions po;
+  po.page_size = options.page_size;
+  po.head_dim = model->attention_shape().head_dim;
+  po.dtype = kernels::DType::kF32;
+  po.num_pages = options.pool_pages;
+  ICE_ASSIGN_OR_RETURN(e->pool_, kvstore::PagePool::Create(po));
+  e->backend_ = std::make_unique<IceCacheBackend>(model->attention_shape(), e->pool_.get());
+  e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
+  return e;
+}
+
+DecodeEngine::~DecodeEngine() {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    for (auto& [id, r] : reserved_) ids.push_back(id);
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (auto& [id, r] : running_) {
+    backend_->RemoveSequence(id).IgnoreError();
+    r->stream->Push(DecodeUpdate{{}, true, model::FinishReason::kNone, UnavailableError("decode worker shut down")});
+  }
+  for (auto& r : joining_) {
+    r->stream->Push(DecodeUpdate{{}, true, model::FinishReason::kNone, UnavailableError("decode worker shut down")});
+  }
+  running_.clear();
+  joining_.clear();
+  for (uint64_t id : ids) {
+    transport_->Cancel(id);
+    Drop(id);
+  }
+}
+
+StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
+  if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
+  const auto shape = model_->attention_shape();
+  const int64_t ps = options_.page_size;
+  const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
+  // Positional pages for every token, plus slack for partly filled tree leaves (about one extra
+  // leaf per cell; cells are ~1-2% of tokens) and the window's partial page.
+  int64_t per_head = (tokens + ps - 1) / ps + 2;
+  if (budget_pages != 0) per_head += per_head / 4 + 2;
+  const int64_t need = per_head * shape.num_layers * shape.num_kv_heads;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return UnavailableError("decode worker is shutting down");
+  if (static_cast<int>(reserved_.size()) >= options_.max_sequences) {
+    return ResourceExhaustedError("decode worker is at its limit of " + std::to_string(options_.max_sequences) +
+                                  " sequences");
+  }
+  if (committed_pages_ + need > pool_->capacity_pages()) {
+    return ResourceExhaustedError("decode worker KV pool cannot hold " + std::to_string(tokens) + " tokens (" +
+                                  std::to_string(need) + " pages needed, " +
+                                  std::to_string(pool_->capacity_pages() - committed_pages_) + " uncommitted of " +
+                                  std::to_string(pool_->capacity_pages()) + ")");
+  }
+  auto r = std::make_shared<Reservation>();
+  r->id = next_id_++;
+  r->committed_pages = need;
+  r->budget_pages = budget_pages;
+  r->created = Clock::now();
+  const size_t page_bytes = pool_->page_bytes();
+  kvstore::PagePool* pool = pool_.get();
+  // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
+  // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
+  Reservation* raw = r.get();
+  Status expect = transport_->Expect(r->id, [raw, pool, page_bytes](uint32_t index, size_t bytes) -> StatusOr<void*> {
+    if (index == 0) {
+      if (bytes > (64u << 20)) return InvalidArgumentError("sequence metadata larger than 64 MiB");
+      raw->metadata.resize(bytes);
+      return static_cast<void*>(raw->metadata.data());
+    }
+    if (bytes != page_bytes) {
+      return InvalidArgumentError("page of " + std::to_string(bytes) + " bytes, this pool's pages have " +
+                                  std::to_string(page_bytes) + " (page_size/head_dim mismatch)");
+    }
+    size_t slot = index - 1;
+    if (slot >= raw->pages.size()) raw->pages.resize(slot + 1, -1);
+    if (raw->pages[slot] != -1) return InvalidArgumentError("page " + std::to_string(slot) + " sent twice");
+    ICE_ASSIGN_OR_RETURN(int32_t page, pool->Allocate());
+    raw->pages[slot] = page;
+    return pool->PageK(page);
+  });
+  if (!expect.ok()) return expect;
+  committed_pages_ += need;
+  reserved_[r->id] = r;
+  return r->id;
+}
+
+void DecodeEngine::Drop(uint64_t id) {
+  std::shared_ptr<Reservation> r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = reserved_.find(id);
+    if (it == reserved_.end()) return;
+    r = it->second;
+    reserved_.erase(it);
+    committed_pages_ -= r->committed_pages;
+  }
+  for (int32_t p : r->pages) {
+    if (p >= 0) pool_->Free(p).IgnoreError();
+  }
+  r->pages.clear();
+}
+
+StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const DecodeParams& params,
+                                                           transport::Clock::time_point kv_deadline) {
+  ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
+  std::shared_ptr<Reservation> r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = reserved_.find(id);
+    if (it == reserved_.end()) return NotFoundError("sequence " + std::to_string(id) + " is not reserved here");
+    if (it->second->started) return FailedPreconditionError("sequence " + std::to_string(id) + " already started");
+    it->second->started = true;
+    r = it->second;
+  }
+  Status arrived = transport_->Wait(id, kv_deadline);
+  if (!arrived.ok()) {
+    Drop(id);
+    return arrived.WithContext("waiting for the prefilled KV cache");
+  }
+  for (int32_t p : r->pages) {
+    if (p < 0) {
+      Drop(id);
+      return DataLossError("a shipped page is missing");
+    }
+  }
+  auto cache = kvstore::SequenceCache::Deserialize(r->metadata.data(), r->metadata.size(), r->pages.data(),
+                                                   r->pages.size(), pool_.get());
+  if (!cache.ok()) {
+    Drop(id);
+    return cache.status().WithContext("shipped KV cache");
+  }
+  auto run = std::make_unique<Running>();
+  run->id = id;
+  run->cache = std::move(*cache);
+  run->budget_pages = r->budget_pages;
+  run->params = params;
+  run->sampler = std::make_unique<model::Sampler>(params.sampling);
+  run->generated.push_back(params.first_token);
+  run->last = params.first_token;
+  run->stream = std::make_shared<TokenStream>();
+  auto stream = run->stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The cache now owns the pages; the reservation keeps only the accounting.
+    r->pages.clear();
+    run->committed_pages = r->committed_pages;
+    reserved_.erase(id);
+    joining_.push_back(std::move(run));
+    ++decoding_;
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void DecodeEngine::Cancel(uint64_t id) {
+  bool reserved = false;
+  bool claimed = false;  // this call owns the reservation's cleanup (no Start is waiting on it)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = reserved_.find(id);
+    if (it != reserved_.end()) {
+      reserved = true;
+      if (!it->second->started) {
+        it->second->started = true;
+        claimed = true;
+      }
+    } else {
+      cancel_requests_.push_back(id);
+    }
+  }
+  if (reserved) {
+    // A Start() blocked in Wait sees CANCELLED and drops the reservation itself.
+    transport_->Cancel(id);
+    if (claimed) {
+      transport_->Wait(id, Clock::now() + std::chrono::seconds(30)).IgnoreError();
+      Drop(id);
+    }
+  }
+  cv_.notify_all();
+}
+
+DecodeEngineStats DecodeEngine::stats() const {
+  DecodeEngineStats s;
+  s.total_pages = pool_->capacity_pages();
+  s.used_pages = pool_->used_pages();
+  s.page_bytes = static_cast<int64_t>(pool_->page_bytes());
+  std::lock_guard<std::mutex> lock(mu_);
+  s.committed_pages = committed_pages_;
+  s.decoding_sequences = decoding_;
+  s.active_sequences = decoding_ + static_cast<int>(reserved_.size());
+  s.tokens_generated = tokens_generated_;
+  s.pages_fetched = pages_fetched_;
+  s.retrieval_seconds = retrieval_seconds_;
+  return s;
+}
+
+void DecodeEngine::ExpireReservations() {
+  std::vector<uint64_t> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto limit = std::chrono::duration<double>(options_.reservation_timeout_seconds);
+    for (auto& [id, r] : reserved_) {
+      if (!r->started && Clock::now() - r->created > limit) expired.push_back(id);
+    }
+  }
+  for (uint64_t id : expired) {
+    ICE_LOG(WARNING) << "sequence " << id << " was reserved but never started; dropping it";
+    Cancel(id);
+  }
+}
+
+void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& status) {
+  DecodeUpdate last;
+  last.done = true;
+  last.finish = reason;
+  last.status = status;
+  if (backend_->HasSequence(r.id)) {
+    auto st = backend_->Stats(r.id);
+    if (st.ok()) {
+      last.pages_fetched = st->pages_fetched;
+      last.retrieval_seconds = st->retrieval_seconds;
+    }
+    backend_->RemoveSequence(r.id).IgnoreError();
+  }
+  r.cache.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    committed_pages_ -= r.committed_pages;
+    --decoding_;
+    pages_fetched_ += last.pages_fetched;
+    retrieval_seconds_ += last.retrieval_seconds;
+  }
+  r.stream->Push(std::move(last));
+}
+
+void DecodeEngine::Loop() {
+  auto last_expiry = Clock::now();
+  for (;;) {
+    std::deque<std::unique_ptr<Running>> joining;
+    std::vector<uint64_t> cancels;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        return stop_ || !joining_.empty() || !cancel_requests_.empty() || !running_.empty();
+      });
+      if (stop_) return;
+      joining.swap(joining_);
+      cancels.swap(cancel_requests_);
+    }
+    if (Clock::now() - last_expiry > std::chrono::seconds(1)) {
+      ExpireReservations();
+      last_expiry = Clock::now();
+    }
+    for (auto& r : joining) {
+      uint64_t id = r->id;
+      Status imported = backend_->Import(id, std::move(r->cache), r->budget_pages);
+      if (!imported.ok()) {
+        Finish(*r, model::FinishReason::kNone, imported);
+        continue;
+      }
+      running_[id] = std::move(r);
+      Running& run = *running_[id];
+      // The first token came from prefill: it may already end the sequence.
+      const auto& sp = run.params.sampling;
+      bool stop = std::find(sp.stop_ids.begin(), sp.stop_ids.end(), run.last) != sp.stop_ids.end();
+      if (!sp.ignore_eos) {
+        const auto& eos = model_->config().eos_ids;
+        stop = stop || std::find(eos.begin(), eos.end(), run.last) != eos.end();
+      }
+      if (stop || sp.max_tokens <= 1) {
+        Finish(run, stop ? model::FinishReason::kStop : model::FinishReason::kLength, Status::Ok());
+        running_.erase(id);
+      }
+    }
+    for (uint64_t id : cancels) {
+      auto it = running_.find(id);
+      if (it == running_.end()) continue;
+      Finish(*it->second, model::FinishReason::kNone, CancelledError("sequence cancelled"));
+      running_.erase(it);
+    }
+    if (!running_.empty()) Step();
+  }
+}
+
+void DecodeEngine::Step() {
+  std::vector<model::SequenceInput> inputs;
+  std::vector<Running*> order;
+  for (auto& [id, r] : running_) {
+    inputs.push_back({id, std::span<const int32_t>(&r->last, 1)});
+    order.push_back(r.get());
+  }
+  std::vector<float> logits;
+  Status st = model_->Forward(inputs, *backend_, model::LogitsMode::kLastToken, &logits);
+  std::vector<uint64_t> finished;
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  const int max_position = model_->config().max_position;
+  int64_t produced = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    Running& r = *order[i];
+    Status seq_status = st.ok() ? backend_->SequenceError(r.id) : st;
+    if (!seq_status.ok()) {
+      Finish(r, model::FinishReason::kNone, seq_status);
+      finished.push_back(r.id);
+      continue;
+    }
+    auto token = r.sampler->Sample(std::span<const float>(logits.data() + i * vocab, vocab), r.generated);
+    if (!token.ok()) {
+      Finish(r, model::FinishReason::kNone, token.status());
+      finished.push_back(r.id);
+      continue;
+    }
+    r.generated.push_back(*token);
+    r.last = *token;
+    ++produced;
+    r.stream->Push(DecodeUpdate{{*token}});
+    const auto& sp = r.params.sampling;
+    bool stop = std::find(sp.stop_ids.begin(), sp.stop_ids.end(), *token) != sp.stop_ids.end();
+    if (!sp.ignore_eos) {
+      const auto& eos = model_->config().eos_ids;
+      stop = stop || std::find(eos.begin(), eos.end(), *token) != eos.end();
+    }
+    auto len = backend_->SequenceLength(r.id);
+    if (stop) {
+      Finish(r, model::FinishReason::kStop, Status::Ok());
+    } else if (static_cast<int>(r.generated.size()) >= sp.max_tokens) {
+      Finish(r, model::FinishReason::kLength, Status::Ok());
+    } else if (len.ok() && *len + 1 >= max_position) {
+      Finish(r, model::FinishReason::kContext, Status::Ok());
+    } else {
+      continue;
+    }
+    finished.push_back(r.id);
+  }
+  for (uint64_t id : finished) running_.erase(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  tokens_generated_ += produced;
+}
+
+}  // namespace icecache::decode

@@ -1,0 +1,139 @@
+// The decode engine: admits sequences (Reserve), receives their prefilled KV over a Transport
+// straight into the host page pool, and decodes all active sequences together (continuous
+// batching: one forward pass per step over every running sequence, sequences joining and leaving
+// between steps) with the IceCache attention backend. Tokens go to a per-sequence TokenStream.
+//
+// Life of a sequence: Reserve -> (prefill worker ships KV: transfer id = sequence id) ->
+// Start (waits for the KV, imports it, joins the batch) -> tokens ... -> finished, cancelled or
+// failed; its pages are freed at that moment. Release() drops a reservation that will not be
+// started; reservations not started within reservation_timeout_seconds are dropped too.
+//
+// Page accounting: each reservation commits an estimate of the pages the sequence can need
+// (prompt + max_tokens in every (layer, kv head), plus tree slack); admission fails with
+// RESOURCE_EXHAUSTED when the estimate does not fit the uncommitted pages.
+//
+// Thread safety: all public methods may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "decode_worker/icecache_backend.h"
+#include "kvstore/page_pool.h"
+#include "model/generator.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "transport/transport.h"
+
+namespace icecache::decode {
+
+struct DecodeEngineOptions {
+  int page_size = 16;
+  int64_t pool_pages = 16384;
+  int max_sequences = 64;
+  double reservation_timeout_seconds = 120;
+};
+
+struct DecodeParams {
+  int32_t first_token = -1;        // from prefill; output token 1
+  model::SamplingParams sampling;  // temperature/top_k/top_p/seed, max_tokens, stop_ids, ignore_eos
+};
+
+// One update of a sequence's stream. The last one has done == true.
+struct DecodeUpdate {
+  std::vector<int32_t> tokens;
+  bool done = false;
+  model::FinishReason finish = model::FinishReason::kNone;
+  Status status;  // non-OK when the sequence failed or was cancelled (done == true)
+  int64_t pages_fetched = 0;       // last update only
+  double retrieval_seconds = 0.0;  // last update only
+};
+
+// Tokens of one sequence, produced by the engine thread, consumed by one reader.
+class TokenStream {
+ public:
+  // Waits up to `timeout` for the next update. Returns false on timeout. Updates pending at the
+  // same time are coalesced (tokens concatenated).
+  bool Next(DecodeUpdate* out, std::chrono::milliseconds timeout);
+  void Push(DecodeUpdate update);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<DecodeUpdate> updates_;
+};
+
+struct DecodeEngineStats {
+  int64_t total_pages = 0;
+  int64_t used_pages = 0;       // pages holding KV now
+  int64_t committed_pages = 0;  // admission estimates of live sequences
+  int64_t page_bytes = 0;
+  int active_sequences = 0;     // reserved, receiving or decoding
+  int decoding_sequences = 0;
+  int64_t tokens_generated = 0;      // cumulative
+  int64_t pages_fetched = 0;         // cumulative, sparse layers
+  double retrieval_seconds = 0.0;    // cumulative
+};
+
+class DecodeEngine {
+ public:
+  // `model` and `transport` are not owned and must outlive the engine. The page pool is created
+  // here (fp32 pages of options.page_size tokens).
+  static StatusOr<std::unique_ptr<DecodeEngine>> Create(model::Model* model, transport::Transport* transport,
+                                                        const DecodeEngineOptions& options);
+  ~DecodeEngine();
+
+  // Admits a sequence. budget_pages: 0 = full attention, else the sparse page budget.
+  // RESOURCE_EXHAUSTED (pool or max_sequences), INVALID_ARGUMENT (bad sizes).
+  StatusOr<uint64_t> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // Waits until the KV of sequence `id` has arrived (or kv_deadline), imports it and starts
+  // decoding. NOT_FOUND (unknown id), FAILED_PRECONDITION (already started), transfer errors
+  // (DEADLINE_EXCEEDED, CANCELLED, ...), DATA_LOSS (bad wire form). On error the sequence is gone.
+  StatusOr<std::shared_ptr<TokenStream>> Start(uint64_t id, const DecodeParams& params,
+                                               transport::Clock::time_point kv_deadline);
+  // Cancels a sequence in any state; its stream (if started) ends with CANCELLED.
+  void Cancel(uint64_t id);
+
+  DecodeEngineStats stats() const;
+  const kvstore::PagePool& pool() const { return *pool_; }
+  const std::string& transport_address() const { return transport_->address(); }
+
+ private:
+  struct Reservation;
+  struct Running;
+  DecodeEngine(model::Model* model, transport::Transport* transport, const DecodeEngineOptions& options);
+  void Loop();
+  void Step();
+  void Finish(Running& r, model::FinishReason reason, const Status& status);
+  void Drop(uint64_t id);  // removes a reservation after its transfer ended; frees its pages
+  void ExpireReservations();
+
+  model::Model* const model_;
+  transport::Transport* const transport_;
+  const DecodeEngineOptions options_;
+  std::unique_ptr<kvstore::PagePool> pool_;
+  std::unique_ptr<IceCacheBackend> backend_;  // engine thread only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_id_ = 1;                                       // guarded by mu_
+  std::map<uint64_t, std::shared_ptr<Reservation>> reserved_;  // guarded by mu_
+  std::deque<std::unique_ptr<Running>> joining_;               // guarded by mu_
+  std::vector<uint64_t> cancel_requests_;                      // guarded by mu_
+  int64_t committed_pages_ = 0;                                // guarded by mu_
+  int decoding_ = 0;                                           // guarded by mu_
+  int64_t tokens_generated_ = 0;                               // guarded by mu_
+  int64_t pages_fetched_ = 0;                                  // guarded by mu_
+  double retrieval_seconds_ = 0;                               // guarded by mu_
+  bool stop_ = false;                                          // guarded by mu_
+
+  std::map<uint64_t, std::unique_ptr<Running>> running_;  // engine thread only
+  std::thread thread_;
+};
+
+}  // namespace icecache::decode

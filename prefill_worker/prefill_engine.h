@@ -1,0 +1,104 @@
+// The prefill engine: batches queued prompts into dense forward passes of the model, builds each
+// sequence's IceCache layout (kvstore::SequenceCache: dense layers in order, sparse layers as
+// sink + DCI-tree + window, the trees built on this side), and ships the pages plus the cache's
+// wire form over a Transport straight into the decode worker's page pool. Returns the first
+// token and a timing breakdown.
+//
+// Pipeline: one engine thread runs forward passes one batch after another; tree building and
+// shipping of a finished batch run on `ship_threads` worker threads, overlapping the next batch's
+// forward pass. (Per-layer overlap inside one forward pass is possible with the
+// AttentionBackend protocol, but SequenceCache::Build takes all layers at once.)
+//
+// Transfer protocol (transport.h): transfer id = the decode worker's sequence id; segment 0 is
+// the SequenceCache metadata, segment i >= 1 is page i-1 of SequenceWire::pages order.
+//
+// Thread safety: Run() may be called from many threads at once (one per RPC).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "kvstore/dci_tree.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "transport/transport.h"
+
+namespace icecache::prefill {
+
+struct PrefillEngineOptions {
+  int page_size = 16;
+  int dense_layers = 2;
+  int sink_pages = 2;
+  int window_pages = 2;
+  int ice_group = 1;
+  kvstore::DciParams dci;
+  int max_batch_tokens = 16384;  // prompts batched into one forward pass up to this many tokens
+  double transfer_timeout_seconds = 30;
+  int ship_threads = 1;          // tree build + shipping workers
+};
+
+struct PrefillJob {
+  std::vector<int32_t> tokens;     // the prompt, >= 1 token
+  model::SamplingParams sampling;  // for the first token
+  bool build_index = true;         // false: every layer dense (the sequence attends fully)
+  std::string peer;                // decode worker's transport address
+  uint64_t transfer_id = 0;        // decode worker's sequence id
+};
+
+struct PrefillResult {
+  int32_t first_token = -1;
+  double queue_seconds = 0;
+  double compute_seconds = 0;     // the batch's forward pass
+  double tree_build_seconds = 0;  // SequenceCache build (trees)
+  double transfer_seconds = 0;
+  int64_t transfer_bytes = 0;
+  int64_t pages_shipped = 0;
+};
+
+class PrefillEngine {
+ public:
+  // `model` and `transport` are not owned and must outlive the engine.
+  PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options);
+  ~PrefillEngine();  // fails queued jobs with UNAVAILABLE, finishes running ones, joins
+  PrefillEngine(const PrefillEngine&) = delete;
+  PrefillEngine& operator=(const PrefillEngine&) = delete;
+
+  // Prefills, ships and returns the first token. Errors: INVALID_ARGUMENT (empty prompt, ids out
+  // of range), errors of the transport (UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION when
+  // the decode worker gave up on the sequence), RESOURCE_EXHAUSTED.
+  StatusOr<PrefillResult> Run(PrefillJob job);
+
+  // Prompt tokens queued or in a forward pass right now.
+  int64_t queued_tokens() const;
+  int64_t completed() const;
+
+ private:
+  struct Pending;
+  void EngineLoop();
+  void RunBatch(std::vector<std::shared_ptr<Pending>> batch);
+  void BuildAndShip(const std::shared_ptr<Pending>& p, std::vector<std::vector<float>> k,
+                    std::vector<std::vector<float>> v);
+
+  model::Model* const model_;
+  transport::Transport* const transport_;
+  const PrefillEngineOptions options_;
+  ThreadPool ship_pool_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> queue_;  // guarded by mu_
+  int64_t queued_tokens_ = 0;                   // guarded by mu_
+  int64_t completed_ = 0;                       // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace icecache::prefill

@@ -1,0 +1,152 @@
+#include "prefill_worker/prefill_server.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <mutex>
+
+#include "common/logging.h"
+#include "icecache/v1/worker.grpc.pb.h"
+#include "prefill_worker/prefill_engine.h"
+#include "proto/grpc_util.h"
+#include "proto/metrics_exposer.h"
+
+namespace icecache::prefill {
+namespace {
+
+namespace pb = ::icecache::v1;
+
+struct Metrics {
+  explicit Metrics(prometheus::Registry& r)
+      : prompt_tokens(prometheus::BuildCounter().Name("icecache_prompt_tokens_total")
+                          .Help("Prompt tokens prefilled").Register(r).Add({})),
+        transfer_bytes(prometheus::BuildCounter().Name("icecache_transfer_bytes_total")
+                           .Help("KV bytes shipped to decode workers").Register(r).Add({})),
+        waiting(prometheus::BuildGauge().Name("icecache_requests_waiting")
+                    .Help("Prompts queued or in prefill").Register(r).Add({})),
+        phase(prometheus::BuildHistogram().Name("icecache_prefill_phase_seconds")
+                  .Help("Prefill time by phase").Register(r)) {}
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& transfer_bytes;
+  prometheus::Gauge& waiting;
+  prometheus::Family<prometheus::Histogram>& phase;
+};
+
+class PrefillServiceImpl final : public pb::PrefillWorker::Service {
+ public:
+  PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir)
+      : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir) {}
+
+  grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
+    PrefillJob job;
+    job.tokens.assign(req->token_ids().begin(), req->token_ids().end());
+    const auto& s = req->sampling();
+    job.sampling.temperature = s.temperature();
+    job.sampling.top_k = s.top_k();
+    job.sampling.top_p = (s.top_p() <= 0.f || s.top_p() > 1.f) ? 1.f : s.top_p();
+    if (s.seed() != 0) job.sampling.seed = s.seed();
+    job.build_index = req->build_index();
+    job.peer = req->decode_transport_address();
+    job.transfer_id = req->sequence_id();
+    metrics_->waiting.Increment();
+    auto r = engine_->Run(std::move(job));
+    metrics_->waiting.Decrement();
+    if (!r.ok()) return cluster::ToGrpc(r.status());
+    metrics_->prompt_tokens.Increment(req->token_ids_size());
+    metrics_->transfer_bytes.Increment(static_cast<double>(r->transfer_bytes));
+    const auto& b = cluster::LatencyBuckets();
+    metrics_->phase.Add({{"phase", "queue"}}, b).Observe(r->queue_seconds);
+    metrics_->phase.Add({{"phase", "compute"}}, b).Observe(r->compute_seconds);
+    metrics_->phase.Add({{"phase", "tree_build"}}, b).Observe(r->tree_build_seconds);
+    metrics_->phase.Add({{"phase", "transfer"}}, b).Observe(r->transfer_seconds);
+    resp->set_first_token(r->first_token);
+    resp->set_queue_seconds(r->queue_seconds);
+    resp->set_compute_seconds(r->compute_seconds);
+    resp->set_tree_build_seconds(r->tree_build_seconds);
+    resp->set_transfer_seconds(r->transfer_seconds);
+    resp->set_transfer_bytes(r->transfer_bytes);
+    resp->set_pages_shipped(r->pages_shipped);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {
+    resp->set_queued_prompt_tokens(engine_->queued_tokens());
+    resp->set_model_name(model_dir_);
+    resp->set_vocab_size(model_->config().vocab_size);
+    return grpc::Status::OK;
+  }
+
+ private:
+  PrefillEngine* engine_;
+  const model::Model* model_;
+  Metrics* metrics_;
+  std::string model_dir_;
+};
+
+}  // namespace
+
+struct PrefillServer::Impl {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<PrefillEngine> engine;
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<PrefillServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string host;
+  int port = 0;
+  std::once_flag shutdown_once;
+};
+
+PrefillServer::PrefillServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::ClusterConfig& config) {
+  auto impl = std::make_unique<Impl>();
+  if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
+  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
+  ICE_ASSIGN_OR_RETURN(impl->transport,
+                       transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
+  PrefillEngineOptions eo;
+  eo.page_size = config.cache.page_size;
+  eo.dense_layers = config.cache.dense_layers;
+  eo.sink_pages = config.cache.sink_pages;
+  eo.window_pages = config.cache.window_pages;
+  eo.max_batch_tokens = config.prefill.max_batch_tokens;
+  eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
+  impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
+  impl->registry = std::make_shared<prometheus::Registry>();
+  impl->metrics = std::make_unique<Metrics>(*impl->registry);
+  impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
+                                                       config.model.dir);
+  ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},
+                                                          {"icecache.v1.PrefillWorker"}, &impl->port));
+  int unused = 0;
+  ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.prefill.listen, &impl->host, &unused));
+  if (config.prefill.metrics_port > 0) {
+    ICE_ASSIGN_OR_RETURN(impl->exposer,
+                         cluster::StartMetricsExposer(impl->host, config.prefill.metrics_port, impl->registry));
+  }
+  ICE_LOG(INFO) << "prefill worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
+                << ")";
+  return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));
+}
+
+PrefillServer::~PrefillServer() { Shutdown(); }
+
+void PrefillServer::Shutdown() {
+  std::call_once(impl_->shutdown_once, [this] {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    impl_->engine.reset();
+    impl_->exposer.reset();
+  });
+}
+
+void PrefillServer::Wait() { impl_->server->Wait(); }
+int PrefillServer::port() const { return impl_->port; }
+std::string PrefillServer::address() const { return impl_->host + ":" + std::to_string(impl_->port); }
+
+}  // namespace icecache::prefill

@@ -1,0 +1,30 @@
+// The prefill worker process as a library: loads the model, creates the UCX transport and the
+// prefill engine, serves icecache.v1.PrefillWorker (+ health, reflection) and /metrics.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "proto/cluster_config.h"
+
+namespace icecache::prefill {
+
+class PrefillServer {
+ public:
+  // Uses config.model, config.cache, config.prefill, config.ucx. prefill.listen may use port 0.
+  static StatusOr<std::unique_ptr<PrefillServer>> Start(const cluster::ClusterConfig& config);
+  ~PrefillServer();
+
+  int port() const;
+  std::string address() const;
+  void Wait();
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit PrefillServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace icecache::prefill

@@ -1,0 +1,54 @@
+#include "proto/grpc_util.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+namespace icecache::cluster {
+
+StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
+                                                    const std::vector<grpc::Service*>& services,
+                                                    const std::vector<std::string>& service_names,
+                                                    int* bound_port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return UnavailableError("cannot listen on " + listen + " (address in use or invalid)");
+  if (auto* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+    for (const auto& name : service_names) health->SetServingStatus(name, true);
+  }
+  if (bound_port) *bound_port = port;
+  return server;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetMaxReceiveMessageSize(256 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+Status SplitHostPort(const std::string& address, std::string* host, int* port) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= address.size()) {
+    return InvalidArgumentError("'" + address + "' is not HOST:PORT");
+  }
+  *host = address.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  try {
+    size_t used = 0;
+    *port = std::stoi(address.substr(colon + 1), &used);
+    if (used != address.size() - colon - 1 || *port < 0 || *port > 65535) throw std::out_of_range("port");
+  } catch (const std::exception&) {
+    return InvalidArgumentError("'" + address + "' has a bad port");
+  }
+  return Status::Ok();
+}
+
+}  // namespace icecache::cluster

@@ -1,0 +1,36 @@
+// Glue between icecache::Status and gRPC, and the common server setup of the three services
+// (health checking and reflection on every server). Light header: no generated code.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace icecache::cluster {
+
+inline grpc::Status ToGrpc(const Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+inline Status FromGrpc(const grpc::Status& s) {
+  return s.ok() ? Status::Ok() : Status(static_cast<StatusCode>(s.error_code()), s.error_message());
+}
+
+// Builds and starts a server on `listen` ("host:port"; port 0 picks a free one) serving
+// `services`, grpc.health.v1.Health (status SERVING for "" and each service name) and server
+// reflection. *bound_port receives the port. UNAVAILABLE when the address cannot be bound.
+StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
+                                                    const std::vector<grpc::Service*>& services,
+                                                    const std::vector<std::string>& service_names,
+                                                    int* bound_port);
+
+// An insecure channel to "host:port" with keepalive settings suited to long streams.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+
+// "host:port" -> host and port. INVALID_ARGUMENT naming the value.
+Status SplitHostPort(const std::string& address, std::string* host, int* port);
+
+}  // namespace icecache::cluster

@@ -1,0 +1,73 @@
+#include "router/client.h"
+
+#include <chrono>
+
+#include "icecache/v1/generation.grpc.pb.h"
+#include "proto/grpc_util.h"
+
+namespace icecache::router {
+
+namespace pb = ::icecache::v1;
+
+Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<bool(const RemoteChunk&)>& on_chunk) {
+  auto stub = pb::Generation::NewStub(cluster::MakeChannel(o.router));
+  pb::GenerateRequest req;
+  if (o.prompt) {
+    req.set_text(*o.prompt);
+  } else {
+    req.mutable_token_ids()->mutable_ids()->Add(o.prompt_ids.begin(), o.prompt_ids.end());
+  }
+  req.set_max_tokens(o.max_tokens);
+  req.mutable_sampling()->set_temperature(o.temperature);
+  req.mutable_sampling()->set_top_p(o.top_p);
+  req.mutable_sampling()->set_top_k(o.top_k);
+  req.mutable_sampling()->set_seed(o.seed);
+  for (const auto& s : o.stop) req.add_stop(s);
+  req.mutable_stop_token_ids()->Add(o.stop_ids.begin(), o.stop_ids.end());
+  req.set_ignore_eos(o.ignore_eos);
+  if (o.budget_pages == 0) {
+    req.mutable_cache()->set_full(true);
+  } else if (o.budget_pages > 0) {
+    req.mutable_cache()->set_budget_pages(o.budget_pages);
+  }
+  grpc::ClientContext ctx;
+  if (o.timeout_seconds > 0) {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                         std::chrono::duration<double>(o.timeout_seconds)));
+  }
+  auto reader = stub->Generate(&ctx, req);
+  pb::GenerateResponse r;
+  while (reader->Read(&r)) {
+    RemoteChunk c;
+    c.text = r.text();
+    c.token_ids.assign(r.token_ids().begin(), r.token_ids().end());
+    c.decode_worker = r.decode_worker();
+    if (r.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
+      c.last = true;
+      switch (r.finish_reason()) {
+        case pb::FINISH_REASON_LENGTH: c.finish_reason = "length"; break;
+        case pb::FINISH_REASON_EOS: c.finish_reason = "eos"; break;
+        case pb::FINISH_REASON_STOP: c.finish_reason = "stop"; break;
+        default: break;
+      }
+      c.prompt_tokens = r.usage().prompt_tokens();
+      c.completion_tokens = r.usage().completion_tokens();
+      c.ttft_seconds = r.timing().ttft_seconds();
+      c.tpot_seconds = r.timing().tpot_seconds();
+      c.e2e_seconds = r.timing().e2e_seconds();
+      c.prefill_compute_seconds = r.timing().prefill_compute_seconds();
+      c.tree_build_seconds = r.timing().tree_build_seconds();
+      c.transfer_seconds = r.timing().transfer_seconds();
+      c.pages_fetched = r.timing().pages_fetched();
+      c.transfer_bytes = r.timing().transfer_bytes();
+    }
+    if (!on_chunk(c)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  return cluster::FromGrpc(reader->Finish());
+}
+
+}  // namespace icecache::router

@@ -1,0 +1,73 @@
+// The router's view of one kind of worker (prefill or decode): their addresses (a static list, or
+// every address of a DNS name re-resolved periodically), a channel to each, and their load as
+// last reported by Stats, plus the router's own count of requests it has sent there since.
+//
+// Thread safety: all methods may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "icecache/v1/worker.grpc.pb.h"
+#include "proto/cluster_config.h"
+
+namespace icecache::router {
+
+enum class WorkerKind { kPrefill, kDecode };
+
+struct WorkerInfo {
+  std::string address;
+  std::shared_ptr<v1::PrefillWorker::Stub> prefill;  // kind == kPrefill
+  std::shared_ptr<v1::DecodeWorker::Stub> decode;    // kind == kDecode
+  v1::WorkerStats stats;
+  bool healthy = false;    // the last Stats call succeeded
+  int64_t inflight = 0;    // requests (decode) or prompt tokens (prefill) routed and not yet done
+};
+
+// Resolves "name:port" to every "ip:port" it has (IPv4 and IPv6). UNAVAILABLE when it does not
+// resolve.
+StatusOr<std::vector<std::string>> ResolveAll(const std::string& name_and_port);
+
+class WorkerPool {
+ public:
+  WorkerPool(WorkerKind kind, const cluster::WorkerDiscovery& discovery, double dns_refresh_seconds,
+             double stats_refresh_seconds);
+  ~WorkerPool();
+
+  // Resolves and polls once (so a fresh router sees its workers), then keeps refreshing in the
+  // background.
+  void Start();
+
+  // Workers in order of preference: decode by (active sequences + inflight) ascending then free
+  // pages descending; prefill by (queued prompt tokens + inflight tokens) ascending. Unhealthy
+  // workers come last.
+  std::vector<WorkerInfo> Ranked() const;
+  size_t size() const;
+
+  // Adjusts the router-side inflight count of `address` (no-op for an unknown address).
+  void AddInflight(const std::string& address, int64_t delta);
+
+ private:
+  void Refresh(bool resolve);
+  void Loop();
+
+  const WorkerKind kind_;
+  const cluster::WorkerDiscovery discovery_;
+  const double dns_refresh_seconds_;
+  const double stats_refresh_seconds_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, WorkerInfo> workers_;  // guarded by mu_
+  bool stop_ = false;                          // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace icecache::router
