@@ -16,29 +16,24 @@ uint64_t PairKey(int32_t a, int32_t b) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const nlohmann::json& model) {
+StatusOr<std::unique_ptr<BpeModel>> BpeModel::Build(const nlohmann::json& model, BpeData data) {
   std::unique_ptr<BpeModel> m(new BpeModel());
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     return InvalidArgumentError("model: missing object \"vocab\"");
   }
-  const auto& vocab = model["vocab"];
   int64_t max_id = -1;
-  m->vocab_.reserve(vocab.size() * 2);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      return InvalidArgumentError("model.vocab: id of token \"" + it.key() + "\" is not an integer");
-    }
-    int64_t id = it.value().get<int64_t>();
+  m->vocab_.reserve(data.vocab.size() * 2);
+  for (auto& [token, id] : data.vocab) {
     if (id < 0 || id > (1 << 30)) {
-      return InvalidArgumentError("model.vocab: id " + std::to_string(id) + " of token \"" + it.key() +
+      return InvalidArgumentError("model.vocab: id " + std::to_string(id) + " of token \"" + token +
                                   "\" out of range");
     }
-    m->vocab_[it.key()] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);
+    m->vocab_[std::move(token)] = static_cast<int32_t>(id);
   }
-  if (max_id + 1 > static_cast<int64_t>(vocab.size()) * 4 + 1024) {
+  if (max_id + 1 > static_cast<int64_t>(m->vocab_.size()) * 4 + 1024) {
     return InvalidArgumentError("model.vocab: ids are too sparse (max id " + std::to_string(max_id) +
-                                " for " + std::to_string(vocab.size()) + " tokens)");
+                                " for " + std::to_string(m->vocab_.size()) + " tokens)");
   }
   m->id_to_token_.resize(max_id + 1);
   m->has_id_.assign(max_id + 1, false);
@@ -77,33 +72,18 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const nlohmann::json& model)
   if (!model.contains("merges") || !model["merges"].is_array()) {
     return InvalidArgumentError("model: missing array \"merges\"");
   }
-  const auto& merges = model["merges"];
-  m->merges_.reserve(merges.size() * 2);
-  std::string left, right;
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& mj = merges[rank];
-    if (mj.is_string()) {
-      const std::string& s = mj.get_ref<const std::string&>();
-      size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-        return InvalidArgumentError("model.merges[" + std::to_string(rank) + "]: \"" + s +
-                                    "\" is not two tokens separated by one space");
-      }
-      left = s.substr(0, sp);
-      right = s.substr(sp + 1);
-    } else if (mj.is_array() && mj.size() == 2 && mj[0].is_string() && mj[1].is_string()) {
-      left = mj[0].get<std::string>();
-      right = mj[1].get<std::string>();
-    } else {
-      return InvalidArgumentError("model.merges[" + std::to_string(rank) + "]: expected \"a b\" or [\"a\", \"b\"]");
-    }
+  m->merges_.reserve(data.merges.size() * 2);
+  std::string joined;
+  for (size_t rank = 0; rank < data.merges.size(); ++rank) {
+    const auto& [left, right] = data.merges[rank];
     auto l = m->vocab_.find(left);
     auto r = m->vocab_.find(right);
     if (l == m->vocab_.end() || r == m->vocab_.end()) {
       return InvalidArgumentError("model.merges[" + std::to_string(rank) + "]: token \"" +
                                   (l == m->vocab_.end() ? left : right) + "\" is not in the vocab");
     }
-    auto merged = m->vocab_.find(left + right);
+    joined.assign(left).append(right);
+    auto merged = m->vocab_.find(joined);
     if (merged == m->vocab_.end()) {
       return InvalidArgumentError("model.merges[" + std::to_string(rank) + "]: merged token \"" + left + right +
                                   "\" is not in the vocab");

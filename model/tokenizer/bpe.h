@@ -18,15 +18,17 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
+#include "model/tokenizer/tokenizer_json_reader.h"
 
 namespace icecache::tokenizer {
 
 class BpeModel {
  public:
-  // Parses the "model" object. Errors: INVALID_ARGUMENT for a missing/ill-typed vocab or merges,
-  // merges naming unknown tokens or producing a token outside the vocabulary, negative ids,
-  // unsupported options (dropout, continuing_subword_prefix, end_of_word_suffix).
-  static StatusOr<std::unique_ptr<BpeModel>> Parse(const nlohmann::json& model);
+  // Builds the model from the "model" object (options; its vocab and merges are placeholders) and
+  // the vocab and merges read by ReadTokenizerJson. Errors: INVALID_ARGUMENT for a missing vocab
+  // or merges, merges naming unknown tokens or producing a token outside the vocabulary, ids out of
+  // range, unsupported options (dropout, continuing_subword_prefix, end_of_word_suffix).
+  static StatusOr<std::unique_ptr<BpeModel>> Build(const nlohmann::json& model, BpeData data);
 
   // Appends the ids of one pre-tokenized piece (in the vocabulary's alphabet).
   void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;

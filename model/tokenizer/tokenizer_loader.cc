@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer/tokenizer_impl.h"
+#include "model/tokenizer/tokenizer_json_reader.h"
 
 namespace icecache::tokenizer {
 
@@ -16,7 +17,7 @@ class TokenizerLoader {
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 
  private:
-  static Status ParseTokenizerJson(const Json& j, TokenizerImpl* t);
+  static Status ParseTokenizerJson(const Json& j, BpeData data, TokenizerImpl* t);
   static Status ParseAddedTokens(const Json& j, TokenizerImpl* t);
   static Status ParsePostProcessor(const Json& j, TokenizerImpl* t);
   static Status ParseConfig(const Json& config, const Json* generation_config, TokenizerImpl* t);
@@ -143,7 +144,7 @@ Status TokenizerLoader::ParsePostProcessor(const Json& j, TokenizerImpl* t) {
                               "\" (supported: ByteLevel, TemplateProcessing, Sequence)");
 }
 
-Status TokenizerLoader::ParseTokenizerJson(const Json& j, TokenizerImpl* t) {
+Status TokenizerLoader::ParseTokenizerJson(const Json& j, BpeData data, TokenizerImpl* t) {
   if (!j.is_object()) return InvalidArgumentError("top level is not a JSON object");
   if (!j.contains("model") || !j["model"].is_object()) return InvalidArgumentError("missing object \"model\"");
   const Json& model = j["model"];
@@ -151,7 +152,7 @@ Status TokenizerLoader::ParseTokenizerJson(const Json& j, TokenizerImpl* t) {
   if (type != "BPE") {
     return InvalidArgumentError("unsupported model type \"" + type + "\" (only BPE is supported)");
   }
-  auto bpe = BpeModel::Parse(model);
+  auto bpe = BpeModel::Build(model, std::move(data));
   if (!bpe.ok()) return bpe.status();
   t->model_ = std::move(bpe).value();
   ICE_ASSIGN_OR_RETURN(t->normalizer_, ParseNormalizer(j.contains("normalizer") ? j["normalizer"] : Json()));
@@ -233,12 +234,15 @@ Status TokenizerLoader::ParseConfig(const Json& config, const Json* generation_c
 
 StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Load(const std::string& path) {
   ICE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  ICE_ASSIGN_OR_RETURN(Json j, ParseJsonFile(path, text));
+  Json j;
+  BpeData data;
+  Status read = ReadTokenizerJson(text, &j, &data);
+  if (!read.ok()) return read.WithContext(path);
   text.clear();
   text.shrink_to_fit();
   auto t = std::make_unique<TokenizerImpl>();
   try {
-    Status s = ParseTokenizerJson(j, t.get());
+    Status s = ParseTokenizerJson(j, std::move(data), t.get());
     if (!s.ok()) return s.WithContext(path);
   } catch (const Json::exception& e) {
     return InvalidArgumentError(path + ": unexpected JSON structure: " + e.what());
