@@ -35,7 +35,9 @@ class Tokenizer {
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 
   // Encodes text. Added tokens present in the text are matched as whole tokens. With
-  // add_special_tokens, the model's bos token is prepended where the tokenizer config asks for it.
+  // add_special_tokens, the model's bos token is prepended where the tokenizer config asks for it
+  // (the TemplateProcessing post-processor of tokenizer.json, else add_bos_token / add_eos_token of
+  // tokenizer_config.json). INVALID_ARGUMENT when text is not valid UTF-8.
   virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = false) const = 0;
 
   // Decodes ids to text. OUT_OF_RANGE for an id outside the vocabulary. Invalid UTF-8 byte
@@ -52,7 +54,10 @@ class Tokenizer {
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   virtual bool IsSpecial(int32_t id) const = 0;
 
-  // From tokenizer_config.json where present.
+  // From tokenizer_config.json where present (bos_token / eos_token, strings or {"content": ...}),
+  // plus generation_config.json's eos_token_id and the chat format's end-of-turn token
+  // (<|eot_id|>, <|im_end|>). Without a config: the single token the post-processor prepends is the
+  // bos; the first of <|end_of_text|>, <|endoftext|>, </s>, <|eot_id|>, <|im_end|> found is the eos.
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::vector<int32_t> eos_ids() const = 0;
   virtual ChatFormat chat_format() const = 0;
