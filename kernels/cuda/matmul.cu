@@ -45,10 +45,38 @@ __device__ __forceinline__ float BiasValue(const void* bias, int j) {
   return bias == nullptr ? 0.f : LoadElem<T>(bias, j);
 }
 
+// Unpacks 16 bytes of weights into fp32 (8 bf16/f16 values or 4 f32 values).
+template <DType W>
+__device__ __forceinline__ void Unpack16B(const uint4& raw, float* out) {
+  if constexpr (W == DType::kF32) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  } else {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint16_t lo = static_cast<uint16_t>(words[t] & 0xffffu);
+      const uint16_t hi = static_cast<uint16_t>(words[t] >> 16);
+      if constexpr (W == DType::kBF16) {
+        out[2 * t] = __uint_as_float(static_cast<uint32_t>(lo) << 16);
+        out[2 * t + 1] = __uint_as_float(static_cast<uint32_t>(hi) << 16);
+      } else {
+        out[2 * t] = __half2float(__ushort_as_half(lo));
+        out[2 * t + 1] = __half2float(__ushort_as_half(hi));
+      }
+    }
+  }
+}
+
+// A warp per output feature j; all m (<= M) rows of x share each weight load. With `vec`, every
+// lane reads 16-byte chunks of the weight row (rows and x must then be 16-byte aligned).
 template <DType W, DType B, int M>
 __global__ void GemvKernel(const float* __restrict__ x, const void* __restrict__ w,
                            const void* __restrict__ bias, float* __restrict__ y, int m, int n,
-                           int k, bool accumulate) {
+                           int k, bool accumulate, bool vec) {
+  constexpr int kPer = W == DType::kF32 ? 4 : 8;  // weights per 16-byte load
   const int lane = threadIdx.x & 31;
   const int j = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   if (j >= n) return;
@@ -56,11 +84,31 @@ __global__ void GemvKernel(const float* __restrict__ x, const void* __restrict__
   float acc[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.f;
-  for (int i = lane; i < k; i += 32) {
-    const float wv = LoadElem<W>(w, row + i);
+  if (vec) {
+    const char* wrow = static_cast<const char*>(w) + row * (W == DType::kF32 ? 4 : 2);
+    for (int i = lane * kPer; i < k; i += 32 * kPer) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wrow + static_cast<size_t>(i) * (W == DType::kF32 ? 4 : 2)));
+      float wv[kPer];
+      Unpack16B<W>(raw, wv);
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-      if (r < m) acc[r] += x[static_cast<size_t>(r) * k + i] * wv;
+      for (int r = 0; r < M; ++r) {
+        if (r < m) {
+          const float4* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(r) * k + i);
+#pragma unroll
+          for (int t = 0; t < kPer / 4; ++t) {
+            const float4 xv = xr[t];
+            acc[r] += xv.x * wv[4 * t] + xv.y * wv[4 * t + 1] + xv.z * wv[4 * t + 2] + xv.w * wv[4 * t + 3];
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = lane; i < k; i += 32) {
+      const float wv = LoadElem<W>(w, row + i);
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        if (r < m) acc[r] += x[static_cast<size_t>(r) * k + i] * wv;
+      }
     }
   }
   const float b = BiasValue<B>(bias, j);
@@ -95,8 +143,11 @@ __global__ void AddBiasKernel(float* y, const void* bias, int m, int n) {
 Status Gemv(const MatmulParams& p) {
   return DispatchDType(p.w_dtype, [&]<DType W>() {
     return DispatchDType(p.bias_dtype, [&]<DType B>() {
+      const size_t row_bytes = static_cast<size_t>(p.k) * DTypeSize(W);
+      const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
       GemvKernel<W, B, kGemvMaxRows><<<CeilDiv(p.n, kGemvWarps), kGemvWarps * 32, 0, Stream()>>>(
-          p.x, p.w, p.bias, p.y, p.m, p.n, p.k, p.accumulate);
+          p.x, p.w, p.bias, p.y, p.m, p.n, p.k, p.accumulate, vec);
       return LaunchStatus("GemvKernel");
     });
   });
