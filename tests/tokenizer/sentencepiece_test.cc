@@ -175,6 +175,10 @@ TEST(SentencePieceTest, Llama2LayoutMatchesBruteForceAndHandIds) {
   std::vector<int32_t> broken = {id(kSp + "h"), 3 + 0xA9};
   EXPECT_EQ(*tok->Decode(broken), "h\xEF\xBF\xBD");
   EXPECT_EQ(tok->bos_id(), 1);
+  // Decodes around added tokens, as Hugging Face tokenizers 0.23 gives them for this same file.
+  EXPECT_EQ(*tok->Decode(*tok->Encode("hello</s>hello")), "hello</s> hello");
+  EXPECT_EQ(*tok->Decode(*tok->Encode("hello</s>hello"), true), "hello hello");
+  EXPECT_EQ(*tok->Decode(*tok->Encode("</s>hello"), true), "hello");
 }
 
 TEST(SentencePieceTest, MetaspaceLayout) {
@@ -185,6 +189,11 @@ TEST(SentencePieceTest, MetaspaceLayout) {
   EXPECT_EQ(*tok->Encode("hello world"), std::vector<int32_t>({id(kSp + "hello"), id(kSp + "world")}));
   // prepend_scheme "first": no ▁ after an added token.
   EXPECT_EQ(*tok->Encode("</s>hello"), std::vector<int32_t>({2, id("h"), id("ell"), id("o")}));
+  // Checked with Hugging Face tokenizers 0.23: the first token's ▁ vanishes entirely on decode.
+  auto spaced = *tok->Encode("  hello   world  ");
+  EXPECT_EQ(spaced, std::vector<int32_t>({id(kSp), id(kSp + "hello"), id(kSp + kSp), id(kSp + "world"), id(kSp + kSp)}));
+  EXPECT_EQ(*tok->Decode(spaced), " hello   world  ");
+  EXPECT_EQ(*tok->Decode(*tok->Encode("hello</s>hello")), "hello</s>hello");
   for (std::string text : {"hello world", "ab  abab", "h\xC3\xA9 \xF0\x9F\x98\x80"}) {
     auto ids = tok->Encode(text);
     ASSERT_TRUE(ids.ok());
@@ -204,6 +213,9 @@ TEST(SentencePieceTest, UnknownCharactersWithoutByteFallback) {
   auto tok2 = LoadJson(unfused);
   ASSERT_NE(tok2, nullptr);
   EXPECT_EQ(*tok2->Encode("h" + euro + euro + "o"), std::vector<int32_t>({id(kSp + "h"), 0, 0, id("o")}));
+  // As Hugging Face decodes them: <unk> is an added special token.
+  EXPECT_EQ(*tok2->Decode(*tok2->Encode("h\xC3\xA9")), "h<unk>");
+  EXPECT_EQ(*tok2->Decode(*tok2->Encode("h\xC3\xA9"), true), "h");
 }
 
 }  // namespace
