@@ -1,6 +1,7 @@
 // BuildByteLevelBpeTokenizerJson: the written tokenizer.json loads back and encodes like a naive
 // BPE over its own merges.
 #include <map>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -93,6 +94,28 @@ TEST(BuilderTest, RoundTripsThroughLoad) {
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ((*ids)[0], 320);
   EXPECT_EQ(ids->size(), 1 + (*tok)->Encode("The")->size());
+}
+
+// A tokenizer.json the builder wrote, with ids from Hugging Face tokenizers
+// (tests/fixtures/tokenizers/llama3_style_hf/generate.py): the Llama-3 regex (\p{N}{1,3}),
+// ignore_merges and the bos template.
+TEST(BuilderTest, Llama3StyleFileMatchesHuggingFace) {
+  auto tok = Tokenizer::Load(testing::SourcePath("tests/fixtures/tokenizers/llama3_style_hf/tokenizer.json"));
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  std::istringstream in(testing::ReadFile(testing::SourcePath("tests/fixtures/tokenizers/llama3_style_hf/reference.jsonl")));
+  std::string line;
+  int lines = 0, mismatches = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    auto expected = j["ids"].get<std::vector<int32_t>>();
+    auto ids = (*tok)->Encode(j["text"].get<std::string>(), /*add_special_tokens=*/true);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, expected) << j["text"];
+    mismatches += *ids != expected;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 308);
+  EXPECT_EQ(mismatches, 0);
 }
 
 TEST(BuilderTest, FillsVocabularyBeyondCorpusAndIsDeterministic) {
