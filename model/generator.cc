@@ -64,7 +64,14 @@ StatusOr<SequenceId> Generator::Add(std::vector<int32_t> prompt, const SamplingP
   s->prompt_len = prompt.size();
   s->tokens = std::move(prompt);
   s->stop_ids = params.stop_ids;
-  if (!params.ignore_eos) s->stop_ids.insert(s->stop_ids.end(), c.eos_ids.begin(), c.eos_ids.end());
+  if (!params.ignore_eos) {
+    s->stop_ids.insert(s->stop_ids.end(), c.eos_ids.begin(), c.eos_ids.end());
+#if ICECACHE_HAVE_TOKENIZER
+    if (tok_ != nullptr) {
+      for (int32_t e : tok_->eos_ids()) s->stop_ids.push_back(e);
+    }
+#endif
+  }
   for (const std::string& ss : params.stop_strings) s->max_stop_len = std::max(s->max_stop_len, ss.size());
 #if ICECACHE_HAVE_TOKENIZER
   if (tok_ != nullptr) s->decoder = std::make_unique<tokenizer::IncrementalDecoder>(*tok_, true);

@@ -29,7 +29,7 @@ struct SamplingParams {
   int max_tokens = 16;              // generated tokens, >= 1
   std::vector<int32_t> stop_ids;    // generation stops after producing one of these
   std::vector<std::string> stop_strings;  // stops when the text contains one (needs a tokenizer)
-  bool ignore_eos = false;          // when false, the model's eos ids are stop ids too
+  bool ignore_eos = false;          // when false, eos ids (config.json and tokenizer_config.json) stop too
 };
 
 // INVALID_ARGUMENT naming the bad field.
