@@ -7,6 +7,9 @@
 #include <prometheus/registry.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <random>
 
@@ -421,6 +424,11 @@ struct RouterServer::Impl {
   int port = 0;
   int metrics_port = 0;
   std::once_flag shutdown_once;
+  // Health: SERVING only while some prefill and some decode worker answer.
+  std::mutex health_mu;
+  std::condition_variable health_cv;
+  bool stop = false;
+  std::thread health_thread;
 };
 
 RouterServer::RouterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -459,6 +467,20 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
                          cluster::StartMetricsExposer(impl->host, config.router.metrics_port, impl->registry));
     impl->metrics_port = config.router.metrics_port;
   }
+  Impl* raw = impl.get();
+  auto update_health = [raw] {
+    bool serving = raw->prefill->AnyHealthy() && raw->decode->AnyHealthy();
+    if (auto* h = raw->server->GetHealthCheckService()) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus("icecache.v1.Generation", serving);
+    }
+  };
+  update_health();
+  const auto period = std::chrono::duration<double>(config.router.stats_refresh_seconds);
+  impl->health_thread = std::thread([raw, update_health, period] {
+    std::unique_lock<std::mutex> lock(raw->health_mu);
+    while (!raw->health_cv.wait_for(lock, period, [raw] { return raw->stop; })) update_health();
+  });
   ICE_LOG(INFO) << "router serving on " << impl->host << ":" << impl->port << " (" << impl->prefill->size()
                 << " prefill, " << impl->decode->size() << " decode workers)";
   return std::unique_ptr<RouterServer>(new RouterServer(std::move(impl)));
@@ -468,6 +490,12 @@ RouterServer::~RouterServer() { Shutdown(); }
 
 void RouterServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    {
+      std::lock_guard<std::mutex> lock(impl_->health_mu);
+      impl_->stop = true;
+    }
+    impl_->health_cv.notify_all();
+    if (impl_->health_thread.joinable()) impl_->health_thread.join();
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     impl_->exposer.reset();
   });

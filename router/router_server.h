@@ -3,6 +3,8 @@
 // a decode worker (free KV pages, active sequences) and a prefill worker (queued prompt tokens),
 // runs Reserve -> Prefill -> Decode and relays the token stream. Client cancellation and
 // deadlines propagate to the workers (their calls are children of the client's call).
+// Health: the router reports SERVING (overall and for icecache.v1.Generation) only while at least
+// one prefill and one decode worker answer their Stats calls.
 #pragma once
 
 #include <memory>

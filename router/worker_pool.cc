@@ -146,6 +146,14 @@ size_t WorkerPool::size() const {
   return workers_.size();
 }
 
+bool WorkerPool::AnyHealthy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [a, w] : workers_) {
+    if (w.healthy) return true;
+  }
+  return false;
+}
+
 void WorkerPool::AddInflight(const std::string& address, int64_t delta) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(address);

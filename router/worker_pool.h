@@ -50,6 +50,8 @@ class WorkerPool {
   // workers come last.
   std::vector<WorkerInfo> Ranked() const;
   size_t size() const;
+  // True when at least one worker answered its last Stats call.
+  bool AnyHealthy() const;
 
   // Adjusts the router-side inflight count of `address` (no-op for an unknown address).
   void AddInflight(const std::string& address, int64_t delta);

@@ -296,6 +296,8 @@ TEST(ClusterUnavailable, NoReachableDecodeWorker) {
   cfg.router.decode.addresses = {"127.0.0.1:1"};
   auto r = router::RouterServer::Start(cfg);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Without any worker answering, the router does not report SERVING.
+  EXPECT_FALSE(router::CheckHealth((*r)->address(), "", 5).ok());
   RemoteGenerateOptions o;
   o.prompt_ids = {1, 2, 3};
   o.max_tokens = 2;

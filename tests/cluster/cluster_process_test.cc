@@ -1,0 +1,133 @@
+// `icecache cluster` as separate processes (fork/exec of the real binaries), driven through
+// `icecache health` and the client library.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "model/random_checkpoint.h"
+#include "router/client.h"
+
+namespace icecache::testing {
+namespace {
+
+const std::string kBin = std::string(ICECACHE_BINARY_DIR) + "/bin/";
+
+bool PortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A base port whose next `n` ports are all free right now.
+int FreePortRange(int n) {
+  std::mt19937 rng(static_cast<uint32_t>(getpid()) * 7919u + static_cast<uint32_t>(time(nullptr)));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int base = 20000 + static_cast<int>(rng() % 30000);
+    bool all = true;
+    for (int i = 0; i < n && all; ++i) all = PortFree(base + i);
+    if (all) return base;
+  }
+  return -1;
+}
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(ClusterProcess, StartsServesAndStopsOnSigterm) {
+  std::string dir = ::testing::TempDir() + "/icecache_cluster_process_model";
+  model::RandomModelSpec spec;
+  spec.layers = 3;
+  spec.vocab = 300;
+  spec.dtype = kernels::DType::kF32;
+  ASSERT_TRUE(model::WriteRandomCheckpoint(dir, spec).ok());
+  int port = FreePortRange(4);
+  ASSERT_GT(port, 0);
+  std::string router = "127.0.0.1:" + std::to_string(port);
+
+  // Not serving before the cluster starts.
+  EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "health", "--router", router, "--timeout", "0.5"})), 1);
+
+  pid_t cluster = Spawn({kBin + "icecache", "cluster", "--model", dir, "--port", std::to_string(port), "--prefill", "1",
+                       "--decode", "2", "--set", "ucx.net_devices=lo", "--set", "cache.page_size=8"});
+  bool healthy = false;
+  for (int i = 0; i < 600 && !healthy; ++i) {  // up to 60 s on a loaded machine
+    healthy = WaitExit(Spawn({kBin + "icecache", "health", "--router", router, "--timeout", "1"})) == 0;
+    if (!healthy) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(healthy);
+
+  router::RemoteGenerateOptions o;
+  o.router = router;
+  o.prompt = "the cluster runs in separate processes";
+  o.max_tokens = 6;
+  o.ignore_eos = true;
+  o.budget_pages = 5;
+  int tokens = 0;
+  bool last = false;
+  Status s = router::RunRemoteGenerate(o, [&](const router::RemoteChunk& c) {
+    tokens += static_cast<int>(c.token_ids.size());
+    last = last || c.last;
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(tokens, 6);
+  EXPECT_TRUE(last);
+
+  kill(cluster, SIGTERM);
+  EXPECT_EQ(WaitExit(cluster), 0);
+  // Every child is gone: nothing answers on the router's port any more.
+  EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "health", "--router", router, "--timeout", "0.5"})), 1);
+}
+
+TEST(ClusterProcess, ReportsAChildThatCannotStart) {
+  // No model there: the workers exit with an error, which the supervisor reports (exit 1).
+  int port = FreePortRange(3);
+  ASSERT_GT(port, 0);
+  pid_t cluster = Spawn({kBin + "icecache", "cluster", "--model", ::testing::TempDir() + "/no_such_model", "--port",
+                       std::to_string(port)});
+  EXPECT_EQ(WaitExit(cluster), 1);
+}
+
+TEST(ClusterProcess, OnceExitsWhenServing) {
+  std::string dir = ::testing::TempDir() + "/icecache_cluster_process_model_once";
+  model::RandomModelSpec spec;
+  spec.layers = 2;
+  spec.vocab = 300;
+  ASSERT_TRUE(model::WriteRandomCheckpoint(dir, spec).ok());
+  int port = FreePortRange(3);
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "cluster", "--model", dir, "--port", std::to_string(port), "--once",
+                          "--set", "ucx.net_devices=lo"})),
+            0);
+}
+
+}  // namespace
+}  // namespace icecache::testing

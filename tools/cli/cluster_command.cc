@@ -1,0 +1,201 @@
+// `icecache cluster`: a local cluster on loopback. Starts icecache-prefill x N, icecache-decode x M
+// and icecache-router (found next to this binary) as separate processes, waits until the router is
+// healthy, and supervises them: SIGINT/SIGTERM stops all; a child that dies is reported and the
+// rest are stopped (exit 1). With --once it stops everything as soon as the router serves.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "router/client.h"
+#include "tools/cli/command.h"
+
+namespace icecache::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: icecache cluster --model DIR --port P [--prefill N] [--decode M] [--config FILE]\n"
+    "                        [--set SECTION.KEY=VALUE ...] [--once]\n"
+    "  Router on 127.0.0.1:P; prefill workers on P+1..P+N, decode workers on P+N+1..P+N+M.\n"
+    "  --config/--set are passed to every process (keys: docs/config.md).\n"
+    "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n";
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+};
+
+volatile sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+pid_t Spawn(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(binary.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execv(binary.c_str(), argv.data());
+    std::fprintf(stderr, "icecache cluster: cannot run %s: %s\n", binary.c_str(), std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (auto& c : children) {
+    if (c.pid > 0) kill(c.pid, SIGTERM);
+  }
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (auto& c : children) {
+    while (c.pid > 0) {
+      int status = 0;
+      pid_t r = waitpid(c.pid, &status, WNOHANG);
+      if (r == c.pid || r < 0) {
+        c.pid = -1;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > until) {
+        std::fprintf(stderr, "icecache cluster: %s did not stop; killing it\n", c.name.c_str());
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &status, 0);
+        c.pid = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+// Returns the child that exited (and how), or nullptr.
+Child* Reap(std::vector<Child>& children, std::string* how) {
+  int status = 0;
+  pid_t pid = waitpid(-1, &status, WNOHANG);
+  if (pid <= 0) return nullptr;
+  for (auto& c : children) {
+    if (c.pid != pid) continue;
+    c.pid = -1;
+    *how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                             : "was killed by signal " + std::to_string(WTERMSIG(status));
+    return &c;
+  }
+  return nullptr;
+}
+
+int RunCluster(int argc, char** argv) {
+  std::string model, config;
+  int port = 0, num_prefill = 1, num_decode = 1;
+  bool once = false;
+  std::vector<std::string> sets;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "--model" && (v = next())) {
+      model = v;
+    } else if (a == "--port" && (v = next())) {
+      port = std::atoi(v);
+    } else if (a == "--prefill" && (v = next())) {
+      num_prefill = std::atoi(v);
+    } else if (a == "--decode" && (v = next())) {
+      num_decode = std::atoi(v);
+    } else if (a == "--config" && (v = next())) {
+      config = v;
+    } else if (a == "--set" && (v = next())) {
+      sets.push_back(v);
+    } else if (a == "--once") {
+      once = true;
+    } else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else {
+      std::fprintf(stderr, "icecache cluster: unknown or incomplete option '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (model.empty() || port <= 0 || port + num_prefill + num_decode > 65535 || num_prefill < 1 || num_decode < 1) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::filesystem::path bin = self.parent_path();
+  for (const char* b : {"icecache-router", "icecache-prefill", "icecache-decode"}) {
+    if (!std::filesystem::exists(bin / b)) {
+      std::fprintf(stderr, "icecache cluster: %s not found next to %s\n", b, self.c_str());
+      return 1;
+    }
+  }
+  auto common = [&](const std::string& listen) {
+    std::vector<std::string> args;
+    if (!config.empty()) args.insert(args.end(), {"--config", config});
+    args.insert(args.end(), {"--model", model, "--listen", listen});
+    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    return args;
+  };
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<Child> children;
+  std::string prefill_list, decode_list;
+  int next_port = port + 1;
+  for (int i = 0; i < num_prefill; ++i, ++next_port) {
+    std::string listen = "127.0.0.1:" + std::to_string(next_port);
+    prefill_list += (prefill_list.empty() ? "" : ",") + listen;
+    children.push_back({"prefill worker " + listen, Spawn((bin / "icecache-prefill").string(), common(listen))});
+  }
+  for (int i = 0; i < num_decode; ++i, ++next_port) {
+    std::string listen = "127.0.0.1:" + std::to_string(next_port);
+    decode_list += (decode_list.empty() ? "" : ",") + listen;
+    children.push_back({"decode worker " + listen, Spawn((bin / "icecache-decode").string(), common(listen))});
+  }
+  std::string router = "127.0.0.1:" + std::to_string(port);
+  auto router_args = common(router);
+  router_args.insert(router_args.end(), {"--set", "router.prefill.addresses=" + prefill_list, "--set",
+                                         "router.decode.addresses=" + decode_list});
+  children.push_back({"router " + router, Spawn((bin / "icecache-router").string(), router_args)});
+
+  bool serving = false;
+  int exit_code = 0;
+  auto started = std::chrono::steady_clock::now();
+  while (!g_stop) {
+    std::string how;
+    if (Child* dead = Reap(children, &how)) {
+      std::fprintf(stderr, "icecache cluster: %s %s; stopping the cluster\n", dead->name.c_str(), how.c_str());
+      exit_code = 1;
+      break;
+    }
+    if (!serving) {
+      serving = router::CheckHealth(router, "", 1).ok();
+      if (serving) {
+        std::printf("icecache cluster: serving on %s (%d prefill, %d decode workers)\n", router.c_str(), num_prefill,
+                    num_decode);
+        std::fflush(stdout);
+        if (once) break;
+      } else if (std::chrono::steady_clock::now() - started > std::chrono::seconds(120)) {
+        std::fprintf(stderr, "icecache cluster: router %s not healthy after 120 s\n", router.c_str());
+        exit_code = 1;
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(serving ? 200 : 50));
+  }
+  StopAll(children);
+  return exit_code;
+}
+
+}  // namespace
+ICE_CLI_COMMAND("cluster", "run a local cluster (router + prefill + decode workers) on loopback", RunCluster);
+}  // namespace icecache::cli
