@@ -1,0 +1,133 @@
+// The icecache make-model / logits / generate commands, run as a user runs them.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/dense_kv_cache.h"
+#include "model/generator.h"
+#include "model/model.h"
+#include "tests/model/test_util.h"
+
+namespace icecache::model {
+namespace {
+
+using testing::FixtureDir;
+using testing::ReadFile;
+using testing::TempDir;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+Result RunCli(const std::string& args) {
+  TempDir tmp;
+  const std::string err_file = tmp.path() + "/stderr";
+  const std::string cmd = std::string(ICECACHE_BINARY_DIR) + "/bin/icecache " + args + " 2>" + err_file;
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = ReadFile(err_file);
+  return r;
+}
+
+TEST(Cli, LogitsMatchesReference) {
+  auto expected = nlohmann::json::parse(ReadFile(FixtureDir("qwen3_qknorm_headdim32_f32") + "/expected_logits.json"));
+  std::string ids;
+  for (int id : expected["ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
+  Result r = RunCli("logits --model " + FixtureDir("qwen3_qknorm_headdim32_f32") + " --ids " + ids);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto got = nlohmann::json::parse(r.out)["logits"];
+  ASSERT_EQ(got.size(), expected["logits"].size());
+  for (size_t row = 0; row < got.size(); ++row) {
+    double maxref = 0, maxdiff = 0;
+    for (size_t v = 0; v < got[row].size(); ++v) {
+      const double want = expected["logits"][row][v].get<double>();
+      maxref = std::max(maxref, std::fabs(want));
+      maxdiff = std::max(maxdiff, std::fabs(got[row][v].get<double>() - want));
+    }
+    EXPECT_LT(maxdiff / maxref, 1e-3) << "row " << row;  // same tolerance as the library test
+  }
+}
+
+TEST(Cli, MakeModelThenGenerateIds) {
+  TempDir dir;
+  Result mk = RunCli("make-model --out " + dir.path() + " --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 "
+                     "--head-dim 24 --vocab 300 --dtype f32 --seed 9 --no-tokenizer");
+  ASSERT_EQ(mk.code, 0) << mk.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/tokenizer.json"));
+  auto m = Model::Load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->config().head_dim, 24);
+  EXPECT_TRUE((*m)->config().qk_norm);
+
+  Result gen = RunCli("generate --model " + dir.path() + " --prompt-ids 5,6,7 --max-tokens 6 --ignore-eos --output ids");
+  ASSERT_EQ(gen.code, 0) << gen.err;
+  // The same greedy generation through the library.
+  DenseKvCache cache((*m)->attention_shape());
+  Generator g(**m, cache);
+  SamplingParams p;
+  p.max_tokens = 6;
+  p.ignore_eos = true;
+  ASSERT_TRUE(g.Add({5, 6, 7}, p).ok());
+  std::string want;
+  while (!g.idle()) {
+    std::vector<GenerationEvent> ev;
+    ASSERT_TRUE(g.Step(&ev).ok());
+    for (auto& e : ev) {
+      if (!want.empty()) want += ',';
+      want += std::to_string(e.token);
+    }
+  }
+  EXPECT_EQ(gen.out, want + "\n");
+
+  Result text = RunCli("generate --model " + dir.path() + " --prompt hello");
+  EXPECT_EQ(text.code, 1);
+  EXPECT_NE(text.err.find("has no tokenizer.json"), std::string::npos) << text.err;
+}
+
+TEST(Cli, GenerateTextWithTokenizer) {
+  TempDir dir;
+  Result mk = RunCli("make-model --out " + dir.path() + " --arch llama --hidden 64 --layers 2 --vocab 400 --seed 2");
+  ASSERT_EQ(mk.code, 0) << mk.err;
+  Result gen = RunCli("generate --model " + dir.path() + " --prompt 'The cache' --max-tokens 8 --temperature 0.9 "
+                      "--top-p 0.9 --top-k 50 --seed 4 --ignore-eos");
+  ASSERT_EQ(gen.code, 0) << gen.err;
+  EXPECT_NE(gen.err.find("8 generated, finish: length"), std::string::npos) << gen.err;
+  Result again = RunCli("generate --model " + dir.path() + " --prompt 'The cache' --max-tokens 8 --temperature 0.9 "
+                        "--top-p 0.9 --top-k 50 --seed 4 --ignore-eos");
+  EXPECT_EQ(gen.out, again.out);  // seeded
+}
+
+TEST(Cli, UsageAndInputErrors) {
+  EXPECT_EQ(RunCli("generate --model x --prompt-ids 1 --bogus").code, 2);
+  EXPECT_EQ(RunCli("generate --model x --prompt a --prompt-ids 1").code, 2);
+  EXPECT_EQ(RunCli("generate --model x --prompt-ids 1,a").code, 2);
+  EXPECT_EQ(RunCli("generate --model x --prompt-ids 1 --top-p 0").code, 2);
+  EXPECT_EQ(RunCli("logits --model x").code, 2);
+  EXPECT_EQ(RunCli("make-model --out /tmp/x --arch gpt2").code, 2);
+  Result missing = RunCli("logits --model /nonexistent/dir --ids 1");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/dir/config.json"), std::string::npos) << missing.err;
+  Result range = RunCli("logits --model " + FixtureDir("llama_gqa_f32") + " --ids 1,300");
+  EXPECT_EQ(range.code, 1);
+  EXPECT_NE(range.err.find("token id 300"), std::string::npos) << range.err;
+}
+
+}  // namespace
+}  // namespace icecache::model
