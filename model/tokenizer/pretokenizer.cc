@@ -36,7 +36,7 @@ void SplitPiece(const Regex& re, Behavior behavior, Piece piece, std::vector<Pie
   std::vector<std::pair<size_t, size_t>> parts;
   switch (behavior) {
     case Behavior::kIsolated:
-      parts = spans;
+      parts.swap(spans);
       break;
     case Behavior::kRemoved:
       for (size_t i = 0; i < spans.size(); ++i) {
@@ -82,7 +82,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   void PreTokenize(std::vector<Piece>* pieces) const override {
     std::vector<Piece> out;
     for (auto& p : *pieces) {
-      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;
       if (re_) SplitPiece(*re_, Behavior::kIsolated, std::move(p), &out);
       else out.push_back(std::move(p));
     }
@@ -111,7 +111,7 @@ class MetaspacePreTokenizer : public PreTokenizer {
       }
       bool starts = t.compare(0, replacement_.size(), replacement_) == 0;
       if (!starts && (prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && p.at_text_start))) {
-        t.insert(0, replacement_);
+        t = replacement_ + t;
       }
       if (!split_) {
         out.push_back({std::move(t), p.at_text_start});
