@@ -152,13 +152,8 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     const auto& upper = level_nodes_[l + 1];
     const int nu = static_cast<int>(upper.size());
     if (nu <= params_.exact_parent_max_nodes) {
-      const int ld = (nu + 31) / 32 * 32;
-      std::vector<float> rows_t(static_cast<size_t>(d) * ld, 0.f), row_extra(ld, -INFINITY);
-      for (int r = 0; r < nu; ++r) {
-        const float* k = level_keys_[l + 1].data() + static_cast<size_t>(r) * d;
-        for (int j = 0; j < d; ++j) rows_t[static_cast<size_t>(j) * ld + r] = k[j];
-        row_extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[upper[r]]));
-      }
+      LevelMatrix mat;
+      RefreshLevelMatrix(l + 1, &mat);
       // Members are gathered into a contiguous block (level 0 is almost every token).
       constexpr int kChunk = 256;
       std::vector<float> xs(static_cast<size_t>(kChunk) * d);
@@ -171,7 +166,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
           std::copy_n(keys + t * stride, d, xs.data() + static_cast<size_t>(i) * d);
           extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
         }
-        ArgmaxAugDot(xs.data(), d, extra.data(), cnt, rows_t.data(), ld, row_extra.data(), nu, d, best.data());
+        ArgmaxAugDot(xs.data(), d, extra.data(), cnt, mat.rows_t.data(), mat.ld, mat.extra.data(), nu, d, best.data());
         for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
       }
     } else {
@@ -249,7 +244,47 @@ void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i)
   }
 }
 
-int32_t DciTree::FindParent(int level, const float* aug) const {
+void DciTree::RefreshLevelMatrix(int level, LevelMatrix* m) const {
+  const auto& nodes = level_nodes_[level];
+  const int nu = static_cast<int>(nodes.size());
+  const int d = dim_;
+  if (m->epoch == epoch_ && nu == m->rows) return;
+  if (m->epoch != epoch_ || nu > m->ld) {
+    // Re-layout with headroom so that nodes added by insertions only fill columns.
+    m->ld = (nu + nu / 4 + 32 + 31) / 32 * 32;
+    m->rows_t.assign(static_cast<size_t>(d) * m->ld, 0.f);
+    m->extra.assign(m->ld, -INFINITY);
+    m->rows = 0;
+    m->epoch = epoch_;
+  }
+  for (int r = m->rows; r < nu; ++r) {
+    const float* k = level_keys_[level].data() + static_cast<size_t>(r) * d;
+    for (int j = 0; j < d; ++j) m->rows_t[static_cast<size_t>(j) * m->ld + r] = k[j];
+    m->extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
+  }
+  m->rows = nu;
+}
+
+DciIndex* DciTree::LevelIndex(int level) {
+  if (static_cast<int>(level_index_.size()) <= level) level_index_.resize(level + 1);
+  CachedIndex& c = level_index_[level];
+  const auto& nodes = level_nodes_[level];
+  const int d1 = dim_ + 1;
+  if (!c.index || c.epoch != epoch_) {
+    c.index = std::make_unique<DciIndex>(d1, directions_.data(), params_.num_simple, params_.num_composite);
+    c.epoch = epoch_;
+    c.rows = 0;
+  }
+  std::vector<float> a(d1);
+  for (int r = c.rows; r < static_cast<int>(nodes.size()); ++r) {
+    UpperAug(nodes[r], a.data());
+    c.index->Add(r, a.data());
+  }
+  c.rows = static_cast<int>(nodes.size());
+  return c.index.get();
+}
+
+int32_t DciTree::FindParent(int level, const float* aug) {
   const auto& nodes = level_nodes_[level];
   const auto& keys = level_keys_[level];
   const int nu = static_cast<int>(nodes.size());
@@ -267,19 +302,10 @@ int32_t DciTree::FindParent(int level, const float* aug) const {
     }
     return nodes[best];
   }
-  // Prioritized DCI over the level's augmented keys (rebuilt per call; levels this large are
-  // rare: > exact_parent_max_nodes / p1 tokens).
-  const int d1 = dim_ + 1;
-  DciIndex index(d1, directions_.data(), params_.num_simple, params_.num_composite);
-  std::vector<float> a(d1);
-  for (int r = 0; r < nu; ++r) {
-    std::copy_n(keys.data() + static_cast<size_t>(r) * dim_, dim_, a.data());
-    a[dim_] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
-    index.Add(r, a.data());
-  }
-  // The query side of the NN transform for an augmented key is the key itself.
-  std::vector<int32_t> cand;
-  index.Candidates(aug, params_.dci_parent_candidates, &cand);
+  // Prioritized DCI over the level's augmented keys. For an augmented key the query side of the
+  // NN transform is the key itself.
+  thread_local std::vector<int32_t> cand;
+  LevelIndex(level)->Candidates(aug, params_.dci_parent_candidates, &cand);
   for (int32_t r : cand) {
     const float s = score(r);
     if (s > best_s || (s == best_s && r < best)) { best_s = s; best = r; }
@@ -305,6 +331,8 @@ void DciTree::Release() {
   level_nodes_.clear();
   level_keys_.clear();
   level_counts_.clear();
+  level_index_.clear();
+  level1_matrix_ = LevelMatrix{};
 }
 
 std::vector<int64_t> DciTree::LeafPositions(int32_t leaf) const {

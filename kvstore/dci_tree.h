@@ -44,6 +44,8 @@
 
 namespace icecache::kvstore {
 
+class DciIndex;
+
 struct DciParams {
   int num_simple = 1;                  // m: simple indices per composite index
   int num_composite = 1;               // L: composite indices
@@ -78,6 +80,13 @@ struct ScoredLeaf {
   float score = 0.f;  // best q.k of the scored tokens in the leaf
 };
 
+// Work done by one query (for benchmarks and tuning).
+struct QueryStats {
+  int64_t tokens_scored = 0;
+  int64_t leaves_scored = 0;
+  int64_t cells_expanded = 0;
+};
+
 struct TokenLocation {
   int32_t leaf = -1;
   int32_t slot = -1;
@@ -101,7 +110,7 @@ class DciTree {
 
   // The min(k, num_leaves()) best leaves for query q [head_dim] (approximate; see above), best
   // first. Thread-safe w.r.t. other const calls.
-  void Query(const float* q, int k, std::vector<ScoredLeaf>* out) const;
+  void Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats = nullptr) const;
   // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
   void Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const;
 
@@ -150,15 +159,23 @@ class DciTree {
     std::vector<int32_t> leaves;      // in projection order
   };
   class Scratch;
+  // Level l's keys transposed for batched exact parent search ([head_dim, ld]; extra [ld]).
+  struct LevelMatrix {
+    std::vector<float> rows_t, extra;
+    int ld = 0, rows = 0;
+    uint32_t epoch = ~0u;
+  };
 
   DciTree(const DciParams& params, PagePool* pool, int num_payloads);
   Status BuildFrom(const TokenBlock& block);
-  Status InsertOne(const TokenBlock& block, int i);
+  Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
+  void RefreshLevelMatrix(int level, LevelMatrix* m) const;
   void SetDirections();
   float OrderProjection(int32_t t) const;
   void Rekey(float new_max_norm2);
   void UpperAug(int32_t t, float* out) const;  // [head_dim + 1] augmented key of an upper node
-  int32_t FindParent(int level, const float* aug) const;  // node on `level` nearest to aug
+  int32_t FindParent(int level, const float* aug);  // node on `level` nearest to aug
+  DciIndex* LevelIndex(int level);                   // prioritized DCI over a level, kept current
   int32_t CellOf(int32_t node);                            // creates an empty cell if needed
   void ResortCell(int32_t cell);
   Status InsertIntoCell(int32_t cell, int32_t t, const TokenBlock& block, int i);
@@ -198,6 +215,13 @@ class DciTree {
   std::vector<std::vector<int32_t>> level_nodes_;
   std::vector<std::vector<float>> level_keys_;
   std::vector<int64_t> level_counts_;  // nodes per level (level 0 first)
+  LevelMatrix level1_matrix_;          // cache for insertions (not serialised)
+  struct CachedIndex {
+    std::unique_ptr<DciIndex> index;
+    uint32_t epoch = ~0u;
+    int rows = 0;
+  };
+  std::vector<CachedIndex> level_index_;  // per level, for DCI parent search (not serialised)
 
   // Leaves.
   std::vector<int32_t> leaf_pages_;   // [num_leaves, num_payloads]

@@ -28,7 +28,46 @@ Status DciTree::Insert(const TokenBlock& block) {
   if (block.first_position != end_position())
     return InvalidArgumentError("DciTree::Insert: block starts at position " + std::to_string(block.first_position) +
                                 " but the tree ends at " + std::to_string(end_position()));
-  for (int i = 0; i < block.count; ++i) ICE_RETURN_IF_ERROR(InsertOne(block, i));
+  int i = 0;
+  // The first token of an empty tree founds the top level on its own.
+  for (; i < block.count && (size() == 0 || num_levels() < 2); ++i) ICE_RETURN_IF_ERROR(InsertOne(block, i));
+  if (i == block.count) return Status::Ok();
+  // Batch the rest: one re-key for the block's largest norm, levels drawn up front, and one
+  // batched exact parent search against level 1 as it stands at the start of the block (a node
+  // promoted inside the block attracts tokens from the next block on).
+  const int rest = block.count - i;
+  const size_t stride = block.row_stride;
+  const float* keys = block.keys[0] + static_cast<size_t>(i) * stride;
+  std::vector<float> n2(rest), extra(rest);
+  float mx = 0.f;
+  for (int j = 0; j < rest; ++j) {
+    n2[j] = DotF32(keys + j * stride, keys + j * stride, dim_);
+    mx = std::max(mx, n2[j]);
+  }
+  if (mx > max_norm2_) Rekey(static_cast<float>(mx * params_.norm_headroom));
+  std::vector<int> levels(rest, 0);
+  for (int j = 0; j < rest; ++j) {
+    const double u = static_cast<double>(SplitMix64(&rng_state_) >> 11) * 0x1.0p-53;
+    if (u < params_.promote_fraction) levels[j] = 1;
+  }
+  std::vector<int32_t> parents(rest, -1);
+  const int nu = static_cast<int>(level_nodes_[1].size());
+  if (nu > 0 && nu <= params_.exact_parent_max_nodes) {
+    RefreshLevelMatrix(1, &level1_matrix_);
+    for (int j = 0; j < rest; ++j) extra[j] = std::sqrt(std::max(0.f, max_norm2_ - n2[j]));
+    ArgmaxAugDot(keys, stride, extra.data(), rest, level1_matrix_.rows_t.data(), level1_matrix_.ld,
+                 level1_matrix_.extra.data(), nu, dim_, parents.data());
+    for (int j = 0; j < rest; ++j) parents[j] = level_nodes_[1][parents[j]];
+  } else {
+    std::vector<float> aug(dim_ + 1);
+    for (int j = 0; j < rest; ++j) {
+      if (levels[j] != 0) continue;
+      std::copy_n(keys + j * stride, dim_, aug.data());
+      aug[dim_] = std::sqrt(std::max(0.f, max_norm2_ - n2[j]));
+      parents[j] = FindParent(1, aug.data());
+    }
+  }
+  for (int j = 0; j < rest; ++j) ICE_RETURN_IF_ERROR(InsertOne(block, i + j, levels[j], levels[j] == 0 ? parents[j] : -2));
   return Status::Ok();
 }
 
@@ -54,7 +93,7 @@ int32_t DciTree::CellOf(int32_t node) {
   return node_cell_[node];
 }
 
-Status DciTree::InsertOne(const TokenBlock& block, int i) {
+Status DciTree::InsertOne(const TokenBlock& block, int i, int forced_level, int32_t known_parent) {
   const float* k = block.keys[0] + static_cast<size_t>(i) * block.row_stride;
   const float n2 = DotF32(k, k, dim_);
   const bool empty = size() == 0;
@@ -70,12 +109,14 @@ Status DciTree::InsertOne(const TokenBlock& block, int i) {
   int32_t parent = -1;
   if (empty || num_levels() < 2) {
     level = 1;  // the first token becomes the (single) top-level node
+  } else if (forced_level >= 0) {
+    level = forced_level;
   } else {
     const double u = static_cast<double>(SplitMix64(&rng_state_) >> 11) * 0x1.0p-53;
     if (u < params_.promote_fraction) level = 1;
   }
   if (level == 0) {
-    parent = FindParent(1, aug.data());
+    parent = known_parent >= 0 ? known_parent : FindParent(1, aug.data());
   } else if (num_levels() > 2) {
     parent = FindParent(2, aug.data());
   }

@@ -14,6 +14,7 @@ class DciTree::Scratch {
     if (static_cast<int32_t>(leaf_best.size()) < num_leaves) leaf_best.resize(num_leaves, -INFINITY);
     scores.resize(page_size);
     touched.clear();
+    stats = QueryStats{};
     cand.clear();
     next.clear();
   }
@@ -23,6 +24,8 @@ class DciTree::Scratch {
   std::vector<float> leaf_best;
   std::vector<int32_t> touched;
   std::vector<float> scores;
+  std::vector<int32_t> order;
+  QueryStats stats;
   std::vector<std::pair<float, int32_t>> cand, next;  // (score, node)
 };
 
@@ -42,6 +45,8 @@ void TopLeaves(const std::vector<int32_t>& touched, const std::vector<float>& be
 
 void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s, bool collect) const {
   const int v = leaf_valid_[leaf];
+  s->stats.tokens_scored += v;
+  ++s->stats.leaves_scored;
   ScoreRows(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), v, dim_, q, s->scores.data());
   float best = -INFINITY;
   const int32_t* toks = &leaf_tokens_[static_cast<size_t>(leaf) * page_size_];
@@ -57,35 +62,49 @@ void DciTree::ScoreCell(int32_t cell_id, const float* q, float qproj, double fra
   const Cell& cell = cells_[cell_id];
   const int nl = static_cast<int>(cell.leaves.size());
   if (nl == 0) return;
+  ++s->stats.cells_expanded;
+  // Choose the leaves first (then score them with the next one prefetched): start at the leaf the
+  // query's projection falls in and grow toward the nearer neighbour until the target is met.
+  std::vector<int32_t>& order = s->order;
+  order.clear();
   const int64_t target = static_cast<int64_t>(std::ceil(fraction * cell.count));
   if (target >= cell.count) {
-    for (int32_t leaf : cell.leaves) ScoreLeaf(leaf, q, s, collect);
-    return;
-  }
-  // Start at the leaf the query's projection falls in, then grow toward the nearer neighbour.
-  int j = static_cast<int>(std::partition_point(cell.leaves.begin(), cell.leaves.end(),
-                                                [&](int32_t leaf) { return LeafLastProj(leaf) < qproj; }) -
-                           cell.leaves.begin());
-  j = std::min(j, nl - 1);
-  ScoreLeaf(cell.leaves[j], q, s, collect);
-  int64_t scored = leaf_valid_[cell.leaves[j]];
-  int lo = j - 1, hi = j + 1;
-  while (scored < target && (lo >= 0 || hi < nl)) {
-    bool take_lo;
-    if (lo < 0) {
-      take_lo = false;
-    } else if (hi >= nl) {
-      take_lo = true;
-    } else {
-      take_lo = qproj - LeafLastProj(cell.leaves[lo]) <= LeafFirstProj(cell.leaves[hi]) - qproj;
+    order.assign(cell.leaves.begin(), cell.leaves.end());
+  } else {
+    int j = static_cast<int>(std::partition_point(cell.leaves.begin(), cell.leaves.end(),
+                                                  [&](int32_t leaf) { return LeafLastProj(leaf) < qproj; }) -
+                             cell.leaves.begin());
+    j = std::min(j, nl - 1);
+    order.push_back(cell.leaves[j]);
+    int64_t taken = leaf_valid_[cell.leaves[j]];
+    int lo = j - 1, hi = j + 1;
+    while (taken < target && (lo >= 0 || hi < nl)) {
+      bool take_lo;
+      if (lo < 0) {
+        take_lo = false;
+      } else if (hi >= nl) {
+        take_lo = true;
+      } else {
+        take_lo = qproj - LeafLastProj(cell.leaves[lo]) <= LeafFirstProj(cell.leaves[hi]) - qproj;
+      }
+      const int32_t leaf = cell.leaves[take_lo ? lo-- : hi++];
+      order.push_back(leaf);
+      taken += leaf_valid_[leaf];
     }
-    const int32_t leaf = cell.leaves[take_lo ? lo-- : hi++];
-    ScoreLeaf(leaf, q, s, collect);
-    scored += leaf_valid_[leaf];
+  }
+  const size_t row_bytes = pool_->row_bytes();
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i + 1 < order.size()) {
+      const int32_t next = order[i + 1];
+      const char* k = static_cast<const char*>(pool_->PageK(leaf_page(next, 0)));
+      const size_t bytes = leaf_valid_[next] * row_bytes;
+      for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(k + off);
+    }
+    ScoreLeaf(order[i], q, s, collect);
   }
 }
 
-void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out) const {
+void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
   out->clear();
   if (size() == 0 || k <= 0 || cells_.empty()) return;
   thread_local Scratch scratch;
@@ -110,6 +129,7 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out) const {
     }
   }
   TopLeaves(s->touched, s->leaf_best, k, out);
+  if (stats != nullptr) *stats = s->stats;
   s->End();
 }
 

@@ -8,8 +8,8 @@
 //
 // The whole pool is one allocation so that a transport can register it once (UCX memory map) and a
 // kernel can index it by page id. With CUDA the allocation should be pinned host memory: pass an
-// `allocator` (e.g. one wrapping cudaHostAlloc/cudaFreeHost); the default is an aligned
-// operator new.
+// `alloc`/`free` pair (e.g. wrapping cudaHostAlloc/cudaFreeHost); the default is an aligned
+// operator new (2 MiB aligned and madvise(MADV_HUGEPAGE) for pools of 2 MiB or more).
 //
 // Thread safety: Allocate/Free/accounting may be called concurrently from any thread. Writing a
 // page's contents is the owner's responsibility (one owner per allocated page).

@@ -1,5 +1,6 @@
 #include "kvstore/vector_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -160,12 +161,51 @@ uint16_t FloatToHalf(float f) {
 void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
                   const float* row_extra, int nr, int dim, int32_t* best) {
   int i = 0;
-#if ICE_KV_AVX2
-  // Two queries against 32 rows per pass: 4 loads + 2 broadcasts feed 8 FMAs, no horizontal sums.
+#if defined(__AVX512F__)
+  // Four queries against 32 rows per pass: 2 loads + 4 broadcasts feed 8 FMAs, no horizontal
+  // sums. A ragged tail repeats the last query.
+  alignas(64) float sc[4][32];
+  for (; i < nx; i += 4) {
+    const float* xs[4];
+    float xe[4];
+    for (int t = 0; t < 4; ++t) {
+      const int src = std::min(i + t, nx - 1);
+      xs[t] = x + static_cast<size_t>(src) * x_stride;
+      xe[t] = x_extra[src];
+    }
+    float bs[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int32_t arg[4] = {0, 0, 0, 0};
+    for (int rb = 0; rb < ld; rb += 32) {
+      __m512 a[4][2];
+      for (int t = 0; t < 4; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+      const float* r = rows_t + rb;
+      for (int j = 0; j < dim; ++j, r += ld) {
+        const __m512 r0 = _mm512_loadu_ps(r), r1 = _mm512_loadu_ps(r + 16);
+        for (int t = 0; t < 4; ++t) {
+          const __m512 u = _mm512_set1_ps(xs[t][j]);
+          a[t][0] = _mm512_fmadd_ps(u, r0, a[t][0]);
+          a[t][1] = _mm512_fmadd_ps(u, r1, a[t][1]);
+        }
+      }
+      const __m512 e0 = _mm512_loadu_ps(row_extra + rb), e1 = _mm512_loadu_ps(row_extra + rb + 16);
+      for (int t = 0; t < 4; ++t) {
+        const __m512 u = _mm512_set1_ps(xe[t]);
+        _mm512_store_ps(sc[t], _mm512_fmadd_ps(u, e0, a[t][0]));
+        _mm512_store_ps(sc[t] + 16, _mm512_fmadd_ps(u, e1, a[t][1]));
+        // -inf extras times a zero x_extra give NaN; the comparison then never selects them.
+        for (int k = 0; k < 32; ++k)
+          if (sc[t][k] > bs[t]) { bs[t] = sc[t][k]; arg[t] = rb + k; }
+      }
+    }
+    for (int t = 0; t < 4 && i + t < nx; ++t) best[i + t] = arg[t];
+  }
+#elif ICE_KV_AVX2
+  // Two queries against 32 rows per pass: 4 loads + 2 broadcasts feed 8 FMAs.
   alignas(32) float sc[2][32];
-  for (; i + 2 <= nx; i += 2) {
+  for (; i < nx; i += 2) {
+    const int i1 = std::min(i + 1, nx - 1);
     const float* x0 = x + static_cast<size_t>(i) * x_stride;
-    const float* x1 = x0 + x_stride;
+    const float* x1 = x + static_cast<size_t>(i1) * x_stride;
     float best0 = -INFINITY, best1 = -INFINITY;
     int32_t arg0 = 0, arg1 = 0;
     for (int rb = 0; rb < ld; rb += 32) {
@@ -188,7 +228,7 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
       const float* e = row_extra + rb;
       const __m256 e0 = _mm256_loadu_ps(e), e1 = _mm256_loadu_ps(e + 8), e2 = _mm256_loadu_ps(e + 16),
                    e3 = _mm256_loadu_ps(e + 24);
-      const __m256 u = _mm256_set1_ps(x_extra[i]), v = _mm256_set1_ps(x_extra[i + 1]);
+      const __m256 u = _mm256_set1_ps(x_extra[i]), v = _mm256_set1_ps(x_extra[i1]);
       _mm256_store_ps(sc[0], _mm256_fmadd_ps(u, e0, a0));
       _mm256_store_ps(sc[0] + 8, _mm256_fmadd_ps(u, e1, a1));
       _mm256_store_ps(sc[0] + 16, _mm256_fmadd_ps(u, e2, a2));
@@ -198,13 +238,12 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
       _mm256_store_ps(sc[1] + 16, _mm256_fmadd_ps(v, e2, b2));
       _mm256_store_ps(sc[1] + 24, _mm256_fmadd_ps(v, e3, b3));
       for (int k = 0; k < 32; ++k) {
-        // -inf extras times a zero x_extra give NaN; the comparison then never selects them.
         if (sc[0][k] > best0) { best0 = sc[0][k]; arg0 = rb + k; }
         if (sc[1][k] > best1) { best1 = sc[1][k]; arg1 = rb + k; }
       }
     }
     best[i] = arg0;
-    best[i + 1] = arg1;
+    if (i + 1 < nx) best[i + 1] = arg1;
   }
 #endif
   for (; i < nx; ++i) {

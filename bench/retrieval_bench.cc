@@ -1,0 +1,428 @@
+// icecache-bench retrieval: IceCache page retrieval (DciTree + Retriever) against an exact SIMD
+// scan and faiss (HNSW, IVF-Flat) on the same keys. See docs/bench_kvstore.md.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/workload.h"
+#include "common/status.h"
+#include "kvstore/retriever.h"
+#include "kvstore/sequence_cache.h"
+#include "kvstore/synthetic_keys.h"
+#include "kvstore/vector_ops.h"
+
+#ifdef ICECACHE_HAVE_FAISS
+#include <faiss/IndexFlat.h>
+#include <faiss/IndexHNSW.h>
+#include <faiss/IndexIVFFlat.h>
+#include <omp.h>
+#endif
+
+namespace icecache::bench {
+namespace {
+
+using kvstore::DciParams;
+using kvstore::PagePool;
+using kvstore::PageSelection;
+using kvstore::RetrievalMode;
+using kvstore::RetrievalPolicy;
+using kvstore::Retriever;
+using kvstore::SequenceCache;
+using Clock = std::chrono::steady_clock;
+
+double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
+
+// CPU time of the calling thread in microseconds: robust to other processes sharing the cores.
+double ThreadCpuUs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Reads a little-endian float32 C-order 2-D .npy file.
+Status ReadNpy(const std::string& path, std::vector<float>* data, int* rows, int* cols) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFoundError("cannot open " + path);
+  char magic[8];
+  if (!f.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0) return InvalidArgumentError(path + ": not a .npy file");
+  uint32_t hlen = 0;
+  if (magic[6] == 1) {
+    uint16_t h16;
+    f.read(reinterpret_cast<char*>(&h16), 2);
+    hlen = h16;
+  } else {
+    f.read(reinterpret_cast<char*>(&hlen), 4);
+  }
+  std::string header(hlen, '\0');
+  if (!f.read(header.data(), hlen)) return InvalidArgumentError(path + ": truncated .npy header");
+  if (header.find("'descr': '<f4'") == std::string::npos)
+    return InvalidArgumentError(path + ": dtype must be float32 ('<f4'); header: " + header);
+  if (header.find("'fortran_order': False") == std::string::npos) return InvalidArgumentError(path + ": must be C order");
+  const size_t sp = header.find("'shape': (");
+  if (sp == std::string::npos) return InvalidArgumentError(path + ": no shape in header");
+  long long r = 0, c = 0;
+  if (std::sscanf(header.c_str() + sp + 10, "%lld, %lld", &r, &c) != 2 || r <= 0 || c <= 0)
+    return InvalidArgumentError(path + ": shape must be 2-D [n, d]; header: " + header);
+  data->resize(static_cast<size_t>(r) * c);
+  if (!f.read(reinterpret_cast<char*>(data->data()), data->size() * 4))
+    return InvalidArgumentError(path + ": truncated data (expected " + std::to_string(r * c) + " floats)");
+  *rows = static_cast<int>(r);
+  *cols = static_cast<int>(c);
+  return Status::Ok();
+}
+
+struct Args {
+  std::string keys_file, queries_file, dump_file, dtype = "f32";
+  int keys = 32768, dim = 128, queries = 200, page_size = 16, budget = 16, sink = 2, window = 2;
+  int insert_tokens = 4096;
+  bool json = false, faiss = true;
+  DciParams dci;
+};
+
+void Usage() {
+  std::fprintf(stderr,
+               "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q]\n"
+               "  [--page-size 16] [--budget-pages 16] [--sink-pages 2] [--window-pages 2] [--dtype f32|bf16|f16]\n"
+               "  [--fov-min 30] [--fov-fraction 1.5e-3] [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
+               "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--insert-tokens 4096] [--no-faiss]\n"
+               "  [--json] [--dump-selection FILE]\n");
+}
+
+bool ParseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (k == "--json") { a->json = true; continue; }
+    if (k == "--no-faiss") { a->faiss = false; continue; }
+    if (k == "--help" || k == "-h") return false;
+    const char* v = val();
+    if (v == nullptr) { std::fprintf(stderr, "retrieval: %s needs a value\n", k.c_str()); return false; }
+    if (k == "--keys-file") a->keys_file = v;
+    else if (k == "--queries-file") a->queries_file = v;
+    else if (k == "--dump-selection") a->dump_file = v;
+    else if (k == "--dtype") a->dtype = v;
+    else if (k == "--keys") a->keys = std::atoi(v);
+    else if (k == "--dim") a->dim = std::atoi(v);
+    else if (k == "--queries") a->queries = std::atoi(v);
+    else if (k == "--page-size") a->page_size = std::atoi(v);
+    else if (k == "--budget-pages") a->budget = std::atoi(v);
+    else if (k == "--sink-pages") a->sink = std::atoi(v);
+    else if (k == "--window-pages") a->window = std::atoi(v);
+    else if (k == "--insert-tokens") a->insert_tokens = std::atoi(v);
+    else if (k == "--fov-min") a->dci.fov_min = std::atoi(v);
+    else if (k == "--fov-fraction") a->dci.fov_fraction = std::atof(v);
+    else if (k == "--cell-fraction") a->dci.cell_score_fraction = std::atof(v);
+    else if (k == "--p1") a->dci.p1 = std::atof(v);
+    else if (k == "--p2") a->dci.p2 = std::atof(v);
+    else if (k == "--exact-parent-max") a->dci.exact_parent_max_nodes = std::atoi(v);
+    else if (k == "--simple") a->dci.num_simple = std::atoi(v);
+    else if (k == "--composite") a->dci.num_composite = std::atoi(v);
+    else { std::fprintf(stderr, "retrieval: unknown option %s\n", k.c_str()); return false; }
+  }
+  return true;
+}
+
+// Attention weights (softmax of q.k / sqrt(d)) over all keys, and the mass of the best `t` tokens.
+struct Weights {
+  std::vector<double> w;
+  std::vector<double> sorted_prefix;  // prefix sums of w sorted descending
+};
+Weights ComputeWeights(const std::vector<float>& keys, int n, int d, const float* q) {
+  Weights r;
+  r.w.resize(n);
+  double mx = -1e300, z = 0;
+  const double scale = 1.0 / std::sqrt(double(d));
+  for (int t = 0; t < n; ++t) {
+    double s = 0;
+    for (int i = 0; i < d; ++i) s += double(keys[size_t(t) * d + i]) * q[i];
+    r.w[t] = s * scale;
+    mx = std::max(mx, r.w[t]);
+  }
+  for (auto& x : r.w) z += (x = std::exp(x - mx));
+  for (auto& x : r.w) x /= z;
+  std::vector<double> s = r.w;
+  std::sort(s.begin(), s.end(), std::greater<>());
+  r.sorted_prefix.resize(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) r.sorted_prefix[i + 1] = r.sorted_prefix[i] + s[i];
+  return r;
+}
+
+double MassRecall(const Weights& w, const std::vector<int64_t>& tokens) {
+  double got = 0;
+  for (int64_t t : tokens) got += w.w[t];
+  const double best = w.sorted_prefix[std::min<size_t>(tokens.size(), w.w.size())];
+  return best > 0 ? got / best : 1.0;
+}
+
+std::vector<int64_t> SelectedTokens(const SequenceCache& seq, const PageSelection& sel) {
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < seq.sink_tokens(); ++t) out.push_back(t);
+  for (int64_t t = seq.window_start(); t < seq.num_tokens(); ++t) out.push_back(t);
+  const kvstore::DciTree* tree = seq.tree(0, 0);
+  for (int32_t leaf : sel.tree_leaf) {
+    if (leaf < 0) continue;
+    for (int64_t p : tree->LeafPositions(leaf)) out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int RunRetrieval(int argc, char** argv) {
+  Args a;
+  if (!ParseArgs(argc, argv, &a)) {
+    Usage();
+    return 2;
+  }
+  std::vector<float> keys, queries;
+  int n = 0, d = 0, nq = 0;
+  if (!a.keys_file.empty()) {
+    if (a.queries_file.empty()) { std::fprintf(stderr, "retrieval: --keys-file needs --queries-file\n"); return 2; }
+    int qd = 0;
+    Status s = ReadNpy(a.keys_file, &keys, &n, &d);
+    if (s.ok()) s = ReadNpy(a.queries_file, &queries, &nq, &qd);
+    if (s.ok() && qd != d) s = InvalidArgumentError("queries have dim " + std::to_string(qd) + ", keys " + std::to_string(d));
+    if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+  } else {
+    n = a.keys;
+    d = a.dim;
+    nq = a.queries;
+    auto data = kvstore::MakeSyntheticData(n, d, nq);
+    keys = std::move(data.keys);
+    queries = std::move(data.queries);
+  }
+  kernels::DType dtype = a.dtype == "bf16" ? kernels::DType::kBF16 : a.dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
+  std::vector<float> values(keys.size());
+  {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> g;
+    for (auto& v : values) v = g(rng);
+  }
+  kvstore::PagePoolOptions po;
+  po.page_size = a.page_size;
+  po.head_dim = d;
+  po.dtype = dtype;
+  po.num_pages = 4 * (static_cast<int64_t>(n) / a.page_size + 64) + 1024;
+  auto pool_or = PagePool::Create(po);
+  if (!pool_or.ok()) { std::fprintf(stderr, "retrieval: %s\n", pool_or.status().ToString().c_str()); return 1; }
+  auto pool = std::move(pool_or).value();
+  kvstore::SequenceCacheOptions so;
+  so.num_layers = 1;
+  so.num_kv_heads = 1;
+  so.dense_layers = 0;
+  so.sink_pages = a.sink;
+  so.window_pages = a.window;
+  so.dci = a.dci;
+  auto seq_or = SequenceCache::Create(so, pool.get());
+  if (!seq_or.ok()) { std::fprintf(stderr, "retrieval: %s\n", seq_or.status().ToString().c_str()); return 1; }
+  auto seq = std::move(seq_or).value();
+  const float* kp = keys.data();
+  const float* vp = values.data();
+  auto t0 = Clock::now();
+  double c0 = ThreadCpuUs();
+  Status bs = seq->Build(&kp, &vp, n);  // one head on the calling thread
+  const double build_ms = Us(t0, Clock::now()) / 1000.0;
+  const double build_cpu_ms = (ThreadCpuUs() - c0) / 1000.0;
+  if (!bs.ok()) { std::fprintf(stderr, "retrieval: %s\n", bs.ToString().c_str()); return 1; }
+
+  Retriever sparse(RetrievalPolicy{a.budget, RetrievalMode::kSparse});
+  Retriever oracle(RetrievalPolicy{a.budget, RetrievalMode::kOracle});
+  std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us;
+  // The exact baseline scans the same keys stored in the same element type, contiguously.
+  std::vector<uint8_t> stored(keys.size() * kernels::DTypeSize(dtype));
+  kvstore::RowFromF32(dtype, keys.data(), stored.data(), static_cast<int>(keys.size()));
+  double mass = 0, page_recall = 0, oracle_mass = 0;
+  size_t tokens_total = 0;
+  double tokens_scored = 0, cells_expanded = 0;
+  std::FILE* dump = a.dump_file.empty() ? nullptr : std::fopen(a.dump_file.c_str(), "w");
+  if (!a.dump_file.empty() && dump == nullptr) { std::fprintf(stderr, "retrieval: cannot write %s\n", a.dump_file.c_str()); return 1; }
+  std::vector<float> scores(n);
+  std::vector<int32_t> idx(n);
+  std::vector<std::vector<int64_t>> selections(nq);
+  std::vector<Weights> weights(nq);
+  for (int j = 0; j < nq; ++j) {
+    const float* q = queries.data() + static_cast<size_t>(j) * d;
+    PageSelection sel, best;
+    auto a0 = Clock::now();
+    double ac = ThreadCpuUs();
+    Status s = sparse.Select({seq.get()}, 0, q, 1, &sel);
+    query_cpu_us.push_back(ThreadCpuUs() - ac);
+    query_us.push_back(Us(a0, Clock::now()));
+    if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+    (void)oracle.Select({seq.get()}, 0, q, 1, &best);
+    {
+      std::vector<kvstore::ScoredLeaf> tmp;
+      kvstore::QueryStats st;
+      seq->tree(0, 0)->Query(q, a.budget, &tmp, &st);
+      tokens_scored += st.tokens_scored;
+      cells_expanded += st.cells_expanded;
+    }
+    std::vector<int64_t> tokens = SelectedTokens(*seq, sel);
+    tokens_total += tokens.size();
+    // Exact baseline: SIMD scan of all keys (fp32, contiguous) + top-T tokens.
+    auto e0 = Clock::now();
+    double ec = ThreadCpuUs();
+    kvstore::ScoreRows(dtype, stored.data(), n, d, q, scores.data());
+    std::iota(idx.begin(), idx.end(), 0);
+    const size_t T = std::min<size_t>(tokens.size(), n);
+    std::nth_element(idx.begin(), idx.begin() + (T > 0 ? T - 1 : 0), idx.end(), [&](int32_t x, int32_t y) { return scores[x] > scores[y]; });
+    exact_cpu_us.push_back(ThreadCpuUs() - ec);
+    exact_us.push_back(Us(e0, Clock::now()));
+    weights[j] = ComputeWeights(keys, n, d, q);
+    mass += MassRecall(weights[j], tokens);
+    oracle_mass += MassRecall(weights[j], SelectedTokens(*seq, best));
+    int hit = 0, want = 0;
+    std::vector<int32_t> got_leaves(sel.tree_leaf.begin(), sel.tree_leaf.end());
+    std::sort(got_leaves.begin(), got_leaves.end());
+    for (int32_t leaf : best.tree_leaf) {
+      if (leaf < 0) continue;
+      ++want;
+      hit += std::binary_search(got_leaves.begin(), got_leaves.end(), leaf);
+    }
+    page_recall += want ? double(hit) / want : 1.0;
+    if (dump) {
+      nlohmann::json line = {{"query", j}, {"tokens", tokens}};
+      std::fprintf(dump, "%s\n", line.dump().c_str());
+    }
+    selections[j] = std::move(tokens);
+  }
+  if (dump) std::fclose(dump);
+  mass /= nq;
+  oracle_mass /= nq;
+  page_recall /= nq;
+  const double qmed = Median(query_us), emed = Median(exact_us);
+  const double qcpu = Median(query_cpu_us), ecpu = Median(exact_cpu_us);
+  const int T = static_cast<int>(tokens_total / std::max(1, nq));
+
+  // Insertion: a tree over all but the last tokens, then pages of page_size tokens inserted.
+  double insert_us = 0, insert_cpu_us = 0;
+  const int ins = std::min(a.insert_tokens, n / 4) / a.page_size * a.page_size;
+  if (ins > 0) {
+    const int base = n - ins;
+    auto tree = kvstore::DciTree::Build(a.dci, pool.get(), 1, kvstore::TokenBlock{0, base, &kp, &vp, static_cast<size_t>(d)});
+    if (!tree.ok()) { std::fprintf(stderr, "retrieval: %s\n", tree.status().ToString().c_str()); return 1; }
+    auto i0 = Clock::now();
+    double ic = ThreadCpuUs();
+    for (int off = base; off < n; off += a.page_size) {
+      const float* kk = keys.data() + static_cast<size_t>(off) * d;
+      const float* vv = values.data() + static_cast<size_t>(off) * d;
+      Status s = (*tree)->Insert(kvstore::TokenBlock{off, a.page_size, &kk, &vv, static_cast<size_t>(d)});
+      if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+    }
+    insert_us = Us(i0, Clock::now()) / ins;
+    insert_cpu_us = (ThreadCpuUs() - ic) / ins;
+  }
+
+  nlohmann::json out = {
+      {"workload", "retrieval"},
+      {"n", n}, {"dim", d}, {"queries", nq}, {"dtype", a.dtype},
+      {"page_size", a.page_size}, {"budget_pages", a.budget}, {"sink_pages", a.sink}, {"window_pages", a.window},
+      {"tokens_selected_mean", T}, {"tokens_scored_mean", tokens_scored / nq}, {"cells_expanded_mean", cells_expanded / nq},
+      {"levels", seq->tree(0, 0)->level_counts()},
+      {"leaves", seq->tree(0, 0)->num_leaves()},
+      {"mass_recall", mass}, {"oracle_mass_recall", oracle_mass}, {"page_recall", page_recall},
+      {"query_us_median", qmed}, {"exact_us_median", emed}, {"query_over_exact", emed > 0 ? qmed / emed : 0},
+      {"query_cpu_us_median", qcpu}, {"exact_cpu_us_median", ecpu}, {"query_over_exact_cpu", ecpu > 0 ? qcpu / ecpu : 0},
+      {"build_ms", build_ms}, {"build_cpu_ms", build_cpu_ms}, {"insert_us_per_token", insert_us},
+      {"insert_cpu_us_per_token", insert_cpu_us},
+      {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction},
+                  {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
+                  {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
+                  {"L", a.dci.num_composite}}}};
+
+#ifdef ICECACHE_HAVE_FAISS
+  if (a.faiss) {
+    omp_set_num_threads(1);
+    // Each faiss index returns the top-T tokens; its mass recall is matched against ours.
+    auto sweep = [&](faiss::Index* index, const char* knob, const std::vector<int>& values_k, auto set) {
+      nlohmann::json rows = nlohmann::json::array();
+      nlohmann::json matched;
+      std::vector<float> dist(T);
+      std::vector<faiss::Index::idx_t> labels(T);
+      for (int kv : values_k) {
+        set(kv);
+        std::vector<double> us, cpu;
+        double rec = 0;
+        for (int j = 0; j < nq; ++j) {
+          auto f0 = Clock::now();
+          double fc = ThreadCpuUs();
+          index->search(1, queries.data() + static_cast<size_t>(j) * d, T, dist.data(), labels.data());
+          cpu.push_back(ThreadCpuUs() - fc);
+          us.push_back(Us(f0, Clock::now()));
+          std::vector<int64_t> toks;
+          for (auto l : labels) if (l >= 0) toks.push_back(l);
+          rec += MassRecall(weights[j], toks);
+        }
+        rec /= nq;
+        nlohmann::json row = {{knob, kv}, {"mass_recall", rec}, {"query_us_median", Median(us)}, {"query_cpu_us_median", Median(cpu)}};
+        rows.push_back(row);
+        if (matched.is_null() && rec >= mass) matched = row;
+      }
+      return nlohmann::json{{"sweep", rows}, {"matched", matched}};
+    };
+    {
+      auto b0 = Clock::now();
+      faiss::IndexHNSWFlat hnsw(d, 16, faiss::METRIC_INNER_PRODUCT);
+      hnsw.hnsw.efConstruction = 64;
+      hnsw.add(n, keys.data());
+      const double hb = Us(b0, Clock::now()) / 1000.0;
+      auto r = sweep(&hnsw, "efSearch", {16, 32, 64, 128, 256, 512, 1024, 2048},
+                     [&](int ef) { hnsw.hnsw.efSearch = ef; });
+      r["build_ms"] = hb;
+      out["faiss_hnsw"] = r;
+    }
+    {
+      const int nlist = std::max(16, static_cast<int>(4 * std::sqrt(double(n))));
+      auto b0 = Clock::now();
+      faiss::IndexFlatIP quant(d);
+      faiss::IndexIVFFlat ivf(&quant, d, nlist, faiss::METRIC_INNER_PRODUCT);
+      ivf.train(n, keys.data());
+      ivf.add(n, keys.data());
+      const double ib = Us(b0, Clock::now()) / 1000.0;
+      auto r = sweep(&ivf, "nprobe", {1, 2, 4, 8, 16, 32, 64, 128, 256},
+                     [&](int np) { ivf.nprobe = std::min(np, nlist); });
+      r["build_ms"] = ib;
+      r["nlist"] = nlist;
+      out["faiss_ivf_flat"] = r;
+    }
+  }
+#endif
+
+  if (a.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("retrieval  n=%d d=%d queries=%d dtype=%s budget=%d pages (%d sink, %d window) x %d tokens\n", n, d, nq,
+                a.dtype.c_str(), a.budget, a.sink, a.window, a.page_size);
+    std::printf("  mass recall %.4f (oracle pages %.4f)  top-page recall %.4f  tokens %d  scored/query %.0f in %.0f cells\n", mass,
+                oracle_mass, page_recall, T, tokens_scored / nq, cells_expanded / nq);
+    std::printf("  query %.1f us median, exact scan %.1f us  (ratio %.3f)   [thread cpu: %.1f vs %.1f us, ratio %.3f]\n", qmed,
+                emed, emed > 0 ? qmed / emed : 0, qcpu, ecpu, ecpu > 0 ? qcpu / ecpu : 0);
+    std::printf("  build %.2f ms/head (cpu %.2f), insert %.3f us/token (cpu %.3f)\n", build_ms, build_cpu_ms, insert_us,
+                insert_cpu_us);
+    for (const char* key : {"faiss_hnsw", "faiss_ivf_flat"}) {
+      if (!out.contains(key)) continue;
+      std::printf("  %s: build %.1f ms, matched %s\n", key, out[key]["build_ms"].get<double>(), out[key]["matched"].dump().c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+ICE_BENCH_WORKLOAD("retrieval", "IceCache page retrieval vs exact scan and faiss (recall, latency, build, insert)",
+                   RunRetrieval);
+}  // namespace icecache::bench
