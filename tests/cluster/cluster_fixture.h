@@ -28,7 +28,8 @@ struct LoopbackCluster {
   // Writes the model (once per dir) and starts everything. page_size 4 so short prompts already
   // make multi-level trees.
   static std::unique_ptr<LoopbackCluster> Start(const std::string& dir, int num_prefill, int num_decode,
-                                                const std::string& tls, bool with_tokenizer = true) {
+                                                const std::string& tls, bool with_tokenizer = true,
+                                                int metrics_base = 0) {
     auto c = std::make_unique<LoopbackCluster>();
     c->model_dir = dir;
     if (!std::filesystem::exists(dir + "/config.json")) {
@@ -64,7 +65,9 @@ struct LoopbackCluster {
     cfg.ucx.tls = tls;
     cfg.ucx.net_devices = "lo";
     cfg.ucx.transfer_timeout_seconds = 20;
+    int next_metrics = metrics_base > 0 ? metrics_base + 1 : 0;
     for (int i = 0; i < num_prefill; ++i) {
+      cfg.prefill.metrics_port = metrics_base > 0 ? next_metrics++ : 0;
       auto p = prefill::PrefillServer::Start(cfg);
       EXPECT_TRUE(p.ok()) << p.status().ToString();
       if (!p.ok()) return nullptr;
@@ -72,12 +75,14 @@ struct LoopbackCluster {
       c->prefill.push_back(std::move(*p));
     }
     for (int i = 0; i < num_decode; ++i) {
+      cfg.decode.metrics_port = metrics_base > 0 ? next_metrics++ : 0;
       auto d = decode::DecodeServer::Start(cfg);
       EXPECT_TRUE(d.ok()) << d.status().ToString();
       if (!d.ok()) return nullptr;
       cfg.router.decode.addresses.push_back((*d)->address());
       c->decode.push_back(std::move(*d));
     }
+    cfg.router.metrics_port = metrics_base;
     auto r = router::RouterServer::Start(cfg);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (!r.ok()) return nullptr;

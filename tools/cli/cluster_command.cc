@@ -23,8 +23,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: icecache cluster --model DIR --port P [--prefill N] [--decode M] [--config FILE]\n"
-    "                        [--set SECTION.KEY=VALUE ...] [--once]\n"
+    "                        [--metrics-port BASE] [--set SECTION.KEY=VALUE ...] [--once]\n"
     "  Router on 127.0.0.1:P; prefill workers on P+1..P+N, decode workers on P+N+1..P+N+M.\n"
+    "  --metrics-port BASE: /metrics of the router on BASE, prefill workers on BASE+1.., decode\n"
+    "  workers after them (monitoring/prometheus.yml scrapes 9400-9402).\n"
     "  --config/--set are passed to every process (keys: docs/config.md).\n"
     "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n";
 
@@ -94,7 +96,7 @@ Child* Reap(std::vector<Child>& children, std::string* how) {
 
 int RunCluster(int argc, char** argv) {
   std::string model, config;
-  int port = 0, num_prefill = 1, num_decode = 1;
+  int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0;
   bool once = false;
   std::vector<std::string> sets;
   for (int i = 1; i < argc; ++i) {
@@ -109,6 +111,8 @@ int RunCluster(int argc, char** argv) {
       num_prefill = std::atoi(v);
     } else if (a == "--decode" && (v = next())) {
       num_decode = std::atoi(v);
+    } else if (a == "--metrics-port" && (v = next())) {
+      metrics_base = std::atoi(v);
     } else if (a == "--config" && (v = next())) {
       config = v;
     } else if (a == "--set" && (v = next())) {
@@ -136,11 +140,13 @@ int RunCluster(int argc, char** argv) {
       return 1;
     }
   }
+  int next_metrics = metrics_base;
   auto common = [&](const std::string& listen) {
     std::vector<std::string> args;
     if (!config.empty()) args.insert(args.end(), {"--config", config});
     args.insert(args.end(), {"--model", model, "--listen", listen});
     for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    if (metrics_base > 0) args.insert(args.end(), {"--metrics-port", std::to_string(next_metrics++)});
     return args;
   };
   struct sigaction sa {};
@@ -150,6 +156,7 @@ int RunCluster(int argc, char** argv) {
 
   std::vector<Child> children;
   std::string prefill_list, decode_list;
+  next_metrics = metrics_base + 1;  // the router (started last) takes BASE itself
   int next_port = port + 1;
   for (int i = 0; i < num_prefill; ++i, ++next_port) {
     std::string listen = "127.0.0.1:" + std::to_string(next_port);
@@ -162,6 +169,7 @@ int RunCluster(int argc, char** argv) {
     children.push_back({"decode worker " + listen, Spawn((bin / "icecache-decode").string(), common(listen))});
   }
   std::string router = "127.0.0.1:" + std::to_string(port);
+  next_metrics = metrics_base;
   auto router_args = common(router);
   router_args.insert(router_args.end(), {"--set", "router.prefill.addresses=" + prefill_list, "--set",
                                          "router.decode.addresses=" + decode_list});
