@@ -180,7 +180,7 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
     total += static_cast<int>(in.tokens.size());
   }
   ICE_RETURN_IF_ERROR(backend.BeginStep(segments));
-  Status st = RunLayers(inputs, backend, total);
+  Status st = RunLayers(backend, total);
   backend.EndStep(st.ok());
   ICE_RETURN_IF_ERROR(st);
 
@@ -204,7 +204,7 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
   return Linear(h_.data(), rows, lm_head_, nullptr, c.vocab_size, H, logits->data());
 }
 
-Status Model::RunLayers(std::span<const SequenceInput> inputs, AttentionBackend& backend, int T) {
+Status Model::RunLayers(AttentionBackend& backend, int T) {
   const ModelConfig& c = config_;
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int QD = c.num_heads * D, KD = c.num_kv_heads * D;
@@ -264,7 +264,6 @@ Status Model::RunLayers(std::span<const SequenceInput> inputs, AttentionBackend&
     ICE_RETURN_IF_ERROR(kernels::SwiGlu(sp, kCpu));
     ICE_RETURN_IF_ERROR(Linear(gate_.data(), T, w.down_proj, nullptr, H, I, x_.data(), /*accumulate=*/true));
   }
-  (void)inputs;
   return Status::Ok();
 }
 

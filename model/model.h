@@ -80,7 +80,8 @@ class Model {
  private:
   Model() = default;
   Status BindWeights();
-  Status RunLayers(std::span<const SequenceInput> inputs, AttentionBackend& backend, int total);
+  // Embedding and all decoder layers over the step rows in ids_/positions_; result in x_.
+  Status RunLayers(AttentionBackend& backend, int total);
 
   std::string dir_;
   ModelConfig config_;
