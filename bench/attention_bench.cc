@@ -10,6 +10,7 @@
 // gemv: y = x · Wᵀ with W of n×k in bf16/f16/f32 (Llama-3.1-8B shapes by default), our Matmul
 // against OpenBLAS sgemv/sgemm on the same weights converted to fp32 beforehand.
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -81,26 +82,51 @@ void FillRandom(DType t, void* dst, size_t n, uint64_t seed) {
 
 // Host read bandwidth: a parallel sum over 512 MiB (far larger than the caches), timed like the
 // kernels (median of repeated calls), so contention on a shared machine affects both alike.
+struct Timing {
+  double wall_us = -1;  // median wall time of one call
+  double cpu_us = -1;   // median process CPU time of one call divided by the CPU threads: what the
+                        // call costs without contention from other processes (CPU backend only)
+};
 template <typename Fn, typename Before>
-double MedianMicros(Backend backend, Fn fn, Before before, int min_iters, double min_seconds);
+Timing MedianMicros(Backend backend, Fn fn, Before before, int min_iters, double min_seconds);
 
-double MeasureHostReadGBps() {
+// Sum of n floats with independent vector accumulators per thread (a plain `omp simd` reduction
+// compiles to a latency-bound chain here and reads at a fraction of the memory bandwidth).
+float ParallelSum(const float* x, size_t n) {
+  float total = 0;
+#pragma omp parallel num_threads(kernels::CpuThreads()) reduction(+ : total)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const size_t per = (n / nt + 63) / 64 * 64;
+    const size_t b = std::min(n, per * t), e = std::min(n, b + per);
+    float acc[64] = {};
+    size_t i = b;
+    for (; i + 64 <= e; i += 64) {
+#pragma omp simd
+      for (int j = 0; j < 64; ++j) acc[j] += x[i + j];
+    }
+    for (; i < e; ++i) acc[0] += x[i];
+    for (float a : acc) total += a;
+  }
+  return total;
+}
+
+// Returns the wall-time bandwidth; *cpu_gbps the CPU-time one (see Timing).
+double MeasureHostReadGBps(double* cpu_gbps) {
   const size_t n = (size_t{512} << 20) / sizeof(float);
   std::vector<float> buf(n);
 #pragma omp parallel for schedule(static) num_threads(kernels::CpuThreads())
   for (long i = 0; i < static_cast<long>(n); ++i) buf[i] = static_cast<float>(i & 1023);
   volatile float sink = 0;
-  const double us = MedianMicros(
+  const Timing t = MedianMicros(
       Backend::kCpu,
       [&] {
-        float total = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : total) num_threads(kernels::CpuThreads())
-        for (long i = 0; i < static_cast<long>(n); ++i) total += buf[i];
-        sink = sink + total;
+        sink = sink + ParallelSum(buf.data(), n);
         return Status::Ok();
       },
       [] {}, 5, 1.0);
-  return n * sizeof(float) / us / 1e3;
+  *cpu_gbps = n * sizeof(float) / t.cpu_us / 1e3;
+  return n * sizeof(float) / t.wall_us / 1e3;
 }
 
 // Device bandwidth: a device-to-device copy (counted as read + write).
@@ -132,22 +158,35 @@ struct CacheFlusher {
 
 // Median wall time (µs) of fn() over at least min_iters calls and min_seconds, each preceded by
 // `before` (untimed) and followed by a backend synchronize (timed).
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 template <typename Fn, typename Before>
-double MedianMicros(Backend backend, Fn fn, Before before, int min_iters, double min_seconds) {
-  std::vector<double> t;
-  if (!fn().ok()) return -1;  // warm-up
+Timing MedianMicros(Backend backend, Fn fn, Before before, int min_iters, double min_seconds) {
+  std::vector<double> wall, cpu;
+  Timing r;
+  if (!fn().ok()) return r;  // warm-up
   (void)kernels::Synchronize(backend);
+  const int threads = backend == Backend::kCpu ? kernels::CpuThreads() : 1;
   const auto start = Clock::now();
-  while (static_cast<int>(t.size()) < min_iters || Seconds(start, Clock::now()) < min_seconds) {
+  while (static_cast<int>(wall.size()) < min_iters || Seconds(start, Clock::now()) < min_seconds) {
     before();
+    const double c0 = ProcessCpuSeconds();
     const auto t0 = Clock::now();
-    if (!fn().ok()) return -1;
-    if (!kernels::Synchronize(backend).ok()) return -1;
-    t.push_back(Seconds(t0, Clock::now()) * 1e6);
-    if (t.size() > 10000) break;
+    if (!fn().ok()) return r;
+    if (!kernels::Synchronize(backend).ok()) return r;
+    wall.push_back(Seconds(t0, Clock::now()) * 1e6);
+    cpu.push_back((ProcessCpuSeconds() - c0) * 1e6 / threads);
+    if (wall.size() > 10000) break;
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  r.wall_us = wall[wall.size() / 2];
+  r.cpu_us = std::max(cpu[cpu.size() / 2], 1.0);
+  return r;
 }
 
 // Uploads a host vector to the backend (host memory stays where it is on the CPU backend).
@@ -264,11 +303,11 @@ int RunAttention(int argc, char** argv) {
   auto dout = DeviceBuffer::Allocate(backend, q.size() * sizeof(float));
   if (!dq.ok() || !dout.ok()) return Fail(!dq.ok() ? dq.status() : dout.status());
 
-  auto run_lists = [&](const PageLists& pl) -> double {
+  auto run_lists = [&](const PageLists& pl) -> Timing {
     auto indptr = ToBackend(backend, pl.indptr.data(), pl.indptr.size() * 4);
     auto ids = ToBackend(backend, pl.ids.data(), pl.ids.size() * 4);
     auto valid = ToBackend(backend, pl.valid.data(), pl.valid.size() * 4);
-    if (!indptr.ok() || !ids.ok() || !valid.ok()) return -1;
+    if (!indptr.ok() || !ids.ok() || !valid.ok()) return Timing{};
     kernels::PagedDecodeAttentionParams p;
     p.q = dq->as<float>();
     p.pages = pool->data();
@@ -289,16 +328,18 @@ int RunAttention(int argc, char** argv) {
     };
     return MedianMicros(backend, [&] { return kernels::PagedDecodeAttention(p, backend); }, before, 10, 1.0);
   };
-  const double dense_us = run_lists(dense);
-  const double sparse_us = run_lists(sparse);
-  if (dense_us < 0 || sparse_us < 0) return Fail(InternalError("PagedDecodeAttention failed"));
+  const Timing dense_t = run_lists(dense);
+  const Timing sparse_t = run_lists(sparse);
+  if (dense_t.wall_us < 0 || sparse_t.wall_us < 0) return Fail(InternalError("PagedDecodeAttention failed"));
+  const double dense_us = dense_t.wall_us, sparse_us = sparse_t.wall_us;
+  const bool cpu = backend == Backend::kCpu;
 
   const size_t elem = kernels::DTypeSize(dtype);
   const double dense_bytes = static_cast<double>(dense.slots) * 2 * d * elem;
   const double sparse_bytes = static_cast<double>(sparse.slots) * 2 * d * elem;
   const double dense_gbps = dense_bytes / dense_us / 1e3;
-  const double bw = backend == Backend::kCuda ? MeasureDeviceGBps(size_t{2} << 30)
-                                              : MeasureHostReadGBps();
+  double bw_cpu = 0;
+  const double bw = cpu ? MeasureHostReadGBps(&bw_cpu) : MeasureDeviceGBps(size_t{2} << 30);
   nlohmann::json r = {
       {"workload", "attention"},
       {"backend", std::string(kernels::BackendName(backend))},
@@ -322,6 +363,16 @@ int RunAttention(int argc, char** argv) {
                                                      : "parallel read of 512 MiB (sum), median"},
       {"dense_bandwidth_fraction", bw > 0 ? dense_gbps / bw : 0.0},
   };
+  if (cpu) {
+    // The same figures from CPU time (see Timing): robust against other processes on the machine.
+    const double dense_gbps_cpu = dense_bytes / dense_t.cpu_us / 1e3;
+    r["dense_cpu_us"] = dense_t.cpu_us;
+    r["sparse_cpu_us"] = sparse_t.cpu_us;
+    r["speedup_cpu"] = dense_t.cpu_us / sparse_t.cpu_us;
+    r["dense_gbps_cpu"] = dense_gbps_cpu;
+    r["measured_bandwidth_gbps_cpu"] = bw_cpu;
+    r["dense_bandwidth_fraction_cpu"] = bw_cpu > 0 ? dense_gbps_cpu / bw_cpu : 0.0;
+  }
   if (json) {
     std::printf("%s\n", r.dump().c_str());
   } else {
@@ -335,6 +386,11 @@ int RunAttention(int argc, char** argv) {
     std::printf("  speedup    %10.2fx\n", dense_us / sparse_us);
     std::printf("  measured bandwidth %.2f GB/s; dense reaches %.0f%% of it\n", bw,
                 bw > 0 ? 100 * dense_gbps / bw : 0.0);
+    if (cpu) {
+      std::printf("  by CPU time: dense %.1f us, sparse %.1f us, speedup %.2fx, dense %.2f GB/s = %.0f%% of %.2f GB/s\n",
+                  dense_t.cpu_us, sparse_t.cpu_us, dense_t.cpu_us / sparse_t.cpu_us,
+                  r["dense_gbps_cpu"].get<double>(), 100 * r["dense_bandwidth_fraction_cpu"].get<double>(), bw_cpu);
+    }
   }
   return 0;
 }
@@ -394,24 +450,26 @@ int RunGemv(int argc, char** argv) {
   auto before = [&] {
     if (backend == Backend::kCpu) flush();
   };
-  const double ours_us = MedianMicros(backend, [&] { return kernels::Matmul(p, backend); }, before, 10, 1.0);
-  if (ours_us < 0) return Fail(InternalError("Matmul failed"));
+  const Timing ours = MedianMicros(backend, [&] { return kernels::Matmul(p, backend); }, before, 10, 1.0);
+  if (ours.wall_us < 0) return Fail(InternalError("Matmul failed"));
+  const double ours_us = ours.wall_us;
 
-  double blas_us = -1;
+  Timing blas;
   if (backend == Backend::kCpu && kernels::OpenBlasAvailable()) {
     std::vector<float> wf(welems);
     kernels::ConvertToF32(dtype, w.data(), wf.data(), welems);
     std::vector<float> yb(y.size());
-    blas_us = MedianMicros(
+    blas = MedianMicros(
         Backend::kCpu,
         [&] { return kernels::OpenBlasMatmulF32(x.data(), wf.data(), yb.data(), m, n, k, kernels::CpuThreads()); },
         before, 10, 1.0);
   }
+  const double blas_us = blas.wall_us;
   const double wbytes = static_cast<double>(w.size());
   const double gbps = wbytes / ours_us / 1e3;
   const double gflops = 2.0 * m * n * static_cast<double>(k) / ours_us / 1e3;
-  const double bw = backend == Backend::kCuda ? MeasureDeviceGBps(size_t{2} << 30)
-                                              : MeasureHostReadGBps();
+  double bw_cpu = 0;
+  const double bw = backend == Backend::kCpu ? MeasureHostReadGBps(&bw_cpu) : MeasureDeviceGBps(size_t{2} << 30);
   nlohmann::json r = {
       {"workload", "gemv"},
       {"backend", std::string(kernels::BackendName(backend))},
@@ -427,6 +485,14 @@ int RunGemv(int argc, char** argv) {
       {"openblas_f32_gflops", blas_us > 0 ? 2.0 * m * n * static_cast<double>(k) / blas_us / 1e3 : 0.0},
       {"speedup_vs_openblas", blas_us > 0 ? blas_us / ours_us : 0.0},
   };
+  if (backend == Backend::kCpu) {
+    r["ours_cpu_us"] = ours.cpu_us;
+    r["ours_weight_gbps_cpu"] = wbytes / ours.cpu_us / 1e3;
+    r["measured_bandwidth_gbps_cpu"] = bw_cpu;
+    r["bandwidth_fraction_cpu"] = bw_cpu > 0 ? wbytes / ours.cpu_us / 1e3 / bw_cpu : 0.0;
+    r["openblas_f32_cpu_us"] = blas.cpu_us;
+    r["speedup_vs_openblas_cpu"] = blas.cpu_us > 0 ? blas.cpu_us / ours.cpu_us : 0.0;
+  }
   if (json) {
     std::printf("%s\n", r.dump().c_str());
   } else {
@@ -441,6 +507,12 @@ int RunGemv(int argc, char** argv) {
     }
     std::printf("  measured bandwidth %.2f GB/s; weights stream at %.0f%% of it\n", bw,
                 bw > 0 ? 100 * gbps / bw : 0.0);
+    if (backend == Backend::kCpu) {
+      std::printf("  by CPU time: ours %.1f us (%.2f GB/s = %.0f%% of %.2f GB/s), openblas %.1f us, ours vs openblas %.2fx\n",
+                  ours.cpu_us, r["ours_weight_gbps_cpu"].get<double>(),
+                  100 * r["bandwidth_fraction_cpu"].get<double>(), bw_cpu, blas.cpu_us,
+                  r["speedup_vs_openblas_cpu"].get<double>());
+    }
   }
   return 0;
 }
