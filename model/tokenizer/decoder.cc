@@ -139,6 +139,10 @@ class SequenceDecoder : public Decoder {
 
 }  // namespace
 
+// Sequences may nest; bounded so a hostile file cannot exhaust the stack.
+constexpr int kMaxSequenceDepth = 32;
+static thread_local int sequence_depth = 0;
+
 StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& j) {
   if (j.is_null()) return std::unique_ptr<Decoder>();
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
@@ -185,7 +189,14 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& j) {
     }
     std::vector<std::unique_ptr<Decoder>> parts;
     for (const auto& sub : j["decoders"]) {
-      ICE_ASSIGN_OR_RETURN(auto part, ParseDecoder(sub));
+      if (++sequence_depth > kMaxSequenceDepth) {
+        --sequence_depth;
+        return InvalidArgumentError("decoder Sequence: nested too deeply");
+      }
+      auto part_or = ParseDecoder(sub);
+      --sequence_depth;
+      if (!part_or.ok()) return part_or.status();
+      auto part = std::move(part_or).value();
       if (part) parts.push_back(std::move(part));
     }
     return std::unique_ptr<Decoder>(new SequenceDecoder(std::move(parts)));

@@ -178,6 +178,10 @@ std::string NormalizeNfc(std::string_view text) {
   return result;
 }
 
+// Sequences may nest; bounded so a hostile file cannot exhaust the stack.
+constexpr int kMaxSequenceDepth = 32;
+static thread_local int sequence_depth = 0;
+
 StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& j) {
   if (j.is_null()) return std::unique_ptr<Normalizer>();
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
@@ -208,7 +212,14 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& j) {
     }
     std::vector<std::unique_ptr<Normalizer>> parts;
     for (const auto& sub : j["normalizers"]) {
-      ICE_ASSIGN_OR_RETURN(auto part, ParseNormalizer(sub));
+      if (++sequence_depth > kMaxSequenceDepth) {
+        --sequence_depth;
+        return InvalidArgumentError("normalizer Sequence: nested too deeply");
+      }
+      auto part_or = ParseNormalizer(sub);
+      --sequence_depth;
+      if (!part_or.ok()) return part_or.status();
+      auto part = std::move(part_or).value();
       if (part) parts.push_back(std::move(part));
     }
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(parts)));

@@ -171,6 +171,10 @@ std::string EscapeLiteral(const std::string& literal) {
 
 }  // namespace
 
+// Sequences may nest; bounded so a hostile file cannot exhaust the stack.
+constexpr int kMaxSequenceDepth = 32;
+static thread_local int sequence_depth = 0;
+
 StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& j) {
   if (j.is_null()) return std::unique_ptr<PreTokenizer>();
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
@@ -183,7 +187,14 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
     }
     std::vector<std::unique_ptr<PreTokenizer>> parts;
     for (const auto& sub : j["pretokenizers"]) {
-      ICE_ASSIGN_OR_RETURN(auto part, ParsePreTokenizer(sub));
+      if (++sequence_depth > kMaxSequenceDepth) {
+        --sequence_depth;
+        return InvalidArgumentError("pre_tokenizer Sequence: nested too deeply");
+      }
+      auto part_or = ParsePreTokenizer(sub);
+      --sequence_depth;
+      if (!part_or.ok()) return part_or.status();
+      auto part = std::move(part_or).value();
       if (part) parts.push_back(std::move(part));
     }
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(parts)));

@@ -70,6 +70,8 @@ struct Node {
 };
 
 constexpr uint32_t kInfinite = std::numeric_limits<uint32_t>::max();
+constexpr int kMaxGroupDepth = 100;
+constexpr size_t kMaxProgramSize = 100000;
 
 }  // namespace
 
@@ -213,7 +215,9 @@ class Parser {
         else if (Peek(1) == '!') { pos_ += 2; look = true; negate = true; }
         else return Error("unsupported group syntax '(?'");
       }
+      if (++depth_ > kMaxGroupDepth) return Error("groups nested too deeply");
       ICE_ASSIGN_OR_RETURN(auto inner, ParseAlt(&group_icase));
+      --depth_;
       if (Peek() != ')') return Error("missing ')'");
       ++pos_;
       if (!look) return inner;
@@ -379,6 +383,7 @@ class Parser {
   Regex::Program* prog_;
   std::vector<char32_t> p_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 bool Nullable(const Node& n) {
@@ -403,7 +408,7 @@ class Compiler {
   Status CompileInto(const Node& n, int prog_index) {
     ICE_RETURN_IF_ERROR(Emit(n, prog_index));
     Code(prog_index).push_back(Inst{Op::kMatch});
-    if (Code(prog_index).size() > 100000) return InvalidArgumentError("regex too large");
+    if (Code(prog_index).size() > kMaxProgramSize) return InvalidArgumentError("regex too large");
     return Status::Ok();
   }
 
@@ -466,7 +471,10 @@ class Compiler {
           return InvalidArgumentError("regex: unbounded repetition of a sub-pattern that can match empty");
         }
         if (n.max != kInfinite && n.max > 1000) return InvalidArgumentError("regex: repetition count too large");
-        for (uint32_t r = 0; r < n.min; ++r) ICE_RETURN_IF_ERROR(Emit(body, p));
+        for (uint32_t r = 0; r < n.min; ++r) {
+          ICE_RETURN_IF_ERROR(Emit(body, p));
+          if (Code(p).size() > kMaxProgramSize) return InvalidArgumentError("regex too large");
+        }
         if (n.max == kInfinite) {
           size_t split = Code(p).size();
           Code(p).push_back(Inst{Op::kSplit});
@@ -481,10 +489,11 @@ class Compiler {
             splits.push_back(Code(p).size());
             Code(p).push_back(Inst{Op::kSplit});
             ICE_RETURN_IF_ERROR(Emit(body, p));
+            if (Code(p).size() > kMaxProgramSize) return InvalidArgumentError("regex too large");
           }
           for (size_t s : splits) SetSplit(p, s, s + 1, Code(p).size(), n.greedy);
         }
-        if (Code(p).size() > 100000) return InvalidArgumentError("regex too large");
+        if (Code(p).size() > kMaxProgramSize) return InvalidArgumentError("regex too large");
         return Status::Ok();
       }
     }

@@ -107,7 +107,12 @@ Status TokenizerLoader::ParsePostProcessor(const Json& j, TokenizerImpl* t) {
     if (!j.contains("processors") || !j["processors"].is_array()) {
       return InvalidArgumentError("post_processor Sequence: missing array \"processors\"");
     }
-    for (const auto& p : j["processors"]) ICE_RETURN_IF_ERROR(ParsePostProcessor(p, t));
+    for (const auto& p : j["processors"]) {
+      if (p.is_object() && p.contains("type") && p["type"] == "Sequence") {
+        return InvalidArgumentError("post_processor Sequence: nested Sequence is not supported");
+      }
+      ICE_RETURN_IF_ERROR(ParsePostProcessor(p, t));
+    }
     return Status::Ok();
   }
   if (type == "TemplateProcessing") {

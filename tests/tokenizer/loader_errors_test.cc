@@ -86,6 +86,13 @@ TEST(LoaderErrorsTest, NamesFileAndProblem) {
   j["model"]["vocab"]["hello"] = "seven";
   ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "\"hello\""});
 
+  // Deeply nested Sequences are refused instead of exhausting the stack.
+  j = ValidJson();
+  Json nested = {{"type", "NFC"}};
+  for (int i = 0; i < 10000; ++i) nested = {{"type", "Sequence"}, {"normalizers", Json::array({nested})}};
+  j["normalizer"] = nested;
+  ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "nested too deeply"});
+
   // A broken tokenizer_config.json beside a valid tokenizer.json is named too.
   testing::WriteFile(dir / "tokenizer_config.json", "{ not json");
   ExpectError(LoadText(dir, ValidJson().dump()), StatusCode::kInvalidArgument, {"tokenizer_config.json", "invalid JSON"});

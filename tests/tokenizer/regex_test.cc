@@ -88,3 +88,17 @@ TEST(RegexTest, RejectsUnsupportedSyntax) {
 
 }  // namespace
 }  // namespace icecache::tokenizer
+
+namespace icecache::tokenizer {
+namespace {
+
+TEST(RegexTest, HostilePatternsFailCleanly) {
+  std::string deep(5000, '(');
+  deep += "a" + std::string(5000, ')');
+  EXPECT_EQ(Regex::Compile(deep).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Regex::Compile("(((ab){1000}){1000}){1000}").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Regex::Compile("(ab){1000}").ok());
+}
+
+}  // namespace
+}  // namespace icecache::tokenizer
