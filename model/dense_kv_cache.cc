@@ -253,6 +253,24 @@ Status DenseKvCache::PrefillSegmentAttention(int layer, size_t seg, const float*
   return kernels::PrefillAttention(p, kernels::Backend::kCpu);
 }
 
+Status DenseKvCache::ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return NotFoundError("DenseKvCache: unknown sequence " + std::to_string(id));
+  if (layer < 0 || layer >= shape_.num_layers || kv_head < 0 || kv_head >= shape_.num_kv_heads) {
+    return InvalidArgumentError("DenseKvCache: layer or kv head out of range");
+  }
+  const int hd = shape_.head_dim, ps = options_.page_size;
+  const size_t esz = kernels::DTypeSize(options_.kv_dtype);
+  const auto& list = it->second.pages[static_cast<size_t>(layer) * shape_.num_kv_heads + kv_head];
+  for (int pos = 0; pos < it->second.length; ++pos) {
+    const uint8_t* base = PagePtr(list[pos / ps]);
+    const int slot = pos % ps;
+    kernels::ConvertToF32(options_.kv_dtype, base + static_cast<size_t>(slot) * hd * esz, k + static_cast<size_t>(pos) * hd, hd);
+    kernels::ConvertToF32(options_.kv_dtype, base + static_cast<size_t>(ps + slot) * hd * esz, v + static_cast<size_t>(pos) * hd, hd);
+  }
+  return Status::Ok();
+}
+
 void DenseKvCache::EndStep(bool commit) {
   if (!in_step_) return;
   if (commit) {

@@ -43,6 +43,11 @@ class DenseKvCache final : public AttentionBackend {
   Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override;
   void EndStep(bool commit) override;
 
+  // Copies the stored K and V of one sequence, layer and kv head as fp32:
+  // k, v [SequenceLength(id), head_dim]. For handing a prefilled sequence to another cache
+  // (e.g. IceCache's tree build). NOT_FOUND / INVALID_ARGUMENT on a bad id, layer or head.
+  Status ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const;
+
   // Pages currently allocated to sequences, and the pool's size in pages.
   int64_t pages_in_use() const { return pages_in_use_; }
   int64_t pool_pages() const { return pool_pages_; }
@@ -59,6 +64,7 @@ class DenseKvCache final : public AttentionBackend {
   Status AllocatePage(int32_t* page);
   void FreePage(int32_t page);
   uint8_t* PagePtr(int32_t page) { return pool_.data() + static_cast<size_t>(page) * page_bytes(); }
+  const uint8_t* PagePtr(int32_t page) const { return pool_.data() + static_cast<size_t>(page) * page_bytes(); }
   void WriteNewKv(int layer, const float* k, const float* v);
   Status DecodeAttention(int layer, const float* q, float* out);
   Status PrefillSegmentAttention(int layer, size_t seg, const float* q, const float* k, const float* v, float* out);

@@ -195,5 +195,77 @@ TEST(DenseKvCache, RefusesWhenPoolIsFullAndRecoversAfterFree) {
   EXPECT_EQ(cache.AddSequence(2).code(), StatusCode::kAlreadyExists);
 }
 
+// K/V written through Attend come back from ReadKv, across steps and page boundaries, and the
+// attention output of a one-token step equals a brute-force softmax over what was stored.
+TEST(DenseKvCache, StoresKvAndAttendsExactly) {
+  const AttentionShape shape{2, 4, 2, 8, 1.f / std::sqrt(8.f)};
+  for (kernels::DType dt : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    DenseKvCacheOptions opt;
+    opt.page_size = 3;
+    opt.kv_dtype = dt;
+    DenseKvCache cache(shape, opt);
+    ASSERT_TRUE(cache.AddSequence(5).ok());
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    std::vector<float> all_k, all_v;  // [pos, kv_head, dim] of layer 1
+    std::vector<float> q, k, v, out;
+    for (int n : {7, 1, 1, 4, 1}) {
+      q.resize(n * 4 * 8);
+      k.resize(n * 2 * 8);
+      v.resize(n * 2 * 8);
+      out.resize(q.size());
+      StepSegment seg{5, n};
+      ASSERT_TRUE(cache.BeginStep({&seg, 1}).ok());
+      for (int layer = 0; layer < 2; ++layer) {
+        for (auto* buf : {&q, &k, &v}) {
+          for (float& x : *buf) x = nd(rng);
+        }
+        ASSERT_TRUE(cache.Attend(layer, q.data(), k.data(), v.data(), out.data()).ok());
+        if (layer == 1) {
+          all_k.insert(all_k.end(), k.begin(), k.end());
+          all_v.insert(all_v.end(), v.begin(), v.end());
+        }
+      }
+      cache.EndStep(true);
+      if (n != 1) continue;
+      // Brute force for the last layer's single query over every stored token.
+      const int len = static_cast<int>(all_k.size() / 16);
+      for (int h = 0; h < 4; ++h) {
+        const int g = h / 2;
+        std::vector<double> s(len);
+        double mx = -1e30, z = 0;
+        for (int t = 0; t < len; ++t) {
+          double dot = 0;
+          for (int d = 0; d < 8; ++d) dot += q[h * 8 + d] * static_cast<double>(all_k[(t * 2 + g) * 8 + d]);
+          s[t] = dot * shape.scale;
+          mx = std::max(mx, s[t]);
+        }
+        for (double& x : s) z += (x = std::exp(x - mx));
+        for (int d = 0; d < 8; ++d) {
+          double o = 0;
+          for (int t = 0; t < len; ++t) o += s[t] / z * all_v[(t * 2 + g) * 8 + d];
+          // f32 pages: summation order only (1e-5); bf16 pages round K and V (2^-8 relative).
+          EXPECT_NEAR(out[h * 8 + d], o, dt == kernels::DType::kF32 ? 1e-5 : 3e-2) << "len " << len;
+        }
+      }
+    }
+    const int len = *cache.SequenceLength(5);
+    ASSERT_EQ(len, 14);
+    std::vector<float> rk(len * 8), rv(len * 8);
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_TRUE(cache.ReadKv(5, 1, g, rk.data(), rv.data()).ok());
+      for (int t = 0; t < len; ++t) {
+        for (int d = 0; d < 8; ++d) {
+          const float tol = dt == kernels::DType::kF32 ? 0.f : 1e-2f * std::fabs(all_k[(t * 2 + g) * 8 + d]) + 1e-6f;
+          EXPECT_NEAR(rk[t * 8 + d], all_k[(t * 2 + g) * 8 + d], tol);
+          EXPECT_NEAR(rv[t * 8 + d], all_v[(t * 2 + g) * 8 + d], dt == kernels::DType::kF32 ? 0.f : 1e-2f * std::fabs(all_v[(t * 2 + g) * 8 + d]) + 1e-6f);
+        }
+      }
+    }
+    EXPECT_EQ(cache.ReadKv(6, 0, 0, rk.data(), rv.data()).code(), StatusCode::kNotFound);
+    EXPECT_EQ(cache.ReadKv(5, 2, 0, rk.data(), rv.data()).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace icecache::model
