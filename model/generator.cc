@@ -43,7 +43,8 @@ Generator::~Generator() {
   for (auto& [id, s] : seqs_) backend_.RemoveSequence(id).IgnoreError();
 }
 
-StatusOr<SequenceId> Generator::Add(std::vector<int32_t> prompt, const SamplingParams& params) {
+StatusOr<std::unique_ptr<Generator::Seq>> Generator::NewSeq(std::vector<int32_t> prompt,
+                                                              const SamplingParams& params) {
   const ModelConfig& c = model_.config();
   ICE_RETURN_IF_ERROR(ValidateSamplingParams(params));
   if (prompt.empty()) return InvalidArgumentError("the prompt is empty");
@@ -76,11 +77,49 @@ StatusOr<SequenceId> Generator::Add(std::vector<int32_t> prompt, const SamplingP
 #if ICECACHE_HAVE_TOKENIZER
   if (tok_ != nullptr) s->decoder = std::make_unique<tokenizer::IncrementalDecoder>(*tok_, true);
 #endif
+  return s;
+}
+
+StatusOr<SequenceId> Generator::Add(std::vector<int32_t> prompt, const SamplingParams& params) {
+  ICE_ASSIGN_OR_RETURN(std::unique_ptr<Seq> s, NewSeq(std::move(prompt), params));
+  while (seqs_.count(next_id_) || backend_.HasSequence(next_id_)) ++next_id_;
   const SequenceId id = next_id_;
   ICE_RETURN_IF_ERROR(backend_.AddSequence(id));
   ++next_id_;
   seqs_.emplace(id, std::move(s));
   return id;
+}
+
+Status Generator::AddPrefilled(SequenceId id, std::vector<int32_t> prompt, int32_t first_token,
+                               const SamplingParams& params) {
+  if (seqs_.count(id)) return AlreadyExistsError("sequence " + std::to_string(id) + " is already generating");
+  const size_t prompt_len = prompt.size();
+  ICE_ASSIGN_OR_RETURN(std::unique_ptr<Seq> s, NewSeq(std::move(prompt), params));
+  auto len = backend_.SequenceLength(id);
+  if (!len.ok() || static_cast<size_t>(*len) != prompt_len) {
+    return FailedPreconditionError("sequence " + std::to_string(id) + " must already hold the " +
+                                   std::to_string(prompt_len) + "-token prompt in the attention backend");
+  }
+  if (first_token < 0 || first_token >= model_.config().vocab_size) {
+    return InvalidArgumentError("first token id " + std::to_string(first_token) + " is outside the vocabulary");
+  }
+  if (params.max_tokens <= 1 || std::find(s->stop_ids.begin(), s->stop_ids.end(), first_token) != s->stop_ids.end()) {
+    return FailedPreconditionError("the first token already ends this request; there is nothing to decode");
+  }
+  if (static_cast<int64_t>(prompt_len) + 1 > model_.config().max_position) {
+    return OutOfRangeError("no room to decode after a " + std::to_string(prompt_len) + "-token prompt");
+  }
+  s->fed = prompt_len;
+  s->tokens.push_back(first_token);
+  s->generated = 1;
+  GenerationEvent ignored;
+  EmitText(*s, first_token, &ignored);
+  if (ignored.finish != FinishReason::kNone) {
+    return FailedPreconditionError("the first token already completes a stop string; there is nothing to decode");
+  }
+  s->emitted = s->text.size();
+  seqs_.emplace(id, std::move(s));
+  return Status::Ok();
 }
 
 Status Generator::Cancel(SequenceId id) {

@@ -50,7 +50,7 @@ struct GeneratorOptions {
   // Most tokens one forward step processes (decode tokens + prompt chunks); 0 = no limit.
   // Prompts longer than the remaining budget are prefilled in chunks over several steps.
   int max_step_tokens = 0;
-  SequenceId first_id = 1;  // ids are handed out from here upwards
+  SequenceId first_id = 1;  // Add() hands out ids from here upwards, skipping ids in use
 };
 
 class Generator {
@@ -65,6 +65,16 @@ class Generator {
   // params, or stop strings without a tokenizer; OUT_OF_RANGE if the prompt does not fit in
   // max_position_embeddings; errors of backend.AddSequence.
   StatusOr<SequenceId> Add(std::vector<int32_t> prompt, const SamplingParams& params);
+
+  // Adopts a sequence whose prompt was already prefilled into the backend elsewhere (e.g. by a
+  // prefill worker whose KV pages were shipped here): REQUIRES backend.HasSequence(id) with
+  // SequenceLength(id) == prompt.size(), and `first_token` = the token sampled from the prefill's
+  // last logits, which must not itself end the request (not a stop id; max_tokens > 1). It counts
+  // as generated token 1 and its text as already delivered. Decoding starts at the next Step.
+  // The Generator owns the sequence from then on (frees it in the backend when it finishes).
+  // FAILED_PRECONDITION when those requirements do not hold; ALREADY_EXISTS for a known id.
+  // On error the backend sequence stays as it was and remains the caller's.
+  Status AddPrefilled(SequenceId id, std::vector<int32_t> prompt, int32_t first_token, const SamplingParams& params);
 
   // One forward step; appends one event per sequence that produced a token. On a forward error
   // the sequences of this step are left as they were (the step can be retried or they can be
@@ -81,6 +91,7 @@ class Generator {
 
  private:
   struct Seq;
+  StatusOr<std::unique_ptr<Seq>> NewSeq(std::vector<int32_t> prompt, const SamplingParams& params);
   Status Finish(SequenceId id);
   void EmitText(Seq& s, int32_t token, GenerationEvent* ev);
 

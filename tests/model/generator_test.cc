@@ -1,5 +1,7 @@
 #include "model/generator.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "model/dense_kv_cache.h"
@@ -129,6 +131,46 @@ TEST_F(GeneratorTest, ContextLimit) {
   GenRun r = Generate(*model_, prompt, p);
   EXPECT_EQ(r.finish, FinishReason::kContext);
   EXPECT_EQ(r.tokens.size(), 3u);  // positions max-2, max-1 fed; the third token cannot be
+}
+
+// A prompt prefilled outside the Generator (as a prefill worker does) and adopted with its first
+// token continues exactly like a prompt the Generator prefilled itself.
+TEST_F(GeneratorTest, AddPrefilledContinuesLikeAdd) {
+  SamplingParams p;
+  p.max_tokens = 12;
+  p.ignore_eos = true;
+  GenRun ref = Generate(*model_, prompt_, p);
+  ASSERT_EQ(ref.tokens.size(), 12u);
+
+  DenseKvCache cache(model_->attention_shape());
+  ASSERT_TRUE(cache.AddSequence(42).ok());
+  std::vector<float> logits;
+  SequenceInput in{42, prompt_};
+  ASSERT_TRUE(model_->Forward({&in, 1}, cache, LogitsMode::kLastToken, &logits).ok());
+  const int32_t first = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  ASSERT_EQ(first, ref.tokens[0]);
+  Generator gen(*model_, cache);
+  EXPECT_EQ(gen.AddPrefilled(42, {1, 2}, first, p).code(), StatusCode::kFailedPrecondition);  // wrong length
+  EXPECT_EQ(gen.AddPrefilled(43, prompt_, first, p).code(), StatusCode::kFailedPrecondition);  // not in backend
+  SamplingParams stop_first = p;
+  stop_first.stop_ids = {first};
+  EXPECT_EQ(gen.AddPrefilled(42, prompt_, first, stop_first).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(gen.AddPrefilled(42, prompt_, first, p).ok());
+  EXPECT_EQ(gen.AddPrefilled(42, prompt_, first, p).code(), StatusCode::kAlreadyExists);
+  // Add() must not hand out the adopted id.
+  auto other = gen.Add({7, 8}, p);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, 42u);
+  std::vector<int32_t> got = {first};
+  while (!gen.idle()) {
+    std::vector<GenerationEvent> ev;
+    ASSERT_TRUE(gen.Step(&ev).ok());
+    for (auto& e : ev) {
+      if (e.id == 42) got.push_back(e.token);
+    }
+  }
+  EXPECT_EQ(got, ref.tokens);
+  EXPECT_FALSE(cache.HasSequence(42));
 }
 
 #if ICECACHE_HAVE_TOKENIZER
