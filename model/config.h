@@ -33,7 +33,7 @@ struct ModelConfig {
   int max_position = 0;     // max_position_embeddings
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v projections have a bias (Qwen2, or Llama attention_bias)
+  bool attention_bias = false;  // q/k/v have a bias (Qwen2); Llama/Qwen3 attention_bias: q/k/v/o
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3)
   kernels::RopeConfig rope;     // rotary_dim == head_dim
   std::vector<int32_t> bos_ids; // from bos_token_id (int or list); may be empty

@@ -110,6 +110,9 @@ Status Model::BindWeights() {
       ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.q_proj.bias", {QD}, &w.q_bias));
       ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.k_proj.bias", {KD}, &w.k_bias));
       ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.v_proj.bias", {KD}, &w.v_bias));
+      if (c.arch != Architecture::kQwen2) {  // Llama/Qwen3 attention_bias also covers o_proj
+        ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.o_proj.bias", {H}, &w.o_bias));
+      }
     }
     if (c.qk_norm) {
       ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.q_norm.weight", {D}, &w.q_norm));
@@ -136,7 +139,7 @@ int64_t Model::decode_weight_bytes() const {
   int64_t total = static_cast<int64_t>(final_norm_.bytes + lm_head_.bytes);
   for (const LayerWeights& w : layers_) {
     for (const WeightRef* r : {&w.input_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.q_bias, &w.k_bias,
-                               &w.v_bias, &w.q_norm, &w.k_norm, &w.post_attention_norm, &w.gate_proj, &w.up_proj,
+                               &w.v_bias, &w.o_bias, &w.q_norm, &w.k_norm, &w.post_attention_norm, &w.gate_proj, &w.up_proj,
                                &w.down_proj}) {
       total += static_cast<int64_t>(r->bytes);
     }
@@ -251,7 +254,7 @@ Status Model::RunLayers(AttentionBackend& backend, int T) {
     rp.heads = c.num_kv_heads;
     ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, kCpu));
     ICE_RETURN_IF_ERROR(backend.Attend(l, q_.data(), k_.data(), v_.data(), attn_.data()));
-    ICE_RETURN_IF_ERROR(Linear(attn_.data(), T, w.o_proj, nullptr, H, QD, x_.data(), /*accumulate=*/true));
+    ICE_RETURN_IF_ERROR(Linear(attn_.data(), T, w.o_proj, &w.o_bias, H, QD, x_.data(), /*accumulate=*/true));
 
     ICE_RETURN_IF_ERROR(Norm(x_.data(), T, H, w.post_attention_norm, c.rms_norm_eps, h_.data()));
     ICE_RETURN_IF_ERROR(Linear(h_.data(), T, w.gate_proj, nullptr, I, H, gate_.data()));

@@ -36,7 +36,7 @@ struct WeightRef {
 };
 
 struct LayerWeights {
-  WeightRef input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias, q_norm, k_norm;
+  WeightRef input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
   WeightRef post_attention_norm, gate_proj, up_proj, down_proj;
 };
 

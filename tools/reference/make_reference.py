@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes the tiny reference checkpoints and their expected logits under tests/fixtures/models/.
 
-Run once with Debian's Python (torch 1.13) plus transformers 4.48.3 and safetensors:
+Run once with Debian's Python (torch 1.13) plus transformers 4.48.3 (4.47.1 gives bit-identical
+logits) and safetensors:
   /usr/bin/python3 -m pip install --break-system-packages 'transformers==4.48.3' safetensors
   /usr/bin/python3 tools/reference/make_reference.py [--out tests/fixtures/models]
 
@@ -49,6 +50,8 @@ CASES = [
     ("qwen3_qknorm_headdim32_f32", "qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32), "f32", None),
     ("qwen3_qknorm_tied_bf16", "qwen3", dict(num_attention_heads=8, num_key_value_heads=4, head_dim=24,
                                              tie_word_embeddings=True), "bf16", None),
+    ("llama_attention_bias_f32", "llama", dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True),
+     "f32", None),
 ]
 
 HF = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),

@@ -83,6 +83,8 @@ def forward(cfg, w, ids):
         att = torch.softmax(q @ k.transpose(1, 2) / d ** 0.5 + mask, dim=-1)
         o = (att @ v).transpose(0, 1).reshape(n, nq * d)
         x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        if p + "self_attn.o_proj.bias" in w:
+            x = x + w[p + "self_attn.o_proj.bias"]
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         g = h @ w[p + "mlp.gate_proj.weight"].T
         u = h @ w[p + "mlp.up_proj.weight"].T
