@@ -12,6 +12,7 @@
 #include "model/dense_kv_cache.h"
 #include "model/generator.h"
 #include "model/model.h"
+#include "model/tokenizer/tokenizer.h"
 #include "tests/model/test_util.h"
 
 namespace icecache::model {
@@ -112,6 +113,29 @@ TEST(Cli, GenerateTextWithTokenizer) {
   Result again = RunCli("generate --model " + dir.path() + " --prompt 'The cache' --max-tokens 8 --temperature 0.9 "
                         "--top-p 0.9 --top-k 50 --seed 4 --ignore-eos");
   EXPECT_EQ(gen.out, again.out);  // seeded
+}
+
+// --chat with a real tokenizer (the Qwen3 tokenizer fixture, ChatML template) on a random
+// checkpoint of Qwen3's vocabulary size.
+TEST(Cli, GenerateChatWithQwen3Tokenizer) {
+  TempDir dir;
+  Result mk = RunCli("make-model --out " + dir.path() + " --arch qwen3 --hidden 32 --layers 1 --heads 2 --kv-heads 1 "
+                     "--head-dim 16 --vocab 151936 --no-tokenizer");
+  ASSERT_EQ(mk.code, 0) << mk.err;
+  const std::string tok = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3/";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(tok + f, dir.path() + "/" + f);
+  }
+  auto m = Model::Load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto text = (*m)->tokenizer()->ApplyChatTemplate({{"user", "Hello there"}}, true);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto ids = (*m)->tokenizer()->Encode(*text, false);
+  ASSERT_TRUE(ids.ok());
+  Result gen = RunCli("generate --model " + dir.path() + " --chat --prompt 'Hello there' --max-tokens 4 --ignore-eos");
+  ASSERT_EQ(gen.code, 0) << gen.err;
+  EXPECT_NE(gen.err.find("[" + std::to_string(ids->size()) + " prompt tokens, 4 generated"), std::string::npos)
+      << gen.err;
 }
 
 TEST(Cli, UsageAndInputErrors) {

@@ -50,7 +50,15 @@ int RunGenerate(int argc, char** argv) {
   }
   std::vector<int32_t> prompt = o.prompt_ids;
   if (o.prompt.has_value()) {
-    auto ids = tok->Encode(*o.prompt, o.add_bos);
+    std::string text = *o.prompt;
+    bool add_special = o.add_bos;
+    if (o.chat) {
+      auto formatted = tok->ApplyChatTemplate({{"user", text}}, /*add_generation_prompt=*/true);
+      if (!formatted.ok()) return Fail(formatted.status());
+      text = std::move(*formatted);
+      add_special = false;  // the template writes its own bos token
+    }
+    auto ids = tok->Encode(text, add_special);
     if (!ids.ok()) return Fail(ids.status());
     prompt = std::move(*ids);
   }

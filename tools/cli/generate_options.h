@@ -28,6 +28,7 @@ inline constexpr const char* kGenerateUsage =
     "  --stop-id ID            stop after token ID (repeatable; eos ids always stop)\n"
     "  --ignore-eos            do not stop at the model's eos ids\n"
     "  --no-bos                do not prepend the bos token to a text prompt\n"
+    "  --chat                  wrap --prompt as one user message in the model's chat template\n"
     "  --output text|ids       stream text (default when the model has a tokenizer) or print ids\n"
     "  --kv-page-size N        tokens per KV page (default 16)\n"
     "  --threads N             CPU threads for the kernels (default: all)\n";
@@ -39,6 +40,7 @@ struct GenerateOptions {
   model::SamplingParams sampling;
   enum class Output { kDefault, kText, kIds } output = Output::kDefault;
   bool add_bos = true;
+  bool chat = false;
   int kv_page_size = 16;
   int threads = 0;
   std::string router;  // reserved for a remote mode (HOST:PORT); empty = run the model locally
@@ -141,6 +143,8 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
       o.sampling.ignore_eos = true;
     } else if (flag == "--no-bos") {
       o.add_bos = false;
+    } else if (flag == "--chat") {
+      o.chat = true;
     } else if (flag == "--output") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       const std::string out = v;
@@ -165,6 +169,7 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
   if (o.prompt.has_value() == !o.prompt_ids.empty()) {
     return InvalidArgumentError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3");
   }
+  if (o.chat && !o.prompt.has_value()) return InvalidArgumentError("--chat needs --prompt TEXT");
   ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(o.sampling));
   return o;
 }
