@@ -65,7 +65,7 @@ int RunGenerate(int argc, char** argv) {
   model::DenseKvCacheOptions kv;
   kv.page_size = o.kv_page_size;
   model::DenseKvCache cache(m.attention_shape(), kv);
-  model::Generator gen(m, cache, want_text ? tok : nullptr, {});
+  model::Generator gen(m, cache, tok, {});
   auto id = gen.Add(prompt, o.sampling);
   if (!id.ok()) return Fail(id.status());
   std::vector<int32_t> out;
