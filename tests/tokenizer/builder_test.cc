@@ -118,6 +118,24 @@ TEST(BuilderTest, Llama3StyleFileMatchesHuggingFace) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// Added-token flags (lstrip, rstrip, single_word, normalized) against Hugging Face tokenizers
+// (tests/fixtures/tokenizers/added_tokens_hf/generate.py).
+TEST(BuilderTest, AddedTokenFlagsMatchHuggingFace) {
+  auto tok = Tokenizer::Load(testing::SourcePath("tests/fixtures/tokenizers/added_tokens_hf/tokenizer.json"));
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  std::istringstream in(testing::ReadFile(testing::SourcePath("tests/fixtures/tokenizers/added_tokens_hf/reference.jsonl")));
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    auto ids = (*tok)->Encode(j["text"].get<std::string>());
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, j["ids"].get<std::vector<int32_t>>()) << j["text"];
+    ++lines;
+  }
+  EXPECT_EQ(lines, 27);
+}
+
 TEST(BuilderTest, FillsVocabularyBeyondCorpusAndIsDeterministic) {
   ByteLevelBpeSpec spec;
   spec.vocab_size = 600;
