@@ -1,8 +1,12 @@
 // Unicode tables and NFC, checked against values from Python's unicodedata (Unicode 14.0.0).
+#include <sstream>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "model/tokenizer/normalizer.h"
 #include "model/tokenizer/unicode.h"
+#include "tests/tokenizer/test_util.h"
 
 namespace icecache::tokenizer {
 namespace {
@@ -76,6 +80,23 @@ TEST(UnicodeTest, NfcMatchesPython) {
       {"\xE4\xB8\xAD\xE6\x96\x87", "\xE4\xB8\xAD\xE6\x96\x87"},
   };
   for (const auto& [in, expected] : cases) EXPECT_EQ(NormalizeNfc(in), expected) << in;
+}
+
+// 1000 random strings of combining marks, jamo, decomposables and exclusions, with NFC from Python
+// (tests/fixtures/tokenizers/nfc_python/generate.py).
+TEST(UnicodeTest, NfcMatchesPythonOnRandomStrings) {
+  std::istringstream in(testing::ReadFile(testing::SourcePath("tests/fixtures/tokenizers/nfc_python/cases.jsonl")));
+  std::string line;
+  int lines = 0, mismatches = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    std::string got = NormalizeNfc(j["text"].get<std::string>());
+    EXPECT_EQ(got, j["nfc"].get<std::string>()) << j["text"];
+    mismatches += got != j["nfc"].get<std::string>();
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1000);
+  EXPECT_EQ(mismatches, 0);
 }
 
 TEST(UnicodeTest, NfcIsIdempotentOnItsOutput) {
