@@ -29,19 +29,57 @@ float BiasAt(const MatmulParams& p, int j) {
   return LoadScalar<DType::kF32>(p.bias, j);
 }
 
-template <DType T>
-void Gemv(const MatmulParams& p) {
+// out[r] = dot(x row r, w row) for r < M: each weight vector is converted once for all M rows.
+template <DType T, int M>
+void DotRows(const float* x, size_t ldx, const void* wrow, int k, float* out) {
+#if defined(__AVX512F__)
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 wv = Load16<T>(wrow, i);
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + i), wv, acc[r]);
+  }
+  if (i < k) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (k - i)) - 1u);
+    const __m512 wv = Load16Tail<T>(wrow, i, k - i);
+    for (int r = 0; r < M; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + r * ldx + i), wv, acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+#else
+  for (int r = 0; r < M; ++r) out[r] = Dot<T>(x + r * ldx, wrow, k);
+#endif
+}
+
+template <DType T, int M>
+void GemvRows(const MatmulParams& p) {
   const size_t row_bytes = static_cast<size_t>(p.k) * DTypeSize(T);
   const char* w = static_cast<const char*>(p.w);
 #pragma omp parallel for schedule(static) num_threads(CpuThreads())
   for (int j = 0; j < p.n; ++j) {
-    const void* wrow = w + j * row_bytes;
-    const float b = BiasAt(p, j);
-    for (int r = 0; r < p.m; ++r) {
-      const float v = Dot<T>(p.x + static_cast<size_t>(r) * p.k, wrow, p.k) + b;
-      float& out = p.y[static_cast<size_t>(r) * p.n + j];
-      out = p.accumulate ? out + v : v;
+    float v[M];
+    if constexpr (M == 1) {
+      v[0] = Dot<T>(p.x, w + j * row_bytes, p.k);
+    } else {
+      DotRows<T, M>(p.x, p.k, w + j * row_bytes, p.k, v);
     }
+    const float b = BiasAt(p, j);
+    for (int r = 0; r < M; ++r) {
+      float& out = p.y[static_cast<size_t>(r) * p.n + j];
+      out = p.accumulate ? out + v[r] + b : v[r] + b;
+    }
+  }
+}
+
+template <DType T>
+void Gemv(const MatmulParams& p) {
+  switch (p.m) {
+    case 1: return GemvRows<T, 1>(p);
+    case 2: return GemvRows<T, 2>(p);
+    case 3: return GemvRows<T, 3>(p);
+    default: return GemvRows<T, 4>(p);
   }
 }
 
