@@ -33,7 +33,8 @@ struct EmbeddingParams {
   int vocab = 0;
   int dim = 0;
 };
-// OUT_OF_RANGE when an id is outside [0, vocab) (checked on the CPU backend before any write).
+// OUT_OF_RANGE when an id is outside [0, vocab), naming the id and its position. The CPU backend
+// checks before any write; the CUDA backend writes the rows of valid ids, then reports.
 Status Embedding(const EmbeddingParams& p, Backend backend = Backend::kCpu);
 
 }  // namespace icecache::kernels
