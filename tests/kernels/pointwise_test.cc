@@ -77,26 +77,28 @@ std::vector<float> RunRmsNorm(Backend backend, const std::vector<float>& x, cons
   return testing::Download<float>(in_place ? dx : dy, x.size());
 }
 
-TEST(RmsNormTest, MatchesNaiveOnEveryBackend) {
+class RmsNormOnBackend : public testing::BackendTest {};
+ICE_INSTANTIATE_ON_BACKENDS(RmsNormOnBackend);
+
+TEST_P(RmsNormOnBackend, MatchesNaive) {
+  const Backend b = GetParam();
   uint32_t seed = 5;
-  for (Backend b : testing::BackendsPresent()) {
-    for (auto [rows, dim] : {std::pair{1, 1}, {3, 64}, {7, 128}, {2, 4096}, {33, 100}}) {
-      for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-        const auto x = RandomVector(static_cast<size_t>(rows) * dim, seed++, -3, 3);
-        const auto w = ToTyped(t, RandomVector(dim, seed++, 0.5f, 1.5f));
-        std::vector<float> want(x.size());
-        for (int r = 0; r < rows; ++r) {
-          double ss = 0;
-          for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
-          const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
-          for (int i = 0; i < dim; ++i) want[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * w.values[i]);
-        }
-        const std::string name = std::string(BackendName(b)) + " rows=" + std::to_string(rows) +
-                                 " dim=" + std::to_string(dim) + " " + std::string(DTypeName(t));
-        // fp32 sum of squares and rsqrt: 2e-6 relative (outputs up to ~1.5 * sqrt(3)).
-        ExpectClose(RunRmsNorm(b, x, w, t, rows, dim, false), want, 1e-6, 2e-6, name);
-        ExpectClose(RunRmsNorm(b, x, w, t, rows, dim, true), want, 1e-6, 2e-6, name + " in place");
+  for (auto [rows, dim] : {std::pair{1, 1}, {3, 64}, {7, 128}, {2, 4096}, {33, 100}}) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const auto x = RandomVector(static_cast<size_t>(rows) * dim, seed++, -3, 3);
+      const auto w = ToTyped(t, RandomVector(dim, seed++, 0.5f, 1.5f));
+      std::vector<float> want(x.size());
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+        const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+        for (int i = 0; i < dim; ++i) want[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * w.values[i]);
       }
+      const std::string name = std::string(BackendName(b)) + " rows=" + std::to_string(rows) +
+                               " dim=" + std::to_string(dim) + " " + std::string(DTypeName(t));
+      // fp32 sum of squares and rsqrt: 2e-6 relative (outputs up to ~1.5 * sqrt(3)).
+      ExpectClose(RunRmsNorm(b, x, w, t, rows, dim, false), want, 1e-6, 2e-6, name);
+      ExpectClose(RunRmsNorm(b, x, w, t, rows, dim, true), want, 1e-6, 2e-6, name + " in place");
     }
   }
 }
@@ -156,35 +158,37 @@ std::vector<float> RunRope(Backend backend, const std::vector<float>& x, const s
   return testing::Download<float>(dx, x.size());
 }
 
-TEST(RopeTest, RotateHalfMatchesNaiveOnEveryBackend) {
-  for (Backend b : testing::BackendsPresent()) {
-    for (auto [heads, head_dim, rotary_dim] : {std::tuple{1, 2, 2}, {4, 64, 64}, {8, 128, 128},
-                                               {3, 128, 64}, {2, 80, 32}}) {
-      RopeConfig c;
-      c.rotary_dim = rotary_dim;
-      c.theta = 500000.0;
-      const auto inv = ComputeRopeInvFreq(c);
-      const std::vector<int> pos = {0, 1, 7, 4095, 131071};
-      const auto x = RandomVector(pos.size() * heads * head_dim, 77);
-      std::vector<float> want = x;
-      const int half = rotary_dim / 2;
-      for (size_t t = 0; t < pos.size(); ++t) {
-        for (int h = 0; h < heads; ++h) {
-          float* v = &want[(t * heads + h) * head_dim];
-          const float* src = &x[(t * heads + h) * head_dim];
-          for (int i = 0; i < rotary_dim; ++i) {
-            // HF: emb = cat(freqs, freqs); x * cos(emb) + rotate_half(x) * sin(emb).
-            const double a = static_cast<double>(static_cast<float>(pos[t]) * inv[i % half]);
-            const double rot = i < half ? -src[i + half] : src[i - half];
-            v[i] = static_cast<float>(src[i] * std::cos(a) + rot * std::sin(a));
-          }
+class RopeOnBackend : public testing::BackendTest {};
+ICE_INSTANTIATE_ON_BACKENDS(RopeOnBackend);
+
+TEST_P(RopeOnBackend, RotateHalfMatchesNaive) {
+  const Backend b = GetParam();
+  for (auto [heads, head_dim, rotary_dim] : {std::tuple{1, 2, 2}, {4, 64, 64}, {8, 128, 128},
+                                             {3, 128, 64}, {2, 80, 32}}) {
+    RopeConfig c;
+    c.rotary_dim = rotary_dim;
+    c.theta = 500000.0;
+    const auto inv = ComputeRopeInvFreq(c);
+    const std::vector<int> pos = {0, 1, 7, 4095, 131071};
+    const auto x = RandomVector(pos.size() * heads * head_dim, 77);
+    std::vector<float> want = x;
+    const int half = rotary_dim / 2;
+    for (size_t t = 0; t < pos.size(); ++t) {
+      for (int h = 0; h < heads; ++h) {
+        float* v = &want[(t * heads + h) * head_dim];
+        const float* src = &x[(t * heads + h) * head_dim];
+        for (int i = 0; i < rotary_dim; ++i) {
+          // HF: emb = cat(freqs, freqs); x * cos(emb) + rotate_half(x) * sin(emb).
+          const double a = static_cast<double>(static_cast<float>(pos[t]) * inv[i % half]);
+          const double rot = i < half ? -src[i + half] : src[i - half];
+          v[i] = static_cast<float>(src[i] * std::cos(a) + rot * std::sin(a));
         }
       }
-      // Angles up to ~1.3e5 rad: fp32 cos/sin of the same fp32 angle agree to ~1e-6.
-      ExpectClose(RunRope(b, x, pos, inv, heads, head_dim, rotary_dim), want, 3e-6, 1e-6,
-                  std::string(BackendName(b)) + " rope d=" + std::to_string(head_dim) +
-                      " rot=" + std::to_string(rotary_dim));
     }
+    // Angles up to ~1.3e5 rad: fp32 cos/sin of the same fp32 angle agree to ~1e-6.
+    ExpectClose(RunRope(b, x, pos, inv, heads, head_dim, rotary_dim), want, 3e-6, 1e-6,
+                std::string(BackendName(b)) + " rope d=" + std::to_string(head_dim) +
+                    " rot=" + std::to_string(rotary_dim));
   }
 }
 
@@ -198,57 +202,61 @@ TEST(RopeTest, RejectsOddRotaryDim) {
 
 // --- SwiGLU, Add, Embedding ------------------------------------------------------------------
 
-TEST(ElementwiseTest, SwiGluAndAddMatchNaiveOnEveryBackend) {
-  for (Backend b : testing::BackendsPresent()) {
-    for (long n : {1L, 15L, 14336L, 100003L}) {
-      const auto g = RandomVector(n, 1, -8, 8), u = RandomVector(n, 2);
-      std::vector<float> want_swiglu(n), want_add(n);
-      for (long i = 0; i < n; ++i) {
-        want_swiglu[i] = static_cast<float>(g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i]);
-        want_add[i] = u[i] + g[i];
-      }
-      auto dg = testing::Upload(b, g), du = testing::Upload(b, u);
-      ASSERT_TRUE(SwiGlu({dg.as<float>(), du.as<float>(), dg.as<float>(), n}, b).ok());  // out aliases gate
-      // expf vs exp: 2 ulp-ish, 1e-6 relative.
-      ExpectClose(testing::Download<float>(dg, n), want_swiglu, 1e-7, 2e-6,
-                  std::string(BackendName(b)) + " swiglu n=" + std::to_string(n));
-      auto dy = testing::Upload(b, u), dx = testing::Upload(b, g);
-      ASSERT_TRUE(Add({dy.as<float>(), dx.as<float>(), n}, b).ok());
-      ExpectClose(testing::Download<float>(dy, n), want_add, 0, 0, "add");  // exact
+class ElementwiseOnBackend : public testing::BackendTest {};
+ICE_INSTANTIATE_ON_BACKENDS(ElementwiseOnBackend);
+
+TEST_P(ElementwiseOnBackend, SwiGluAndAddMatchNaive) {
+  const Backend b = GetParam();
+  for (long n : {1L, 15L, 14336L, 100003L}) {
+    const auto g = RandomVector(n, 1, -8, 8), u = RandomVector(n, 2);
+    std::vector<float> want_swiglu(n), want_add(n);
+    for (long i = 0; i < n; ++i) {
+      want_swiglu[i] = static_cast<float>(g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i]);
+      want_add[i] = u[i] + g[i];
     }
+    auto dg = testing::Upload(b, g), du = testing::Upload(b, u);
+    ASSERT_TRUE(SwiGlu({dg.as<float>(), du.as<float>(), dg.as<float>(), n}, b).ok());  // out aliases gate
+    // expf vs exp: 2 ulp-ish, 1e-6 relative.
+    ExpectClose(testing::Download<float>(dg, n), want_swiglu, 1e-7, 2e-6,
+                std::string(BackendName(b)) + " swiglu n=" + std::to_string(n));
+    auto dy = testing::Upload(b, u), dx = testing::Upload(b, g);
+    ASSERT_TRUE(Add({dy.as<float>(), dx.as<float>(), n}, b).ok());
+    ExpectClose(testing::Download<float>(dy, n), want_add, 0, 0, "add");  // exact
   }
 }
 
-TEST(EmbeddingTest, GathersRowsOnEveryBackend) {
-  for (Backend b : testing::BackendsPresent()) {
-    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-      const int vocab = 1000, dim = 67;
-      const auto table = ToTyped(t, RandomVector(static_cast<size_t>(vocab) * dim, 3));
-      const std::vector<int32_t> ids = {0, 999, 5, 5, 123};
-      std::vector<float> want;
-      for (int id : ids) want.insert(want.end(), &table.values[id * dim], &table.values[(id + 1) * dim]);
-      auto dids = testing::Upload(b, ids);
-      auto dtab = testing::Upload(b, table.bytes);
-      auto dout = testing::Upload(b, std::vector<float>(want.size()));
-      EmbeddingParams p;
-      p.ids = dids.as<int32_t>();
-      p.table = dtab.data();
-      p.table_dtype = t;
-      p.out = dout.as<float>();
-      p.n = static_cast<int>(ids.size());
-      p.vocab = vocab;
-      p.dim = dim;
-      ASSERT_TRUE(Embedding(p, b).ok());
-      ExpectClose(testing::Download<float>(dout, want.size()), want, 0, 0, "embedding");  // exact
+class EmbeddingOnBackend : public testing::BackendTest {};
+ICE_INSTANTIATE_ON_BACKENDS(EmbeddingOnBackend);
 
-      const std::vector<int32_t> bad = {1, 1000};
-      auto dbad = testing::Upload(b, bad);
-      p.ids = dbad.as<int32_t>();
-      p.n = 2;
-      const Status s = Embedding(p, b);
-      EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
-      EXPECT_NE(s.message().find("1000"), std::string::npos) << s.message();
-    }
+TEST_P(EmbeddingOnBackend, GathersRowsAndChecksIds) {
+  const Backend b = GetParam();
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const int vocab = 1000, dim = 67;
+    const auto table = ToTyped(t, RandomVector(static_cast<size_t>(vocab) * dim, 3));
+    const std::vector<int32_t> ids = {0, 999, 5, 5, 123};
+    std::vector<float> want;
+    for (int id : ids) want.insert(want.end(), &table.values[id * dim], &table.values[(id + 1) * dim]);
+    auto dids = testing::Upload(b, ids);
+    auto dtab = testing::Upload(b, table.bytes);
+    auto dout = testing::Upload(b, std::vector<float>(want.size()));
+    EmbeddingParams p;
+    p.ids = dids.as<int32_t>();
+    p.table = dtab.data();
+    p.table_dtype = t;
+    p.out = dout.as<float>();
+    p.n = static_cast<int>(ids.size());
+    p.vocab = vocab;
+    p.dim = dim;
+    ASSERT_TRUE(Embedding(p, b).ok());
+    ExpectClose(testing::Download<float>(dout, want.size()), want, 0, 0, "embedding");  // exact
+
+    const std::vector<int32_t> bad = {1, 1000};
+    auto dbad = testing::Upload(b, bad);
+    p.ids = dbad.as<int32_t>();
+    p.n = 2;
+    const Status s = Embedding(p, b);
+    EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
+    EXPECT_NE(s.message().find("1000"), std::string::npos) << s.message();
   }
 }
 

@@ -86,10 +86,23 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
                     << want[worst] << " (atol " << atol << ", rtol " << rtol << ")";
 }
 
-inline std::vector<Backend> BackendsPresent() {
-  std::vector<Backend> b = {Backend::kCpu};
-  if (CudaAvailable()) b.push_back(Backend::kCuda);
-  return b;
+// Fixture of tests that run once per backend (checked against a naive reference each time). The
+// CUDA instance skips with kNoCudaMessage when no device is usable.
+class BackendTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kCuda && !CudaAvailable()) GTEST_SKIP() << kNoCudaMessage;
+  }
+};
+
+inline std::string BackendParamName(const ::testing::TestParamInfo<Backend>& info) {
+  return std::string(BackendName(info.param));
 }
+
+#define ICE_INSTANTIATE_ON_BACKENDS(suite)                                              \
+  INSTANTIATE_TEST_SUITE_P(Backends, suite,                                             \
+                           ::testing::Values(::icecache::kernels::Backend::kCpu,        \
+                                             ::icecache::kernels::Backend::kCuda),      \
+                           ::icecache::kernels::testing::BackendParamName)
 
 }  // namespace icecache::kernels::testing
