@@ -28,9 +28,9 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // Loads `path` (a tokenizer.json). If a tokenizer_config.json sits beside it, its chat template
-  // (Llama-3 or ChatML, recognised from the template text), bos/eos tokens and add_bos_token are
-  // read too. Errors name the file and the problem (INVALID_ARGUMENT for malformed or unsupported
+  // Loads `path` (a tokenizer.json, or a directory holding one). If a tokenizer_config.json sits
+  // beside it, its chat template (Llama-3 or ChatML, recognised from the template text), bos/eos
+  // tokens and add_bos_token are read too. Errors name the file and the problem (INVALID_ARGUMENT for malformed or unsupported
   // content, NOT_FOUND for a missing file).
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 

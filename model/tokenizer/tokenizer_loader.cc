@@ -237,7 +237,11 @@ Status TokenizerLoader::ParseConfig(const Json& config, const Json* generation_c
   return Status::Ok();
 }
 
-StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Load(const std::string& path) {
+StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Load(const std::string& path_or_dir) {
+  std::error_code dir_ec;
+  const std::string path = std::filesystem::is_directory(path_or_dir, dir_ec)
+                               ? (std::filesystem::path(path_or_dir) / "tokenizer.json").string()
+                               : path_or_dir;
   ICE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   Json j;
   BpeData data;

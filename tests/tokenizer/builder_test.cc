@@ -61,8 +61,8 @@ TEST(BuilderTest, RoundTripsThroughLoad) {
   EXPECT_EQ(json["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
 
   auto dir = testing::TestDir();
-  auto path = testing::WriteFile(dir / "tokenizer.json", *text);
-  auto tok = Tokenizer::Load(path);
+  testing::WriteFile(dir / "tokenizer.json", *text);
+  auto tok = Tokenizer::Load(dir.string());  // a directory holding tokenizer.json
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   EXPECT_EQ((*tok)->vocab_size(), 322);
   EXPECT_EQ((*tok)->TokenToId("<|begin_of_text|>"), 320);
