@@ -24,13 +24,13 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_RE = regex.compile(LLAMA3_SPLIT)
 
-VOCAB_SIZE = 512
+VOCAB_SIZE = 1024
 NUM_SPECIAL = 4
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|reserved_0|>"]
-BOS_ID = VOCAB_SIZE - NUM_SPECIAL          # 508
-EOS_ID = BOS_ID + 1                        # 509
-PAD_ID = BOS_ID + 2                        # 510
-NUM_REGULAR = VOCAB_SIZE - NUM_SPECIAL     # 256 bytes + 252 merges
+BOS_ID = VOCAB_SIZE - NUM_SPECIAL          # 1020
+EOS_ID = BOS_ID + 1                        # 1021
+PAD_ID = BOS_ID + 2                        # 1022
+NUM_REGULAR = VOCAB_SIZE - NUM_SPECIAL     # 256 bytes + up to 764 merges
 
 
 def bytes_to_unicode():
@@ -244,6 +244,7 @@ class Sample:
     def __init__(self, ids, weights, answers, jump_lo, jump_hi, meta):
         self.ids, self.weights, self.answers = ids, weights, answers
         self.jump_lo, self.jump_hi, self.meta = jump_lo, jump_hi, meta
+        self.copy_spans = []
 
 
 class Builder:
@@ -371,7 +372,7 @@ def make_ar(tok, rng, ctx_len, n_questions=8, lm_w=0.1):
     for k in keys:
         v = rand_number(rng, 2, 4)
         p = tok.encode((" " if pairs else "") + k + "=" + v + ",")
-        if len(b.ids) + len(p) + 20 * n_questions > ctx_len:
+        if len(b.ids) + len(p) + 7 * n_questions + 4 > ctx_len:
             break
         st = len(b.ids)
         b.add(p, lm_w)
@@ -389,6 +390,29 @@ def make_ar(tok, rng, ctx_len, n_questions=8, lm_w=0.1):
         b.add(tok.encode(","), lm_w)
     return Sample(b.ids, b.w, b.answers, jump_lo, jump_hi,
                   {"task": "ar", "n_pairs": len(pairs)})
+
+
+def make_copy(tok, rng, ctx_len, lm_w=0.1):
+    """Induction bootstrap: a random run of words and numbers, then "Again:" and the same run.
+    The repeat is returned as `copy` spans (trained with its own loss term), not as answers."""
+    words = NOUNS + ADJS + NAMES
+    b = Builder()
+    b.add(tok.encode("Copy this."), lm_w)
+    seg = []
+    n = rng.randint(16, max(17, (ctx_len - 8) // 2 - 8))
+    while len(seg) < n:
+        if rng.random() < 0.4:
+            seg.extend(tok.encode(" " + rand_number(rng, 1, 6)))
+        else:
+            seg.extend(tok.encode(" " + rng.choice(words)))
+    b.add(seg, 0.0)
+    jump_lo = jump_hi = len(b.ids)
+    b.add(tok.encode("\nAgain:"), lm_w)
+    st = len(b.ids)
+    b.add(seg, 0.0)
+    s = Sample(b.ids, b.w, [], jump_lo, jump_hi, {"task": "copy"})
+    s.copy_spans = [(st, len(b.ids))]
+    return s
 
 
 # ----------------------------------------------------------------------------------------------
