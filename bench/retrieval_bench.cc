@@ -100,7 +100,9 @@ void Usage() {
                "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q]\n"
                "  [--page-size 16] [--budget-pages 16] [--sink-pages 2] [--window-pages 2] [--dtype f32|bf16|f16]\n"
                "  [--fov-min 30] [--fov-fraction 1.5e-3] [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
-               "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--insert-tokens 4096] [--no-faiss]\n"
+               "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
+               "  [--tuned (DciParams::Tuned(); give it before other tree options)] [--norm-headroom 1.0] [--dci-candidates 64]\n"
+               "  [--insert-tokens 4096] [--no-faiss]\n"
                "  [--json] [--dump-selection FILE]\n");
 }
 
@@ -110,6 +112,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     auto val = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (k == "--json") { a->json = true; continue; }
     if (k == "--no-faiss") { a->faiss = false; continue; }
+    if (k == "--exhaustive-upper") { a->dci.exhaustive_upper = true; continue; }
+    if (k == "--tuned") { a->dci = DciParams::Tuned(); continue; }
     if (k == "--help" || k == "-h") return false;
     const char* v = val();
     if (v == nullptr) { std::fprintf(stderr, "retrieval: %s needs a value\n", k.c_str()); return false; }
@@ -133,6 +137,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--exact-parent-max") a->dci.exact_parent_max_nodes = std::atoi(v);
     else if (k == "--simple") a->dci.num_simple = std::atoi(v);
     else if (k == "--composite") a->dci.num_composite = std::atoi(v);
+    else if (k == "--dci-candidates") a->dci.dci_parent_candidates = std::atoi(v);
+    else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else { std::fprintf(stderr, "retrieval: unknown option %s\n", k.c_str()); return false; }
   }
   return true;
@@ -242,7 +248,7 @@ int RunRetrieval(int argc, char** argv) {
 
   Retriever sparse(RetrievalPolicy{a.budget, RetrievalMode::kSparse});
   Retriever oracle(RetrievalPolicy{a.budget, RetrievalMode::kOracle});
-  std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us;
+  std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us, oracle_cpu_us;
   // The exact baseline scans the same keys stored in the same element type, contiguously.
   std::vector<uint8_t> stored(keys.size() * kernels::DTypeSize(dtype));
   kvstore::RowFromF32(dtype, keys.data(), stored.data(), static_cast<int>(keys.size()));
@@ -264,7 +270,9 @@ int RunRetrieval(int argc, char** argv) {
     query_cpu_us.push_back(ThreadCpuUs() - ac);
     query_us.push_back(Us(a0, Clock::now()));
     if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+    double oc = ThreadCpuUs();
     (void)oracle.Select({seq.get()}, 0, q, 1, &best);
+    oracle_cpu_us.push_back(ThreadCpuUs() - oc);
     {
       std::vector<kvstore::ScoredLeaf> tmp;
       kvstore::QueryStats st;
@@ -338,11 +346,13 @@ int RunRetrieval(int argc, char** argv) {
       {"mass_recall", mass}, {"oracle_mass_recall", oracle_mass}, {"page_recall", page_recall},
       {"query_us_median", qmed}, {"exact_us_median", emed}, {"query_over_exact", emed > 0 ? qmed / emed : 0},
       {"query_cpu_us_median", qcpu}, {"exact_cpu_us_median", ecpu}, {"query_over_exact_cpu", ecpu > 0 ? qcpu / ecpu : 0},
+      {"oracle_cpu_us_median", Median(oracle_cpu_us)},
       {"build_ms", build_ms}, {"build_cpu_ms", build_cpu_ms}, {"insert_us_per_token", insert_us},
       {"insert_cpu_us_per_token", insert_cpu_us},
       {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction},
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
+                  {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
                   {"L", a.dci.num_composite}}}};
 
 #ifdef ICECACHE_HAVE_FAISS

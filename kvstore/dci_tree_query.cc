@@ -25,6 +25,7 @@ class DciTree::Scratch {
   std::vector<int32_t> touched;
   std::vector<float> scores;
   std::vector<int32_t> order;
+  std::vector<float> upper_scores;
   QueryStats stats;
   std::vector<std::pair<float, int32_t>> cand, next;  // (score, node)
 };
@@ -114,10 +115,23 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   const float qproj = qn > 0 ? DotF32(directions_.data(), q, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
   const int64_t fov = std::max<int64_t>(params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * size())));
   const int top = num_levels() - 1;
-  ScoreCell(0, q, qproj, 1.0, s, top >= 1);
-  for (int lvl = top; lvl >= 1; --lvl) {
-    std::swap(s->cand, s->next);
-    s->next.clear();
+  if (params_.exhaustive_upper && top >= 1) {
+    // Every upper node is scored from the contiguous fp32 copy of its level's keys (no page
+    // walking); the fov best level-1 nodes then have their cells expanded.
+    for (int lvl = 1; lvl <= top; ++lvl) {
+      const auto& nodes = level_nodes_[lvl];
+      const int cnt = static_cast<int>(nodes.size());
+      if (cnt == 0) continue;
+      s->upper_scores.resize(cnt);
+      ScoreRows(kernels::DType::kF32, level_keys_[lvl].data(), cnt, dim_, q, s->upper_scores.data());
+      s->stats.tokens_scored += cnt;
+      for (int i = 0; i < cnt; ++i) {
+        const int32_t leaf = tok_leaf_[nodes[i]];
+        if (s->leaf_best[leaf] == -INFINITY) s->touched.push_back(leaf);
+        s->leaf_best[leaf] = std::max(s->leaf_best[leaf], s->upper_scores[i]);
+        if (lvl == 1) s->cand.emplace_back(s->upper_scores[i], nodes[i]);
+      }
+    }
     if (static_cast<int64_t>(s->cand.size()) > fov) {
       std::nth_element(s->cand.begin(), s->cand.begin() + fov, s->cand.end(),
                        [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -125,7 +139,22 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
     }
     for (const auto& [score, node] : s->cand) {
       const int32_t c = node_cell_[node];
-      if (c >= 0) ScoreCell(c, q, qproj, params_.cell_score_fraction, s, lvl - 1 >= 1);
+      if (c >= 0) ScoreCell(c, q, qproj, params_.cell_score_fraction, s, false);
+    }
+  } else {
+    ScoreCell(0, q, qproj, 1.0, s, top >= 1);
+    for (int lvl = top; lvl >= 1; --lvl) {
+      std::swap(s->cand, s->next);
+      s->next.clear();
+      if (static_cast<int64_t>(s->cand.size()) > fov) {
+        std::nth_element(s->cand.begin(), s->cand.begin() + fov, s->cand.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        s->cand.resize(fov);
+      }
+      for (const auto& [score, node] : s->cand) {
+        const int32_t c = node_cell_[node];
+        if (c >= 0) ScoreCell(c, q, qproj, params_.cell_score_fraction, s, lvl - 1 >= 1);
+      }
     }
   }
   TopLeaves(s->touched, s->leaf_best, k, out);

@@ -78,9 +78,49 @@ float DotRow(const void* rows, size_t off, const float* q, int dim) {
   return s;
 }
 
+#if defined(__AVX512F__)
+template <DType T>
+inline __m512 Load16(const void* rows, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(rows) + i);
+  } else if constexpr (T == DType::kBF16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(rows) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(rows) + i)));
+  }
+}
+#endif
+
 template <DType T>
 void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out) {
   int r = 0;
+#if defined(__AVX512F__)
+  if (dim % 16 == 0) {
+    for (; r + 4 <= count; r += 4) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      const size_t b = static_cast<size_t>(r) * dim;
+      for (int i = 0; i < dim; i += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + i);
+        a0 = _mm512_fmadd_ps(Load16<T>(rows, b + i), qv, a0);
+        a1 = _mm512_fmadd_ps(Load16<T>(rows, b + dim + i), qv, a1);
+        a2 = _mm512_fmadd_ps(Load16<T>(rows, b + 2 * dim + i), qv, a2);
+        a3 = _mm512_fmadd_ps(Load16<T>(rows, b + 3 * dim + i), qv, a3);
+      }
+      out[r] = _mm512_reduce_add_ps(a0);
+      out[r + 1] = _mm512_reduce_add_ps(a1);
+      out[r + 2] = _mm512_reduce_add_ps(a2);
+      out[r + 3] = _mm512_reduce_add_ps(a3);
+    }
+    for (; r < count; ++r) {
+      __m512 a0 = _mm512_setzero_ps();
+      const size_t b = static_cast<size_t>(r) * dim;
+      for (int i = 0; i < dim; i += 16) a0 = _mm512_fmadd_ps(Load16<T>(rows, b + i), _mm512_loadu_ps(q + i), a0);
+      out[r] = _mm512_reduce_add_ps(a0);
+    }
+    return;
+  }
+#endif
 #if ICE_KV_AVX2
   if (dim % 8 == 0) {
     // Four rows at a time: the query chunk is loaded once per four rows.

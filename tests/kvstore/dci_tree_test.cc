@@ -216,6 +216,26 @@ TEST(DciTreeTest, QueryWithFullFieldOfViewIsExact) {
   }
 }
 
+TEST(DciTreeTest, ExhaustiveUpperWithFullFieldOfViewIsExact) {
+  const int dim = 32, n = 3000;
+  auto pool = MakePool(dim, 1000);
+  auto data = MakeSyntheticData(n, dim, 10);
+  DciParams p = DciParams::Tuned();
+  p.fov_fraction = 1.0;
+  const float *kp, *vp;
+  auto tree = DciTree::Build(p, pool.get(), 1, Block(data.keys, data.values, 0, 0, n, dim, &kp, &vp)).value();
+  std::vector<ScoredLeaf> a, b;
+  QueryStats st;
+  for (int j = 0; j < data.num_queries; ++j) {
+    const float* q = data.queries.data() + static_cast<size_t>(j) * dim;
+    tree->Query(q, 10, &a, &st);
+    tree->Oracle(q, 10, &b);
+    EXPECT_EQ(st.tokens_scored, n);  // every token once: upper nodes from the fp32 copy, the rest from pages
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t r = 0; r < a.size(); ++r) EXPECT_EQ(a[r].leaf, b[r].leaf);
+  }
+}
+
 TEST(DciTreeTest, DefaultQueryReturnsDistinctRankedLeaves) {
   const int dim = 64, n = 8000;
   auto pool = MakePool(dim, 2000, kernels::DType::kBF16);

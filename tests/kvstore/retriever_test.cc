@@ -184,8 +184,18 @@ TEST(RetrieverTest, IceReuseFollowersShareLeaderLeaves) {
   }
 }
 
-// Retrieval quality on synthetic data with realistic structure (see kvstore/synthetic_keys.h).
-TEST(RetrieverTest, RecallOnStructuredSyntheticKeys) {
+// Retrieval quality on synthetic data with realistic structure (see kvstore/synthetic_keys.h),
+// with the reference defaults and with the tuned parameters of docs/kvstore.md.
+struct RecallCase {
+  const char* name;
+  bool tuned;
+  double min_page_recall, min_mass_recall;
+};
+
+class RecallTest : public ::testing::TestWithParam<RecallCase> {};
+
+TEST_P(RecallTest, RecallOnStructuredSyntheticKeys) {
+  const RecallCase rc = GetParam();
   const int dim = 64, n = 16384, nqueries = 40;
   auto pool = MakePool(dim, 2000, kernels::DType::kBF16);
   SyntheticData data = MakeSyntheticData(n, dim, nqueries);
@@ -195,6 +205,7 @@ TEST(RetrieverTest, RecallOnStructuredSyntheticKeys) {
   o.num_layers = 1;
   o.num_kv_heads = 1;
   o.dense_layers = 0;
+  if (rc.tuned) o.dci = DciParams::Tuned();
   auto seq = SequenceCache::Create(o, pool.get()).value();
   ASSERT_TRUE(seq->Build(&kp, &vp, n).ok());
   Retriever sparse(RetrievalPolicy{16, RetrievalMode::kSparse});
@@ -242,11 +253,18 @@ TEST(RetrieverTest, RecallOnStructuredSyntheticKeys) {
   }
   page_recall /= nqueries;
   mass_recall /= nqueries;
-  std::printf("synthetic n=%d d=%d: top-page recall %.3f, attention-mass recall %.3f\n", n, dim, page_recall, mass_recall);
-  // Measured 0.76 / 0.76 with the defaults (see docs/kvstore.md); bounds leave margin.
-  EXPECT_GE(page_recall, 0.65);
-  EXPECT_GE(mass_recall, 0.65);
+  std::printf("%s: synthetic n=%d d=%d: top-page recall %.3f, attention-mass recall %.3f\n", rc.name, n, dim, page_recall,
+              mass_recall);
+  EXPECT_GE(page_recall, rc.min_page_recall);
+  EXPECT_GE(mass_recall, rc.min_mass_recall);
 }
+
+// Bounds: measured values (printed above; docs/bench_kvstore.md) minus a margin for platforms.
+// Measured (page / mass): defaults 0.758 / 0.757; tuned 0.840 / 0.884.
+INSTANTIATE_TEST_SUITE_P(Params, RecallTest,
+                         ::testing::Values(RecallCase{"defaults", false, 0.65, 0.65},
+                                           RecallCase{"tuned", true, 0.75, 0.80}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace icecache::kvstore
