@@ -1,5 +1,7 @@
 #include "decode_worker/decode_engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "common/logging.h"
@@ -34,6 +36,15 @@ void TokenStream::Push(DecodeUpdate update) {
   }
   cv_.notify_all();
 }
+
+namespace {
+DecodeUpdate ShutdownUpdate() {
+  DecodeUpdate u;
+  u.done = true;
+  u.status = UnavailableError("decode worker shut down");
+  return u;
+}
+}  // namespace
 
 struct DecodeEngine::Reservation {
   uint64_t id = 0;
@@ -86,10 +97,10 @@ DecodeEngine::~DecodeEngine() {
   thread_.join();
   for (auto& [id, r] : running_) {
     backend_->RemoveSequence(id).IgnoreError();
-    r->stream->Push(DecodeUpdate{{}, true, model::FinishReason::kNone, UnavailableError("decode worker shut down")});
+    r->stream->Push(ShutdownUpdate());
   }
   for (auto& r : joining_) {
-    r->stream->Push(DecodeUpdate{{}, true, model::FinishReason::kNone, UnavailableError("decode worker shut down")});
+    r->stream->Push(ShutdownUpdate());
   }
   running_.clear();
   joining_.clear();
@@ -304,6 +315,7 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
 }
 
 void DecodeEngine::Loop() {
+  if (options_.threads > 0) omp_set_num_threads(options_.threads);  // this thread's parallel regions
   auto last_expiry = Clock::now();
   for (;;) {
     std::deque<std::unique_ptr<Running>> joining;
@@ -382,7 +394,9 @@ void DecodeEngine::Step() {
     r.generated.push_back(*token);
     r.last = *token;
     ++produced;
-    r.stream->Push(DecodeUpdate{{*token}});
+    DecodeUpdate update;
+    update.tokens.push_back(*token);
+    r.stream->Push(std::move(update));
     const auto& sp = r.params.sampling;
     bool stop = std::find(sp.stop_ids.begin(), sp.stop_ids.end(), *token) != sp.stop_ids.end();
     if (!sp.ignore_eos) {

@@ -37,6 +37,7 @@ struct DecodeEngineOptions {
   int64_t pool_pages = 16384;
   int max_sequences = 64;
   double reservation_timeout_seconds = 120;
+  int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
 };
 
 struct DecodeParams {

@@ -193,6 +193,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
                        transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
   DecodeEngineOptions eo;
   eo.page_size = config.cache.page_size;
+  eo.threads = config.decode.threads;
   eo.pool_pages = config.decode.pool_pages;
   eo.max_sequences = config.decode.max_sequences;
   eo.reservation_timeout_seconds = std::max(60.0, 4 * config.ucx.transfer_timeout_seconds);

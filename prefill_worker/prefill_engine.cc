@@ -1,5 +1,7 @@
 #include "prefill_worker/prefill_engine.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <future>
 #include <unordered_map>
@@ -165,6 +167,7 @@ StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
 }
 
 void PrefillEngine::EngineLoop() {
+  if (options_.threads > 0) omp_set_num_threads(options_.threads);  // this thread's parallel regions
   for (;;) {
     std::vector<std::shared_ptr<Pending>> batch;
     {

@@ -43,6 +43,7 @@ struct PrefillEngineOptions {
   int max_batch_tokens = 16384;  // prompts batched into one forward pass up to this many tokens
   double transfer_timeout_seconds = 30;
   int ship_threads = 1;          // tree build + shipping workers
+  int threads = 0;               // OpenMP threads of the forward pass (0 = OpenMP's default)
 };
 
 struct PrefillJob {

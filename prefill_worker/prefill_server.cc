@@ -112,6 +112,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
                        transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
   PrefillEngineOptions eo;
   eo.page_size = config.cache.page_size;
+  eo.threads = config.prefill.threads;
   eo.dense_layers = config.cache.dense_layers;
   eo.sink_pages = config.cache.sink_pages;
   eo.window_pages = config.cache.window_pages;

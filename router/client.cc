@@ -1,6 +1,7 @@
 #include "router/client.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "icecache/v1/generation.grpc.pb.h"
 #include "proto/grpc_util.h"
@@ -68,6 +69,41 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
     }
   }
   return cluster::FromGrpc(reader->Finish());
+}
+
+}  // namespace icecache::router
+
+namespace icecache::router {
+
+int PrintRemoteGeneration(const RemoteGenerateOptions& options, bool print_ids) {
+  std::vector<int32_t> ids;
+  RemoteChunk last;
+  std::string worker;
+  Status s = RunRemoteGenerate(options, [&](const RemoteChunk& c) {
+    if (!c.decode_worker.empty()) worker = c.decode_worker;
+    ids.insert(ids.end(), c.token_ids.begin(), c.token_ids.end());
+    if (!print_ids && !c.text.empty()) {
+      std::fwrite(c.text.data(), 1, c.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (c.last) last = c;
+    return true;
+  });
+  if (!s.ok()) {
+    std::fprintf(stderr, "\nicecache generate: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (print_ids) {
+    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? ",%d" : "%d", ids[i]);
+  }
+  std::printf("\n");
+  std::fprintf(stderr,
+               "[%d prompt tokens, %d generated, finish: %s; TTFT %.3f s (prefill %.3f, tree %.3f, transfer %.3f), "
+               "TPOT %.2f ms, %lld pages fetched; decode worker %s]\n",
+               last.prompt_tokens, last.completion_tokens, last.finish_reason.c_str(), last.ttft_seconds,
+               last.prefill_compute_seconds, last.tree_build_seconds, last.transfer_seconds, last.tpot_seconds * 1e3,
+               static_cast<long long>(last.pages_fetched), worker.c_str());
+  return 0;
 }
 
 }  // namespace icecache::router

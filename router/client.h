@@ -51,3 +51,12 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& options, const std::functi
 Status CheckHealth(const std::string& address, const std::string& service, double timeout_seconds);
 
 }  // namespace icecache::router
+
+namespace icecache::router {
+
+// The body of `icecache generate --router HOST:PORT`: streams text to stdout (or, with
+// print_ids, the token ids comma-separated at the end), then a one-line summary with usage and
+// timing to stderr. Returns the process exit code (0 ok, 1 error).
+int PrintRemoteGeneration(const RemoteGenerateOptions& options, bool print_ids);
+
+}  // namespace icecache::router

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
@@ -43,8 +44,13 @@ struct LoopbackCluster {
       spec.dtype = kernels::DType::kF32;
       spec.seed = 7;
       spec.write_tokenizer = with_tokenizer;
-      Status s = model::WriteRandomCheckpoint(dir, spec);
+      // ctest runs test cases as parallel processes: write aside, then rename into place.
+      std::string tmp = dir + ".tmp." + std::to_string(getpid());
+      Status s = model::WriteRandomCheckpoint(tmp, spec);
       EXPECT_TRUE(s.ok()) << s.ToString();
+      std::error_code ec;
+      std::filesystem::rename(tmp, dir, ec);
+      if (ec) std::filesystem::remove_all(tmp);  // another process got there first
     }
     auto& cfg = c->config;
     cfg.model.dir = dir;
