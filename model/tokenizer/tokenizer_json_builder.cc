@@ -138,7 +138,11 @@ StatusOr<std::string> BuildByteLevelBpeTokenizerJson(const ByteLevelBpeSpec& spe
                      {"special", true}});
   }
   Json vocab = Json::object();
-  for (int32_t id = 0; id < n_regular; ++id) vocab[BytesToByteLevel(tokens[id])] = id;
+  // Tokens are unique, so entries are appended without ordered_map's linear duplicate search
+  // (which made large vocabularies quadratic).
+  auto& entries = static_cast<Json::object_t::Container&>(vocab.get_ref<Json::object_t&>());
+  entries.reserve(n_regular);
+  for (int32_t id = 0; id < n_regular; ++id) entries.emplace_back(BytesToByteLevel(tokens[id]), Json(id));
   Json merge_list = Json::array();
   for (auto [a, b] : merges) {
     merge_list.push_back(Json::array({BytesToByteLevel(tokens[a]), BytesToByteLevel(tokens[b])}));
