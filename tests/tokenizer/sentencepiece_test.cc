@@ -202,6 +202,29 @@ TEST(SentencePieceTest, MetaspaceLayout) {
   }
 }
 
+// Streaming through decoders that treat the first token specially (Strip, Metaspace) and through
+// byte-fallback characters: the pieces concatenate to the full decode.
+TEST(SentencePieceTest, IncrementalDecodingMatchesFullDecode) {
+  for (const Json& j : {Llama2Json(), MetaspaceJson()}) {
+    auto tok = LoadJson(j);
+    ASSERT_NE(tok, nullptr);
+    for (std::string text : {"hello world", "  hello   world  ", "h\xC3\xA9llo \xF0\x9F\x98\x80 world",
+                             "</s>hello</s> world"}) {
+      for (bool add_special : {false, true}) {
+        for (bool skip : {false, true}) {
+          auto ids = tok->Encode(text, add_special);
+          ASSERT_TRUE(ids.ok());
+          IncrementalDecoder dec(*tok, skip);
+          std::string streamed;
+          for (int32_t id : *ids) streamed += *dec.Push(id);
+          streamed += dec.Flush();
+          EXPECT_EQ(streamed, *tok->Decode(*ids, skip)) << text << " special " << add_special << " skip " << skip;
+        }
+      }
+    }
+  }
+}
+
 TEST(SentencePieceTest, UnknownCharactersWithoutByteFallback) {
   const std::string euro = "\xE2\x82\xAC";
   Json fused = Llama2Json(/*byte_fallback=*/false, /*fuse_unk=*/true);
