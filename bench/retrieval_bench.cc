@@ -224,6 +224,7 @@ int RunRetrieval(int argc, char** argv) {
   po.head_dim = d;
   po.dtype = dtype;
   po.num_pages = 4 * (static_cast<int64_t>(n) / a.page_size + 64) + 1024;
+  po.zero_fill = true;  // a serving pool is long-lived: first-touch page faults are not part of a build
   auto pool_or = PagePool::Create(po);
   if (!pool_or.ok()) { std::fprintf(stderr, "retrieval: %s\n", pool_or.status().ToString().c_str()); return 1; }
   auto pool = std::move(pool_or).value();

@@ -202,42 +202,63 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
                   const float* row_extra, int nr, int dim, int32_t* best) {
   int i = 0;
 #if defined(__AVX512F__)
-  // Four queries against 32 rows per pass: 2 loads + 4 broadcasts feed 8 FMAs, no horizontal
-  // sums. A ragged tail repeats the last query.
-  alignas(64) float sc[4][32];
-  for (; i < nx; i += 4) {
-    const float* xs[4];
-    float xe[4];
-    for (int t = 0; t < 4; ++t) {
+  // Eight queries against 32 rows per pass: 2 loads + 8 broadcasts feed 16 FMAs, no horizontal
+  // sums; the running arg-max is kept per lane in vectors. A ragged tail repeats the last query.
+  constexpr int kT = 8;
+  alignas(64) float bval[kT][32];
+  alignas(64) int32_t bidx[kT][32];
+  for (; i < nx; i += kT) {
+    const float* xs[kT];
+    float xe[kT];
+    for (int t = 0; t < kT; ++t) {
       const int src = std::min(i + t, nx - 1);
       xs[t] = x + static_cast<size_t>(src) * x_stride;
       xe[t] = x_extra[src];
     }
-    float bs[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int32_t arg[4] = {0, 0, 0, 0};
+    __m512 bv[kT][2];
+    __m512i bi[kT][2];
+    for (int t = 0; t < kT; ++t) {
+      bv[t][0] = bv[t][1] = _mm512_set1_ps(-INFINITY);
+      bi[t][0] = bi[t][1] = _mm512_setzero_si512();
+    }
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int rb = 0; rb < ld; rb += 32) {
-      __m512 a[4][2];
-      for (int t = 0; t < 4; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+      __m512 a[kT][2];
+      for (int t = 0; t < kT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
       const float* r = rows_t + rb;
       for (int j = 0; j < dim; ++j, r += ld) {
         const __m512 r0 = _mm512_loadu_ps(r), r1 = _mm512_loadu_ps(r + 16);
-        for (int t = 0; t < 4; ++t) {
+        for (int t = 0; t < kT; ++t) {
           const __m512 u = _mm512_set1_ps(xs[t][j]);
           a[t][0] = _mm512_fmadd_ps(u, r0, a[t][0]);
           a[t][1] = _mm512_fmadd_ps(u, r1, a[t][1]);
         }
       }
       const __m512 e0 = _mm512_loadu_ps(row_extra + rb), e1 = _mm512_loadu_ps(row_extra + rb + 16);
-      for (int t = 0; t < 4; ++t) {
+      const __m512i i0 = _mm512_add_epi32(lane, _mm512_set1_epi32(rb)), i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
+      for (int t = 0; t < kT; ++t) {
         const __m512 u = _mm512_set1_ps(xe[t]);
-        _mm512_store_ps(sc[t], _mm512_fmadd_ps(u, e0, a[t][0]));
-        _mm512_store_ps(sc[t] + 16, _mm512_fmadd_ps(u, e1, a[t][1]));
-        // -inf extras times a zero x_extra give NaN; the comparison then never selects them.
-        for (int k = 0; k < 32; ++k)
-          if (sc[t][k] > bs[t]) { bs[t] = sc[t][k]; arg[t] = rb + k; }
+        // -inf extras times a zero x_extra give NaN; an ordered compare never selects them.
+        const __m512 s0 = _mm512_fmadd_ps(u, e0, a[t][0]), s1 = _mm512_fmadd_ps(u, e1, a[t][1]);
+        const __mmask16 m0 = _mm512_cmp_ps_mask(s0, bv[t][0], _CMP_GT_OQ);
+        const __mmask16 m1 = _mm512_cmp_ps_mask(s1, bv[t][1], _CMP_GT_OQ);
+        bv[t][0] = _mm512_mask_mov_ps(bv[t][0], m0, s0);
+        bv[t][1] = _mm512_mask_mov_ps(bv[t][1], m1, s1);
+        bi[t][0] = _mm512_mask_mov_epi32(bi[t][0], m0, i0);
+        bi[t][1] = _mm512_mask_mov_epi32(bi[t][1], m1, i1);
       }
     }
-    for (int t = 0; t < 4 && i + t < nx; ++t) best[i + t] = arg[t];
+    for (int t = 0; t < kT && i + t < nx; ++t) {
+      _mm512_store_ps(bval[t], bv[t][0]);
+      _mm512_store_ps(bval[t] + 16, bv[t][1]);
+      _mm512_store_si512(bidx[t], bi[t][0]);
+      _mm512_store_si512(bidx[t] + 16, bi[t][1]);
+      float bs = -INFINITY;
+      int32_t arg = 0;
+      for (int k = 0; k < 32; ++k)
+        if (bval[t][k] > bs || (bval[t][k] == bs && bidx[t][k] < arg)) { bs = bval[t][k]; arg = bidx[t][k]; }
+      best[i + t] = arg;
+    }
   }
 #elif ICE_KV_AVX2
   // Two queries against 32 rows per pass: 4 loads + 2 broadcasts feed 8 FMAs.
