@@ -247,6 +247,7 @@ int RunAttention(int argc, char** argv) {
   }
   if (threads > 0) kernels::SetCpuThreads(threads);
   backend = kernels::ResolveBackend(backend);
+  if (auto probe = DeviceBuffer::Allocate(backend, 64); !probe.ok()) return Fail(probe.status());  // before GiBs of host data
   const int hq = 32, hkv = 8, d = 128;
   const int pages_per_list = static_cast<int>((context + page_size - 1) / page_size);
   const int lists = batch * hkv;
@@ -429,6 +430,7 @@ int RunGemv(int argc, char** argv) {
   if (n <= 0 || k <= 0 || m <= 0) return std::fprintf(stderr, "gemv: sizes must be positive\n"), 2;
   if (threads > 0) kernels::SetCpuThreads(threads);
   backend = kernels::ResolveBackend(backend);
+  if (auto probe = DeviceBuffer::Allocate(backend, 64); !probe.ok()) return Fail(probe.status());
   const size_t welems = static_cast<size_t>(n) * k;
   std::vector<char> w(welems * kernels::DTypeSize(dtype));
   FillRandom(dtype, w.data(), welems, 3);
