@@ -23,11 +23,10 @@ Status CublasStatus(cublasStatus_t s, const char* what) {
   return InternalError(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
 }
 
+// One handle per thread, deliberately never destroyed: destroying it during process teardown can
+// race the CUDA runtime's own shutdown.
 struct CublasHandle {
   cublasHandle_t h = nullptr;
-  ~CublasHandle() {
-    if (h != nullptr) cublasDestroy(h);
-  }
 };
 
 StatusOr<cublasHandle_t> Handle() {
