@@ -358,9 +358,25 @@ void RowFromF32(DType dtype, const float* src, void* dst, int n) {
     case DType::kF32:
       std::memcpy(dst, src, sizeof(float) * n);
       return;
-    case DType::kBF16:
-      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = kernels::F32ToBf16(src[i]);
+    case DType::kBF16: {
+      int i = 0;
+      uint16_t* d = static_cast<uint16_t*>(dst);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      // Same rounding as kernels::F32ToBf16 (nearest even; NaN stays NaN), 16 at a time.
+      const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+      const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+      for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_loadu_si512(src + i);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm512_cvtepi32_epi16(r));
+      }
+#endif
+      for (; i < n; ++i) d[i] = kernels::F32ToBf16(src[i]);
       return;
+    }
     case DType::kF16:
       for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
       return;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 namespace icecache::kvstore {
@@ -26,6 +27,20 @@ TEST(VectorOpsTest, HalfConversionsMatchIeee) {
     if ((h & 0x7c00) == 0x7c00) continue;
     ASSERT_EQ(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))), h) << h;
   }
+}
+
+TEST(VectorOpsTest, Bf16RowConversionMatchesScalar) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::vector<float> x(1000);
+  for (auto& v : x) {
+    uint32_t u = bits(rng);
+    std::memcpy(&v, &u, 4);  // every bit pattern: NaNs, infs, subnormals, ties
+  }
+  x[0] = 1.0f + 1.0f / 256;  // exact tie
+  std::vector<uint16_t> got(x.size());
+  RowFromF32(DType::kBF16, x.data(), got.data(), static_cast<int>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], kernels::F32ToBf16(x[i])) << i;
 }
 
 class ScoreRowsTest : public ::testing::TestWithParam<std::tuple<DType, int>> {};
