@@ -30,8 +30,8 @@ class Tokenizer {
 
   // Loads `path` (a tokenizer.json, or a directory holding one). If a tokenizer_config.json sits
   // beside it, its chat template (Llama-3 or ChatML, recognised from the template text), bos/eos
-  // tokens and add_bos_token are read too. Errors name the file and the problem (INVALID_ARGUMENT for malformed or unsupported
-  // content, NOT_FOUND for a missing file).
+  // tokens and add_bos_token are read too. Errors name the file and the problem
+  // (INVALID_ARGUMENT for malformed or unsupported content, NOT_FOUND for a missing file).
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 
   // Encodes text. Added tokens present in the text are matched as whole tokens. With
@@ -73,7 +73,8 @@ class Tokenizer {
 class IncrementalDecoder {
  public:
   explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
-  // Returns the new text made final by `id` (possibly empty).
+  // Returns the new text made final by `id` (possibly empty). An id the tokenizer rejects
+  // (OUT_OF_RANGE) is not added to the stream.
   StatusOr<std::string> Push(int32_t id);
   // Returns whatever is left (incomplete UTF-8 becomes U+FFFD).
   std::string Flush();
@@ -92,8 +93,12 @@ class IncrementalDecoder {
 
 // Builds the text of a small but real byte-level BPE tokenizer.json (Llama-3 style: Split regex +
 // ByteLevel pre-tokenizer, 256 byte tokens, merges learned greedily from `corpus` until
-// `vocab_size` regular tokens exist), plus the given special tokens appended as added tokens.
-// Used by `icecache make-model` and tests. INVALID_ARGUMENT when vocab_size < 256.
+// `vocab_size` regular tokens exist; when the corpus runs out of pairs, existing tokens are
+// extended by printable ASCII bytes), plus the given special tokens appended as added tokens with
+// ids vocab_size, vocab_size + 1, ... The first special token is the bos of a TemplateProcessing
+// post-processor. Byte b has id b. Deterministic. Used by `icecache make-model` and tests.
+// INVALID_ARGUMENT when vocab_size < 256 or > 1,000,000, the corpus is not UTF-8, or a special
+// token is empty or repeated.
 struct ByteLevelBpeSpec {
   int vocab_size = 512;           // regular tokens (bytes + merges), special tokens not counted
   std::string corpus;             // training text for merges; empty = bytes only
