@@ -193,18 +193,92 @@ Status SequenceCache::EvictWindowPage() {
   return Status::Ok();
 }
 
+Status SequenceCache::BeginToken() {
+  if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
+  const int nkv = options_.num_kv_heads, ps = page_size_;
+  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * ps;
+  const bool to_sink = n_ < sink_cap;
+  if (!to_sink && options_.window_pages == 0 && options_.num_layers > options_.dense_layers)
+    return FailedPreconditionError(
+        "SequenceCache::BeginToken: with window_pages = 0 a token goes straight into the tree and needs all "
+        "layers' K/V at once; use Append");
+  Status s;
+  if (!to_sink && (n_ - window_start_) % ps == 0 && (n_ - window_start_) / ps == options_.window_pages &&
+      options_.num_layers > options_.dense_layers) {
+    s = EvictWindowPage();
+  }
+  for (int layer = 0; s.ok() && layer < options_.num_layers; ++layer) {
+    for (int head = 0; s.ok() && head < nkv; ++head) {
+      HeadState& h = Head(layer, head);
+      std::vector<int32_t>* list;
+      int64_t index;
+      if (IsDense(layer)) {
+        list = &h.dense;
+        index = n_;
+      } else if (to_sink) {
+        list = &h.sink;
+        index = n_;
+      } else {
+        if (!h.tree && LeaderOf(layer) == layer) {
+          auto tree = DciTree::Build(options_.dci, pool_, GroupSize(layer), TokenBlock{window_start_, 0, nullptr, nullptr, 0});
+          if (!tree.ok()) {
+            s = tree.status();
+            break;
+          }
+          h.tree = std::move(tree).value();
+        }
+        list = &h.window;
+        index = n_ - window_start_;
+      }
+      if (index % ps == 0) {
+        auto page = pool_->Allocate();
+        if (!page.ok()) {
+          s = page.status();
+          break;
+        }
+        list->push_back(*page);
+      }
+    }
+  }
+  if (!s.ok()) {
+    broken_ = true;
+    return s.WithContext("SequenceCache::BeginToken at position " + std::to_string(n_));
+  }
+  ++n_;
+  if (to_sink) sink_tokens_ = window_start_ = n_;
+  return Status::Ok();
+}
+
+Status SequenceCache::WriteLayer(int layer, const float* k, const float* v) {
+  if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
+  if (n_ == 0) return FailedPreconditionError("SequenceCache::WriteLayer: no token begun");
+  if (layer < 0 || layer >= options_.num_layers)
+    return InvalidArgumentError("SequenceCache::WriteLayer: layer " + std::to_string(layer) + " out of range");
+  if (k == nullptr || v == nullptr) return InvalidArgumentError("SequenceCache::WriteLayer: k/v missing");
+  const int64_t pos = n_ - 1;
+  if (!IsDense(layer) && pos >= sink_tokens_ && pos < window_start_)
+    return FailedPreconditionError("SequenceCache::WriteLayer: the last token is already in the tree");
+  for (int head = 0; head < options_.num_kv_heads; ++head) {
+    int32_t page = -1;
+    const TokenLocation loc = LocateToken(layer, head, pos, &page);
+    RowFromF32(pool_->dtype(), k + static_cast<size_t>(head) * head_dim_, pool_->KRow(page, loc.slot), head_dim_);
+    RowFromF32(pool_->dtype(), v + static_cast<size_t>(head) * head_dim_, pool_->VRow(page, loc.slot), head_dim_);
+  }
+  return Status::Ok();
+}
+
 Status SequenceCache::Append(const float* const* k, const float* const* v) {
   if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
   if (k == nullptr || v == nullptr) return InvalidArgumentError("SequenceCache::Append: k/v missing");
-  const int nkv = options_.num_kv_heads, ps = page_size_;
-  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * ps;
-  Status s;
-  const bool to_sink = n_ < sink_cap;
-  const bool straight_to_tree = !to_sink && options_.window_pages == 0;
-  if (!to_sink && !straight_to_tree && (n_ - window_start_) % ps == 0 &&
-      (n_ - window_start_) / ps == options_.window_pages && options_.num_layers > options_.dense_layers) {
-    s = EvictWindowPage();
+  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * page_size_;
+  if (n_ < sink_cap || options_.window_pages > 0 || options_.num_layers == options_.dense_layers) {
+    ICE_RETURN_IF_ERROR(BeginToken());
+    for (int layer = 0; layer < options_.num_layers; ++layer) ICE_RETURN_IF_ERROR(WriteLayer(layer, k[layer], v[layer]));
+    return Status::Ok();
   }
+  // window_pages == 0: the token goes straight into every tree (leaders carry the followers' K/V).
+  const int nkv = options_.num_kv_heads;
+  Status s;
   for (int layer = 0; s.ok() && layer < options_.num_layers; ++layer) {
     for (int head = 0; s.ok() && head < nkv; ++head) {
       HeadState& h = Head(layer, head);
@@ -212,9 +286,7 @@ Status SequenceCache::Append(const float* const* k, const float* const* v) {
       const float* vr = v[layer] + static_cast<size_t>(head) * head_dim_;
       if (IsDense(layer)) {
         s = AppendToList(&h.dense, n_, kr, vr);
-      } else if (to_sink) {
-        s = AppendToList(&h.sink, n_, kr, vr);
-      } else if (straight_to_tree) {
+      } else {
         if (LeaderOf(layer) != layer) continue;
         const int g = GroupSize(layer);
         std::vector<const float*> ks(g), vs(g);
@@ -224,17 +296,13 @@ Status SequenceCache::Append(const float* const* k, const float* const* v) {
         }
         if (!h.tree) {
           auto tree = DciTree::Build(options_.dci, pool_, g, TokenBlock{n_, 0, nullptr, nullptr, 0});
-          if (!tree.ok()) { s = tree.status(); break; }
+          if (!tree.ok()) {
+            s = tree.status();
+            break;
+          }
           h.tree = std::move(tree).value();
         }
         s = h.tree->Insert(TokenBlock{n_, 1, ks.data(), vs.data(), static_cast<size_t>(head_dim_)});
-      } else {
-        if (!h.tree && LeaderOf(layer) == layer) {
-          auto tree = DciTree::Build(options_.dci, pool_, GroupSize(layer), TokenBlock{window_start_, 0, nullptr, nullptr, 0});
-          if (!tree.ok()) { s = tree.status(); break; }
-          h.tree = std::move(tree).value();
-        }
-        s = AppendToList(&h.window, n_ - window_start_, kr, vr);
       }
     }
   }
@@ -243,8 +311,7 @@ Status SequenceCache::Append(const float* const* k, const float* const* v) {
     return s.WithContext("SequenceCache::Append at position " + std::to_string(n_));
   }
   ++n_;
-  if (to_sink) sink_tokens_ = window_start_ = n_;
-  if (straight_to_tree) window_start_ = n_;
+  window_start_ = n_;
   return Status::Ok();
 }
 

@@ -61,7 +61,17 @@ class SequenceCache {
   // On error nothing stays allocated.
   Status Build(const float* const* k, const float* const* v, int64_t n, ThreadPool* threads = nullptr);
   // Decode: appends one token. k[l], v[l]: [num_kv_heads, head_dim] fp32 for each layer.
+  // Equivalent to BeginToken() then WriteLayer(l, k[l], v[l]) for every layer.
   Status Append(const float* const* k, const float* const* v);
+  // Layer-by-layer decode (a forward pass produces K/V one layer at a time, and the token must
+  // attend to itself): BeginToken() makes room for the next position in every (layer, head) —
+  // pushing the window's oldest page into the trees when the window is full — and counts the
+  // token (num_tokens() grows by one, the new slots are selected as window/sink/dense pages);
+  // then WriteLayer(l, k, v) fills position num_tokens()-1 of layer l (k, v: [num_kv_heads,
+  // head_dim] fp32), before that layer's attention reads it. FAILED_PRECONDITION with
+  // window_pages == 0 past the sink (such tokens go straight into the tree: use Append).
+  Status BeginToken();
+  Status WriteLayer(int layer, const float* k, const float* v);
   // Frees every page; the cache becomes empty (and usable again).
   void Release();
 

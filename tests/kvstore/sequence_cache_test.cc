@@ -83,6 +83,34 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SequenceCacheShapeTest,
                          ::testing::Values(Shape{500, 700, 2, 2, 1}, Shape{10, 300, 2, 2, 1}, Shape{0, 200, 2, 2, 3},
                                            Shape{400, 520, 1, 0, 1}, Shape{1000, 1100, 0, 3, 3}));
 
+TEST(SequenceCacheTest, LayerByLayerDecodeEqualsAppend) {
+  const int layers = 5, nkv = 2, dim = 16;
+  auto pool = MakePool(dim, 4000);
+  ModelKv m = RandomKv(layers, nkv, dim, 400, 16);
+  SequenceCacheOptions o = Opts(layers, nkv);
+  o.ice_group = 3;
+  auto a = SequenceCache::Create(o, pool.get()).value();
+  auto b = SequenceCache::Create(o, pool.get()).value();
+  ASSERT_TRUE(a->Build(m.kp.data(), m.vp.data(), 10).ok());
+  ASSERT_TRUE(b->Build(m.kp.data(), m.vp.data(), 10).ok());
+  AppendRange(a.get(), m, 10, 400);
+  std::vector<float> kt(nkv * dim), vt(nkv * dim);
+  for (int64_t t = 10; t < 400; ++t) {
+    ASSERT_TRUE(b->BeginToken().ok());
+    EXPECT_EQ(b->num_tokens(), t + 1);
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < nkv; ++h) {
+        std::copy_n(m.K(l, t, h), dim, kt.data() + h * dim);
+        std::copy_n(m.V(l, t, h), dim, vt.data() + h * dim);
+      }
+      ASSERT_TRUE(b->WriteLayer(l, kt.data(), vt.data()).ok());
+    }
+  }
+  EXPECT_EQ(a->Serialize().value().metadata, b->Serialize().value().metadata);
+  ExpectAllTokens(*b, *pool, m);
+  EXPECT_EQ(b->WriteLayer(layers, kt.data(), vt.data()).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SequenceCacheTest, ParallelBuildEqualsSerialBuild) {
   const int layers = 4, nkv = 3, dim = 16;
   auto pool = MakePool(dim, 4000);
