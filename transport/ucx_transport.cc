@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -211,6 +212,10 @@ void UcxTransport::Post(std::function<void()> fn) {
 }
 
 void UcxTransport::ProgressLoop() {
+  // Busy-progress while traffic flows (some transports, shared memory among them, do not always
+  // signal the event fd), sleep on the event fd once idle for a while.
+  constexpr auto kSpin = std::chrono::milliseconds(2);
+  auto last_activity = std::chrono::steady_clock::now();
   while (!stop_) {
     std::deque<std::function<void()>> work;
     {
@@ -219,7 +224,14 @@ void UcxTransport::ProgressLoop() {
     }
     for (auto& fn : work) fn();
     if (stop_) break;
-    if (ucp_worker_progress(worker_) != 0) continue;
+    if (ucp_worker_progress(worker_) != 0 || !work.empty()) {
+      last_activity = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - last_activity < kSpin) {
+      std::this_thread::yield();
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(post_mu_);
       if (!posted_.empty()) continue;
@@ -228,7 +240,7 @@ void UcxTransport::ProgressLoop() {
     if (s == UCS_ERR_BUSY) continue;
     pollfd pfd{event_fd_, POLLIN, 0};
     // The timeout only bounds the cost of a missed wakeup; events normally end the wait.
-    poll(&pfd, 1, 20);
+    if (poll(&pfd, 1, 20) > 0) last_activity = std::chrono::steady_clock::now();
   }
 }
 
