@@ -1,6 +1,7 @@
 // End to end through a loopback cluster: router -> prefill worker -> UCX -> decode workers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -11,6 +12,7 @@
 #include "model/generator.h"
 #include "model/model.h"
 #include "router/client.h"
+#include "router/worker_pool.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace icecache::testing {
@@ -303,6 +305,43 @@ TEST(ClusterUnavailable, NoReachableDecodeWorker) {
   o.max_tokens = 2;
   Result res = Generate((*r)->address(), o);
   EXPECT_EQ(res.status.code(), StatusCode::kUnavailable) << res.status.ToString();
+}
+
+}  // namespace
+}  // namespace icecache::testing
+
+namespace icecache::testing {
+namespace {
+
+TEST(ClusterDns, ResolvesEveryAddressOfAName) {
+  auto all = router::ResolveAll("localhost:4321");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_NE(std::find(all->begin(), all->end(), "127.0.0.1:4321"), all->end());
+  EXPECT_FALSE(router::ResolveAll("no-such-host.invalid:1").ok());
+  EXPECT_FALSE(router::ResolveAll("missing-port").ok());
+}
+
+TEST(ClusterDns, RouterFindsWorkersThroughDns) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_dns", 1, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  // A second router that knows the workers only by DNS name ("localhost" resolves to 127.0.0.1,
+  // and maybe ::1, where nothing listens: that address is reported unhealthy and ranked last).
+  cluster::ClusterConfig cfg = c->config;
+  cfg.router.prefill.addresses.clear();
+  cfg.router.decode.addresses.clear();
+  cfg.router.prefill.dns = "localhost:" + std::to_string(c->prefill[0]->port());
+  cfg.router.decode.dns = "localhost:" + std::to_string(c->decode[0]->port());
+  cfg.router.dns_refresh_seconds = 0.2;
+  auto r = router::RouterServer::Start(cfg);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(20, 4);
+  o.max_tokens = 5;
+  o.ignore_eos = true;
+  Result res = Generate((*r)->address(), o);
+  ASSERT_TRUE(res.status.ok()) << res.status.ToString();
+  EXPECT_EQ(res.tokens.size(), 5u);
+  EXPECT_EQ(res.decode_worker, "127.0.0.1:" + std::to_string(c->decode[0]->port()));
 }
 
 }  // namespace
