@@ -30,7 +30,7 @@ struct LoopbackCluster {
   // make multi-level trees.
   static std::unique_ptr<LoopbackCluster> Start(const std::string& dir, int num_prefill, int num_decode,
                                                 const std::string& tls, bool with_tokenizer = true,
-                                                int metrics_base = 0) {
+                                                int metrics_base = 0, int64_t pool_pages = 60000) {
     auto c = std::make_unique<LoopbackCluster>();
     c->model_dir = dir;
     if (!std::filesystem::exists(dir + "/config.json")) {
@@ -66,7 +66,7 @@ struct LoopbackCluster {
     cfg.prefill.listen = "127.0.0.1:0";
     cfg.prefill.max_batch_tokens = 4096;
     cfg.decode.listen = "127.0.0.1:0";
-    cfg.decode.pool_pages = 60000;
+    cfg.decode.pool_pages = pool_pages;
     cfg.decode.max_sequences = 64;
     cfg.ucx.tls = tls;
     cfg.ucx.net_devices = "lo";

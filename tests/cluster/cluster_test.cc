@@ -346,3 +346,25 @@ TEST(ClusterDns, RouterFindsWorkersThroughDns) {
 
 }  // namespace
 }  // namespace icecache::testing
+
+namespace icecache::testing {
+namespace {
+
+TEST(ClusterCapacity, RequestLargerThanThePoolIsResourceExhausted) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_small", 1, 1, "tcp,sm,self", true, 0,
+                                  /*pool_pages=*/300);
+  ASSERT_NE(c, nullptr);
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(600, 2);  // 150 pages of 4 tokens per (layer, kv head): far more than 300 in all
+  o.max_tokens = 4;
+  Result r = Generate(c->router->address(), o);
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("KV pool cannot hold"), std::string::npos) << r.status.message();
+  // A small request still fits.
+  o.prompt_ids = Prompt(8, 2);
+  r = Generate(c->router->address(), o);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+}
+
+}  // namespace
+}  // namespace icecache::testing
