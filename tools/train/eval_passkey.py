@@ -28,7 +28,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from passkey_lib import Config, LlamaForCausalLM, load_model_dir, make_needle, make_passkey  # noqa
+from passkey_lib import (Config, LlamaForCausalLM, load_model_dir, make_ar, make_needle,  # noqa
+                         make_passkey)
 import train_passkey as tp  # noqa
 
 
@@ -43,6 +44,8 @@ def sample_for(tok, task, T, depth, i, n_needles):
     rng = random.Random(seed)
     if task == "passkey":
         return make_passkey(tok, rng, T, depth), seed
+    if task == "ar":   # associative recall: as many pairs as fit (at most 116); depth unused
+        return make_ar(tok, rng, T, n_questions=1), seed
     return make_needle(tok, rng, T, depth, n_needles=n_needles), seed
 
 
@@ -56,7 +59,7 @@ def score(model, s, q_chunk):
                    logits_from=a0 - 1)
     pred = logits[0].argmax(-1)[: a1 - a0]
     ok = bool(torch.equal(pred, ids[0, a0:a1]))
-    n0, n1 = s.meta["needle_span"]
+    n0, n1 = s.meta.get("needle_span", (0, 0))
     mass = [float(p[0, :, n0:n1].sum(-1).max()) for p in probe["out"]]  # best head per layer
     return ok, pred.tolist(), mass
 
@@ -65,7 +68,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="HF-layout model directory")
     ap.add_argument("--ckpt", help="training checkpoint (ckpt.pt)")
-    ap.add_argument("--tasks", default="passkey,needle")
+    ap.add_argument("--tasks", default="passkey,needle", help="passkey, needle, ar")
     ap.add_argument("--contexts", default="1k,2k,4k,8k")
     ap.add_argument("--depths", default="0,25,50,75,100", help="percent")
     ap.add_argument("--n", type=int, default=4, help="samples per (task, context, depth)")
