@@ -116,6 +116,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   eo.dense_layers = config.cache.dense_layers;
   eo.sink_pages = config.cache.sink_pages;
   eo.window_pages = config.cache.window_pages;
+  if (config.cache.dci_preset == "tuned") eo.dci = kvstore::DciParams::Tuned();
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
   impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);

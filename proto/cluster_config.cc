@@ -160,12 +160,17 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
 
   MapReader cache = top.Sub("cache");
   ICE_RETURN_IF_ERROR(
-      cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages"}));
+      cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages", "dci_preset"}));
   ICE_RETURN_IF_ERROR(cache.Number("page_size", &c.cache.page_size, 1, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("default_budget_pages", &c.cache.default_budget_pages, 0, kIntMax));
   ICE_RETURN_IF_ERROR(cache.Number("dense_layers", &c.cache.dense_layers, 0, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("sink_pages", &c.cache.sink_pages, 0, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("window_pages", &c.cache.window_pages, 1, 4096));
+  ICE_RETURN_IF_ERROR(cache.String("dci_preset", &c.cache.dci_preset));
+  if (c.cache.dci_preset != "reference" && c.cache.dci_preset != "tuned") {
+    return InvalidArgumentError(origin + ": cache.dci_preset: must be reference or tuned, got '" +
+                                c.cache.dci_preset + "'");
+  }
   if (c.cache.default_budget_pages != 0 &&
       c.cache.default_budget_pages <= c.cache.sink_pages + c.cache.window_pages) {
     return InvalidArgumentError(origin + ": cache.default_budget_pages: must be 0 (full) or more than "
@@ -293,7 +298,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "default_budget_pages" << YAML::Value << c.cache.default_budget_pages;
   out << YAML::Key << "dense_layers" << YAML::Value << c.cache.dense_layers;
   out << YAML::Key << "sink_pages" << YAML::Value << c.cache.sink_pages;
-  out << YAML::Key << "window_pages" << YAML::Value << c.cache.window_pages << YAML::EndMap;
+  out << YAML::Key << "window_pages" << YAML::Value << c.cache.window_pages;
+  out << YAML::Key << "dci_preset" << YAML::Value << c.cache.dci_preset << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
   out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens << YAML::EndMap;

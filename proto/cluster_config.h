@@ -22,6 +22,9 @@ struct CacheSection {
   int dense_layers = 2;           // first layers that always attend fully
   int sink_pages = 2;
   int window_pages = 2;
+  // DCI-tree parameters: "reference" (the paper's code defaults) or "tuned"
+  // (kvstore::DciParams::Tuned(), higher recall, ~2x slower build).
+  std::string dci_preset = "reference";
 };
 
 struct LimitsSection {

@@ -68,6 +68,10 @@ TEST(ClusterConfig, ErrorsNameFileAndKey) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("default_budget_pages"), std::string::npos);
 
+  c = ParseClusterConfig("cache: {dci_preset: fast}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cache.dci_preset: must be reference or tuned"), std::string::npos);
+
   c = ParseClusterConfig("router: [1, 2", "x.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("x.yaml: invalid YAML at line"), std::string::npos);

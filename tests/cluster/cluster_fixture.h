@@ -30,7 +30,8 @@ struct LoopbackCluster {
   // make multi-level trees.
   static std::unique_ptr<LoopbackCluster> Start(const std::string& dir, int num_prefill, int num_decode,
                                                 const std::string& tls, bool with_tokenizer = true,
-                                                int metrics_base = 0, int64_t pool_pages = 60000) {
+                                                int metrics_base = 0, int64_t pool_pages = 60000,
+                                                const std::string& dci_preset = "reference") {
     auto c = std::make_unique<LoopbackCluster>();
     c->model_dir = dir;
     if (!std::filesystem::exists(dir + "/config.json")) {
@@ -59,6 +60,7 @@ struct LoopbackCluster {
     cfg.cache.dense_layers = 2;
     cfg.cache.sink_pages = 1;
     cfg.cache.window_pages = 2;
+    cfg.cache.dci_preset = dci_preset;
     cfg.limits.max_tokens = 4096;
     cfg.router.listen = "127.0.0.1:0";
     cfg.router.stats_refresh_seconds = 0.05;

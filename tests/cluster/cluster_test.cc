@@ -368,3 +368,24 @@ TEST(ClusterCapacity, RequestLargerThanThePoolIsResourceExhausted) {
 
 }  // namespace
 }  // namespace icecache::testing
+
+namespace icecache::testing {
+namespace {
+
+TEST(ClusterTunedTrees, SparseGenerationWithTunedDciParams) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_tuned", 1, 1, "tcp,sm,self", true, 0,
+                                  60000, "tuned");
+  ASSERT_NE(c, nullptr);
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(300, 12);
+  o.max_tokens = 12;
+  o.ignore_eos = true;
+  o.budget_pages = 6;
+  Result r = Generate(c->router->address(), o);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.tokens.size(), 12u);
+  EXPECT_GT(r.last.pages_fetched, 0);
+}
+
+}  // namespace
+}  // namespace icecache::testing
