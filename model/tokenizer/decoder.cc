@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer/byte_level.h"
+#include "model/tokenizer/tokenizer_json_reader.h"
 #include "model/tokenizer/unicode.h"
 
 namespace icecache::tokenizer {
@@ -165,7 +166,7 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& j) {
     return std::unique_ptr<Decoder>(new MetaspaceDecoder(replacement, strip_first));
   }
   if (type == "Replace") {
-    const auto& pattern = j.contains("pattern") ? j["pattern"] : nlohmann::json();
+    const nlohmann::json& pattern = JsonField(j, "pattern");
     if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
         !j.contains("content") || !j["content"].is_string() || pattern["String"].get<std::string>().empty()) {
       return InvalidArgumentError("decoder Replace: only a non-empty {\"String\": ...} pattern with a content is supported");

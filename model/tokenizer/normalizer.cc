@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/tokenizer/tokenizer_json_reader.h"
 #include "model/tokenizer/unicode.h"
 #include "model/tokenizer/unicode_tables.h"
 
@@ -196,7 +197,7 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& j) {
     return std::unique_ptr<Normalizer>(new PrependNormalizer(j["prepend"].get<std::string>()));
   }
   if (type == "Replace") {
-    const auto& pattern = j.contains("pattern") ? j["pattern"] : nlohmann::json();
+    const nlohmann::json& pattern = JsonField(j, "pattern");
     if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
         !j.contains("content") || !j["content"].is_string()) {
       return InvalidArgumentError(

@@ -4,6 +4,7 @@
 
 #include "model/tokenizer/byte_level.h"
 #include "model/tokenizer/regex.h"
+#include "model/tokenizer/tokenizer_json_reader.h"
 #include "model/tokenizer/unicode.h"
 
 namespace icecache::tokenizer {
@@ -200,7 +201,7 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(parts)));
   }
   if (type == "Split") {
-    const nlohmann::json pattern = j.contains("pattern") ? j["pattern"] : nlohmann::json();
+    const nlohmann::json& pattern = JsonField(j, "pattern");
     std::string regex_text;
     if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
       regex_text = pattern["Regex"].get<std::string>();

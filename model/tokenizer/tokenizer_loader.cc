@@ -119,7 +119,7 @@ Status TokenizerLoader::ParsePostProcessor(const Json& j, TokenizerImpl* t) {
     if (!j.contains("single") || !j["single"].is_array()) {
       return InvalidArgumentError("post_processor TemplateProcessing: missing array \"single\"");
     }
-    const Json specials = j.contains("special_tokens") && j["special_tokens"].is_object() ? j["special_tokens"] : Json::object();
+    const Json& specials = JsonField(j, "special_tokens");
     t->prefix_ids_.clear();
     t->suffix_ids_.clear();
     bool seen_sequence = false;
@@ -160,11 +160,11 @@ Status TokenizerLoader::ParseTokenizerJson(const Json& j, BpeData data, Tokenize
   auto bpe = BpeModel::Build(model, std::move(data));
   if (!bpe.ok()) return bpe.status();
   t->model_ = std::move(bpe).value();
-  ICE_ASSIGN_OR_RETURN(t->normalizer_, ParseNormalizer(j.contains("normalizer") ? j["normalizer"] : Json()));
-  ICE_ASSIGN_OR_RETURN(t->pre_tokenizer_, ParsePreTokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : Json()));
-  ICE_ASSIGN_OR_RETURN(t->decoder_, ParseDecoder(j.contains("decoder") ? j["decoder"] : Json()));
-  ICE_RETURN_IF_ERROR(ParseAddedTokens(j.contains("added_tokens") ? j["added_tokens"] : Json(), t));
-  ICE_RETURN_IF_ERROR(ParsePostProcessor(j.contains("post_processor") ? j["post_processor"] : Json(), t));
+  ICE_ASSIGN_OR_RETURN(t->normalizer_, ParseNormalizer(JsonField(j, "normalizer")));
+  ICE_ASSIGN_OR_RETURN(t->pre_tokenizer_, ParsePreTokenizer(JsonField(j, "pre_tokenizer")));
+  ICE_ASSIGN_OR_RETURN(t->decoder_, ParseDecoder(JsonField(j, "decoder")));
+  ICE_RETURN_IF_ERROR(ParseAddedTokens(JsonField(j, "added_tokens"), t));
+  ICE_RETURN_IF_ERROR(ParsePostProcessor(JsonField(j, "post_processor"), t));
   t->vocab_size_ = t->model_->size();
   for (const auto& a : t->added_tokens_) t->vocab_size_ = std::max(t->vocab_size_, a.id + 1);
   for (int32_t id : t->prefix_ids_) {
