@@ -13,6 +13,8 @@
 #include "model/model.h"
 #include "router/client.h"
 #include "router/worker_pool.h"
+#include "proto/grpc_util.h"
+#include "icecache/v1/worker.grpc.pb.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace icecache::testing {
@@ -385,6 +387,46 @@ TEST(ClusterTunedTrees, SparseGenerationWithTunedDciParams) {
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.tokens.size(), 12u);
   EXPECT_GT(r.last.pages_fetched, 0);
+}
+
+}  // namespace
+}  // namespace icecache::testing
+
+namespace icecache::testing {
+namespace {
+
+// A sequence whose KV never arrives (no prefill ever ships it): the decode worker gives up at the
+// transfer deadline and frees everything it had reserved.
+TEST(ClusterStall, KvThatNeverArrivesTimesOutAndFreesTheReservation) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_stall", 1, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  auto stub = v1::DecodeWorker::NewStub(cluster::MakeChannel(c->decode[0]->address()));
+  v1::ReserveRequest rr;
+  rr.set_prompt_tokens(100);
+  rr.set_max_tokens(10);
+  rr.mutable_cache()->set_budget_pages(6);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Reserve(&ctx, rr, &reserved).ok());
+  }
+  EXPECT_GT(c->decode[0]->stats().committed_pages, 0);
+  v1::DecodeRequest dr;
+  dr.set_sequence_id(reserved.sequence_id());
+  dr.set_first_token(1);
+  dr.set_max_tokens(10);
+  dr.set_kv_wait_seconds(0.2);
+  grpc::ClientContext ctx;
+  auto reader = stub->Decode(&ctx, dr);
+  v1::DecodeResponse resp;
+  EXPECT_FALSE(reader->Read(&resp));
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find("end not announced"), std::string::npos) << s.error_message();
+  auto stats = c->decode[0]->stats();
+  EXPECT_EQ(stats.committed_pages, 0);
+  EXPECT_EQ(stats.used_pages, 0);
+  EXPECT_EQ(stats.active_sequences, 0);
 }
 
 }  // namespace
