@@ -131,6 +131,12 @@ class DciTree {
   // The min(k, num_leaves()) best leaves for query q [head_dim] (approximate; see above), best
   // first. Thread-safe w.r.t. other const calls.
   void Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats = nullptr) const;
+  // The query heads of one GQA group: out[j] as Query(qs + j * head_dim) would give, except that
+  // with exhaustive_upper and cell_score_fraction = 1 the heads share one traversal: every cell
+  // any head picks is scored once for all heads (each page read once), so each head's list is
+  // ranked over a superset of the leaves its own Query scores. qs: [nq, head_dim].
+  void QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
+                  QueryStats* stats = nullptr) const;
   // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
   void Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const;
 

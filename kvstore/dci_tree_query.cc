@@ -162,6 +162,100 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   s->End();
 }
 
+void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
+                         QueryStats* stats) const {
+  out->assign(std::max(nq, 0), {});
+  if (nq <= 0) return;
+  const bool shared = params_.exhaustive_upper && params_.cell_score_fraction >= 1.0 && nq > 1;
+  if (!shared || size() == 0 || k <= 0 || cells_.empty() || num_levels() < 2) {
+    QueryStats total, one;
+    for (int j = 0; j < nq; ++j) {
+      Query(qs + static_cast<size_t>(j) * dim_, k, &(*out)[j], &one);
+      total.tokens_scored += one.tokens_scored;
+      total.leaves_scored += one.leaves_scored;
+      total.cells_expanded += one.cells_expanded;
+    }
+    if (stats != nullptr) *stats = total;
+    return;
+  }
+  struct GroupScratch {
+    std::vector<float> best;      // [nq, num_leaves], -inf when untouched
+    std::vector<int32_t> touched;
+    std::vector<uint8_t> cell_mark;
+    std::vector<int32_t> cells;
+    std::vector<float> scores;
+    std::vector<std::pair<float, int32_t>> cand;
+  };
+  thread_local GroupScratch g;
+  const size_t nl = static_cast<size_t>(num_leaves());
+  if (g.best.size() < nl * nq) g.best.assign(nl * nq, -INFINITY);
+  if (g.cell_mark.size() < cells_.size()) g.cell_mark.resize(cells_.size(), 0);
+  g.touched.clear();
+  g.cells.clear();
+  QueryStats st;
+  auto touch = [&](int32_t leaf, const float* sc, size_t stride) {  // sc[j * stride]: head j's score
+    float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
+    if (row[0] == -INFINITY) g.touched.push_back(leaf);
+    for (int j = 0; j < nq; ++j) row[j] = std::max(row[j], sc[j * stride]);
+  };
+  const int64_t fov = std::max<int64_t>(params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * size())));
+  const int top = num_levels() - 1;
+  for (int lvl = 1; lvl <= top; ++lvl) {
+    const auto& nodes = level_nodes_[lvl];
+    const int cnt = static_cast<int>(nodes.size());
+    if (cnt == 0) continue;
+    g.scores.resize(static_cast<size_t>(cnt) * nq);
+    ScoreRowsMulti(kernels::DType::kF32, level_keys_[lvl].data(), cnt, dim_, qs, nq, g.scores.data());
+    st.tokens_scored += cnt;
+    for (int i = 0; i < cnt; ++i) {
+      // Upper tokens: every head's score, one leaf row each (max per head below).
+      const int32_t leaf = tok_leaf_[nodes[i]];
+      touch(leaf, g.scores.data() + i, cnt);
+    }
+    if (lvl != 1) continue;
+    for (int j = 0; j < nq; ++j) {
+      g.cand.clear();
+      for (int i = 0; i < cnt; ++i) g.cand.emplace_back(g.scores[static_cast<size_t>(j) * cnt + i], nodes[i]);
+      if (static_cast<int64_t>(g.cand.size()) > fov) {
+        std::nth_element(g.cand.begin(), g.cand.begin() + fov, g.cand.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        g.cand.resize(fov);
+      }
+      for (const auto& [score, node] : g.cand) {
+        const int32_t c = node_cell_[node];
+        if (c >= 0 && !g.cell_mark[c]) {
+          g.cell_mark[c] = 1;
+          g.cells.push_back(c);
+        }
+      }
+    }
+  }
+  std::vector<float>& sc = g.scores;
+  sc.resize(static_cast<size_t>(page_size_) * nq);
+  for (int32_t c : g.cells) {
+    g.cell_mark[c] = 0;
+    ++st.cells_expanded;
+    for (int32_t leaf : cells_[c].leaves) {
+      const int v = leaf_valid_[leaf];
+      ScoreRowsMulti(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), v, dim_, qs, nq, sc.data());
+      st.tokens_scored += v;
+      ++st.leaves_scored;
+      float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
+      if (row[0] == -INFINITY) g.touched.push_back(leaf);
+      for (int j = 0; j < nq; ++j)
+        for (int s = 0; s < v; ++s) row[j] = std::max(row[j], sc[static_cast<size_t>(j) * v + s]);
+    }
+  }
+  std::vector<float> col(nl, -INFINITY);
+  for (int j = 0; j < nq; ++j) {
+    for (int32_t leaf : g.touched) col[leaf] = g.best[static_cast<size_t>(leaf) * nq + j];
+    TopLeaves(g.touched, col, k, &(*out)[j]);
+  }
+  for (int32_t leaf : g.touched)
+    std::fill_n(g.best.data() + static_cast<size_t>(leaf) * nq, nq, -INFINITY);
+  if (stats != nullptr) *stats = st;
+}
+
 void DciTree::Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const {
   out->clear();
   if (size() == 0 || k <= 0) return;

@@ -48,13 +48,10 @@ Status Retriever::SelectHead(const SequenceCache& seq, int layer, int kv_head, c
     } else if (k > 0) {
       if (q_group == nullptr) return InvalidArgumentError("Retriever: query is required for sparse retrieval");
       std::vector<std::vector<ScoredLeaf>> lists(group);
-      for (int j = 0; j < group; ++j) {
-        const float* q = q_group + static_cast<size_t>(j) * seq.pool()->head_dim();
-        if (policy_.mode == RetrievalMode::kOracle) {
-          tree->Oracle(q, k, &lists[j]);
-        } else {
-          tree->Query(q, k, &lists[j]);
-        }
+      if (policy_.mode == RetrievalMode::kOracle) {
+        for (int j = 0; j < group; ++j) tree->Oracle(q_group + static_cast<size_t>(j) * seq.pool()->head_dim(), k, &lists[j]);
+      } else {
+        tree->QueryGroup(q_group, group, k, &lists);
       }
       for (int32_t leaf : MergeRankByRank(lists, k)) push(tree->leaf_page(leaf, payload), tree->leaf_valid(leaf), leaf);
     }

@@ -236,6 +236,35 @@ TEST(DciTreeTest, ExhaustiveUpperWithFullFieldOfViewIsExact) {
   }
 }
 
+TEST(DciTreeTest, QueryGroupSharesOneTraversal) {
+  const int dim = 64, n = 6000, nq = 4;
+  auto pool = MakePool(dim, 2000, kernels::DType::kBF16);
+  auto data = MakeSyntheticData(n, dim, 3 * nq);
+  const float *kp, *vp;
+  for (double fov_fraction : {1e-3, 1.0}) {
+    DciParams p = DciParams::Tuned();
+    p.fov_fraction = fov_fraction;
+    auto tree = DciTree::Build(p, pool.get(), 1, Block(data.keys, data.values, 0, 0, n, dim, &kp, &vp)).value();
+    for (int grp = 0; grp < 3; ++grp) {
+      const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
+      std::vector<std::vector<ScoredLeaf>> group;
+      tree->QueryGroup(qs, nq, 12, &group);
+      ASSERT_EQ(group.size(), static_cast<size_t>(nq));
+      for (int j = 0; j < nq; ++j) {
+        std::vector<ScoredLeaf> alone, exact;
+        tree->Query(qs + j * dim, 12, &alone);
+        tree->Oracle(qs + j * dim, 12, &exact);
+        ASSERT_EQ(group[j].size(), alone.size());
+        // The group scores a superset of what each head scores alone: rank by rank, its scores
+        // are at least as high; with a full field of view both are exact.
+        for (size_t r = 0; r < alone.size(); ++r) EXPECT_GE(group[j][r].score, alone[r].score);
+        if (fov_fraction == 1.0)
+          for (size_t r = 0; r < exact.size(); ++r) EXPECT_EQ(group[j][r].leaf, exact[r].leaf);
+      }
+    }
+  }
+}
+
 TEST(DciTreeTest, DefaultQueryReturnsDistinctRankedLeaves) {
   const int dim = 64, n = 8000;
   auto pool = MakePool(dim, 2000, kernels::DType::kBF16);
