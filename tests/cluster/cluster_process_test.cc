@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
@@ -55,6 +56,18 @@ pid_t Spawn(const std::vector<std::string>& args) {
   return pid;
 }
 
+// stdout of a shell command (stderr dropped).
+std::string Capture(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen((cmd + " 2>/dev/null").c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  pclose(f);
+  return out;
+}
+
 int WaitExit(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
@@ -100,6 +113,14 @@ TEST(ClusterProcess, StartsServesAndStopsOnSigterm) {
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(tokens, 6);
   EXPECT_TRUE(last);
+
+  // `icecache generate --router` with budget full prints exactly the ids a local run prints.
+  std::string ids = "--prompt-ids 5,17,29,41,53,65,77,89,101,113,125,137,149,161,173 --max-tokens 8 --ignore-eos "
+                    "--output ids";
+  std::string remote = Capture(kBin + "icecache generate --router " + router + " --budget full " + ids);
+  std::string local = Capture(kBin + "icecache generate --model " + dir + " --kv-page-size 8 " + ids);
+  EXPECT_FALSE(remote.empty());
+  EXPECT_EQ(remote, local);
 
   kill(cluster, SIGTERM);
   EXPECT_EQ(WaitExit(cluster), 0);

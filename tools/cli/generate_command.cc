@@ -10,6 +10,9 @@
 #include "model/model.h"
 #include "model/tokenizer/tokenizer.h"
 #include "tools/cli/command.h"
+#ifdef ICECACHE_HAVE_CLUSTER
+#include "router/client.h"
+#endif
 #include "tools/cli/generate_options.h"
 
 namespace icecache::cli {
@@ -34,8 +37,30 @@ int RunGenerate(int argc, char** argv) {
   }
   GenerateOptions& o = *opts;
   if (!o.router.empty()) {
+#ifdef ICECACHE_HAVE_CLUSTER
+    // Remote mode: the cluster tokenizes (bos added where the tokenizer asks) and samples.
+    if (o.chat || !o.add_bos || o.sampling.repetition_penalty != 1.f) {
+      std::fprintf(stderr, "icecache generate: --chat, --no-bos and --repetition-penalty are local-only options\n");
+      return 2;
+    }
+    router::RemoteGenerateOptions r;
+    r.router = o.router;
+    r.prompt = o.prompt;
+    r.prompt_ids = o.prompt_ids;
+    r.max_tokens = o.sampling.max_tokens;
+    r.temperature = o.sampling.temperature;
+    r.top_p = o.sampling.top_p;
+    r.top_k = o.sampling.top_k;
+    r.seed = o.sampling.seed.value_or(0);
+    r.stop = o.sampling.stop_strings;
+    r.stop_ids = o.sampling.stop_ids;
+    r.ignore_eos = o.sampling.ignore_eos;
+    r.budget_pages = o.budget_pages;
+    return router::PrintRemoteGeneration(r, o.output == GenerateOptions::Output::kIds);
+#else
     std::fprintf(stderr, "icecache generate: --router is not available in this build (run with --model)\n");
     return 2;
+#endif
   }
   if (o.threads > 0) kernels::SetCpuThreads(o.threads);
   auto loaded = model::Model::Load(o.model_dir);

@@ -31,7 +31,9 @@ inline constexpr const char* kGenerateUsage =
     "  --chat                  wrap --prompt as one user message in the model's chat template\n"
     "  --output text|ids       stream text (default when the model has a tokenizer) or print ids\n"
     "  --kv-page-size N        tokens per KV page (default 16)\n"
-    "  --threads N             CPU threads for the kernels (default: all)\n";
+    "  --threads N             CPU threads for the kernels (default: all)\n"
+    "  --router HOST:PORT      generate on an icecache cluster instead of locally (no --model)\n"
+    "  --budget full|PAGES     remote: KV page budget of sparse layers (default: the cluster's)\n";
 
 struct GenerateOptions {
   std::string model_dir;
@@ -43,7 +45,8 @@ struct GenerateOptions {
   bool chat = false;
   int kv_page_size = 16;
   int threads = 0;
-  std::string router;  // reserved for a remote mode (HOST:PORT); empty = run the model locally
+  std::string router;  // remote mode (HOST:PORT of an icecache router); empty = run the model locally
+  int budget_pages = -1;  // remote mode: -1 = the cluster's default, 0 = full attention, else pages
 };
 
 // Parses "1,2,3" (no spaces required; empty items refused).
@@ -161,6 +164,14 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
       o.threads = static_cast<int>(n);
     } else if (flag == "--router") {
       ICE_ASSIGN_OR_RETURN(o.router, value());
+    } else if (flag == "--budget") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      if (std::string(v) == "full") {
+        o.budget_pages = 0;
+      } else {
+        ICE_ASSIGN_OR_RETURN(int64_t n, internal::ParseInteger("--budget", v, 1, INT32_MAX));
+        o.budget_pages = static_cast<int>(n);
+      }
     } else {
       return InvalidArgumentError("unknown option '" + flag + "'");
     }
