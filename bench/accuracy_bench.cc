@@ -1,0 +1,388 @@
+// icecache-bench accuracy: passkey / needle retrieval accuracy of the project's own engine
+// (model::Model) under different KV selections over the same IceCache layout (kvstore).
+//
+// Per prompt: prompt[0 .. n-2] is prefilled densely (model::DenseKvCache), its K/V are read back and
+// built into a kvstore::SequenceCache (2 dense layers, sparse layers as sink + DCI tree + window).
+// Then the last prompt token and the answer are decoded greedily under the method, so every answer
+// token (the first included) is produced by the method's attention:
+//   full      every page of every layer (Retriever kFull);
+//   oracle    sink + exact best-K tree leaves + window (Retriever kOracle);
+//   icecache  sink + DCI-tree top-K leaves + window: decode::IceCacheBackend, the decode worker's;
+//   window    sink + most recent pages only (StreamingLLM-style; the cache is built with a wider
+//             window and Retriever gets K = 0).
+// Budget B tokens = B/16 pages: oracle/icecache use 1 sink + 1 window + (B/16 - 2) retrieved pages,
+// window uses 1 sink + (B/16 - 1) window pages. A trial is correct when the greedy tokens equal
+// the answer ids exactly. Prompts come from eval_prompts.jsonl (tools/train/passkey_lib.py).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/png_writer.h"
+#include "bench/workload.h"
+#include "decode_worker/icecache_backend.h"
+#include "kernels/attention.h"
+#include "kvstore/page_pool.h"
+#include "kvstore/retriever.h"
+#include "kvstore/sequence_cache.h"
+#include "model/dense_kv_cache.h"
+#include "model/model.h"
+
+namespace icecache::bench {
+namespace {
+
+// One sequence over a SequenceCache with pages chosen by a kvstore::Retriever; decode only.
+// The new token's K/V are written into the cache (BeginToken/WriteLayer) before attention, so
+// the window page always holds it and the selection covers it.
+class RetrieverBackend final : public model::AttentionBackend {
+ public:
+  RetrieverBackend(const model::AttentionShape& shape, std::unique_ptr<kvstore::SequenceCache> cache,
+                   const kvstore::RetrievalPolicy& policy)
+      : shape_(shape), cache_(std::move(cache)), retriever_(policy) {}
+  const model::AttentionShape& shape() const override { return shape_; }
+  Status AddSequence(model::SequenceId) override { return FailedPreconditionError("RetrieverBackend: one sequence"); }
+  Status RemoveSequence(model::SequenceId) override { return FailedPreconditionError("RetrieverBackend: one sequence"); }
+  bool HasSequence(model::SequenceId id) const override { return id == 0; }
+  StatusOr<int> SequenceLength(model::SequenceId id) const override {
+    if (id != 0) return NotFoundError("sequence " + std::to_string(id) + " not found");
+    return static_cast<int>(cache_->num_tokens()) - (in_step_ ? 1 : 0);
+  }
+  Status BeginStep(std::span<const model::StepSegment> segs) override {
+    if (segs.size() != 1 || segs[0].seq_id != 0 || segs[0].num_tokens != 1) {
+      return InvalidArgumentError("RetrieverBackend decodes one token of sequence 0 per step");
+    }
+    ICE_RETURN_IF_ERROR(cache_->BeginToken());
+    in_step_ = true;
+    return Status::Ok();
+  }
+  Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override {
+    ICE_RETURN_IF_ERROR(cache_->WriteLayer(layer, k, v));
+    ICE_RETURN_IF_ERROR(retriever_.Select({cache_.get()}, layer, q, shape_.num_q_heads, &sel_));
+    kernels::PagedDecodeAttentionParams a;
+    a.q = q;
+    a.pages = cache_->pool()->base();
+    a.kv_dtype = cache_->pool()->dtype();
+    a.page_indptr = sel_.page_indptr.data();
+    a.page_ids = sel_.page_ids.data();
+    a.page_valid = sel_.page_valid.data();
+    a.out = out;
+    a.batch = 1;
+    a.num_q_heads = shape_.num_q_heads;
+    a.num_kv_heads = shape_.num_kv_heads;
+    a.head_dim = shape_.head_dim;
+    a.page_size = cache_->pool()->page_size();
+    a.scale = shape_.scale;
+    return kernels::PagedDecodeAttention(a);
+  }
+  // BeginToken already counted the token; a failed step leaves it with the layers written so far,
+  // which the bench never continues from.
+  void EndStep(bool) override { in_step_ = false; }
+
+ private:
+  const model::AttentionShape shape_;
+  std::unique_ptr<kvstore::SequenceCache> cache_;
+  kvstore::Retriever retriever_;
+  kvstore::PageSelection sel_;
+  bool in_step_ = false;
+};
+
+struct Prompt {
+  std::string task;
+  int context = 0, depth = 0;
+  std::vector<int32_t> ids, answer;
+};
+
+StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot open " + path);
+  std::vector<Prompt> out;
+  std::string line;
+  for (int ln = 1; std::getline(in, line); ++ln) {
+    if (line.empty()) continue;
+    try {
+      auto j = nlohmann::json::parse(line);
+      Prompt p;
+      p.task = j.at("task").get<std::string>();
+      p.context = j.at("context").get<int>();
+      p.depth = j.at("depth").get<int>();
+      p.ids = j.at("prompt_ids").get<std::vector<int32_t>>();
+      p.answer = j.at("answer_ids").get<std::vector<int32_t>>();
+      if (p.ids.size() < 2 || p.answer.empty()) return InvalidArgumentError(path + ":" + std::to_string(ln) + ": empty prompt/answer");
+      out.push_back(std::move(p));
+    } catch (const std::exception& e) {
+      return InvalidArgumentError(path + ":" + std::to_string(ln) + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+struct Method {
+  std::string name;
+  int budget = 0;  // tokens; 0 for full
+};
+
+// Greedy decode of `p.answer.size()` tokens after feeding the last prompt token; true when exact.
+StatusOr<bool> Decode(model::Model& m, model::AttentionBackend& be, const Prompt& p) {
+  std::vector<float> logits;
+  int32_t tok = p.ids.back();
+  const int vocab = m.config().vocab_size;
+  for (size_t i = 0; i < p.answer.size(); ++i) {
+    model::SequenceInput in{0, std::span<const int32_t>(&tok, 1)};
+    ICE_RETURN_IF_ERROR(m.Forward({&in, 1}, be, model::LogitsMode::kLastToken, &logits));
+    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
+    if (tok != p.answer[i]) return false;
+  }
+  return true;
+}
+
+StatusOr<bool> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
+                        const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p, const Method& meth) {
+  const auto shape = m.attention_shape();
+  kvstore::SequenceCacheOptions o;
+  o.num_layers = shape.num_layers;
+  o.num_kv_heads = shape.num_kv_heads;
+  o.dense_layers = 2;
+  o.sink_pages = 1;
+  const int pages = meth.budget / pool->page_size();
+  o.window_pages = meth.name == "window" ? pages - 1 : 1;
+  ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(o, pool));
+  std::vector<const float*> kp, vp;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    kp.push_back(k[l].data());
+    vp.push_back(v[l].data());
+  }
+  ICE_RETURN_IF_ERROR(cache->Build(kp.data(), vp.data(), n));
+  if (meth.name == "icecache") {
+    decode::IceCacheBackend be(shape, pool);
+    ICE_RETURN_IF_ERROR(be.Import(0, std::move(cache), pages));
+    return Decode(m, be, p);
+  }
+  kvstore::RetrievalPolicy pol;
+  pol.budget_pages = meth.name == "full" ? 1 : pages;
+  pol.mode = meth.name == "full" ? kvstore::RetrievalMode::kFull
+             : meth.name == "oracle" ? kvstore::RetrievalMode::kOracle
+                                     : kvstore::RetrievalMode::kSparse;  // window: K = pages - sink - window = 0
+  RetrieverBackend be(shape, std::move(cache), pol);
+  return Decode(m, be, p);
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) if (!t.empty()) out.push_back(t);
+  return out;
+}
+
+int ParseContext(const std::string& s) {
+  if (!s.empty() && (s.back() == 'k' || s.back() == 'K')) return std::atoi(s.c_str()) * 1024;
+  return std::atoi(s.c_str());
+}
+
+struct Cell {
+  int correct = 0, trials = 0;
+};
+
+// Grid of heatmaps: one panel per (method, budget), panels left to right in the order given;
+// inside a panel rows = contexts (top = shortest), columns = depths (left = 0%); colour from red
+// (accuracy 0) to green (1); grey = no trial.
+Status WritePlot(const std::string& path, const std::vector<Method>& methods, const std::vector<int>& contexts,
+                 const std::vector<int>& depths, const std::map<std::tuple<int, int, int>, Cell>& cells) {
+  const int cs = 20, gap = 12;
+  const int pw = static_cast<int>(depths.size()) * cs, ph = static_cast<int>(contexts.size()) * cs;
+  const int width = gap + static_cast<int>(methods.size()) * (pw + gap), height = ph + 2 * gap;
+  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3, 255);
+  for (size_t mi = 0; mi < methods.size(); ++mi) {
+    for (size_t ci = 0; ci < contexts.size(); ++ci) {
+      for (size_t di = 0; di < depths.size(); ++di) {
+        auto it = cells.find({static_cast<int>(mi), contexts[ci], depths[di]});
+        uint8_t r = 160, g = 160, b = 160;
+        if (it != cells.end() && it->second.trials > 0) {
+          const double a = static_cast<double>(it->second.correct) / it->second.trials;
+          r = static_cast<uint8_t>(std::lround(220 * (1 - a) + 30 * a));
+          g = static_cast<uint8_t>(std::lround(40 * (1 - a) + 170 * a));
+          b = 50;
+        }
+        const int x0 = gap + static_cast<int>(mi) * (pw + gap) + static_cast<int>(di) * cs;
+        const int y0 = gap + static_cast<int>(ci) * cs;
+        for (int y = y0 + 1; y < y0 + cs - 1; ++y) {
+          for (int x = x0 + 1; x < x0 + cs - 1; ++x) {
+            uint8_t* px = &rgb[(static_cast<size_t>(y) * width + x) * 3];
+            px[0] = r, px[1] = g, px[2] = b;
+          }
+        }
+      }
+    }
+  }
+  return WritePng(path, width, height, rgb);
+}
+
+constexpr const char* kUsage =
+    "usage: icecache-bench accuracy --model DIR [--prompts FILE (DIR/eval_prompts.jsonl)] [--task passkey|needle]\n"
+    "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,window]\n"
+    "         [--budgets 64,128,256] [--trials N (max per cell)] [--json] [--plot FILE.png]\n";
+
+int RunAccuracy(int argc, char** argv) {
+  std::string dir, prompts_path, task = "passkey", plot;
+  std::string contexts_s = "1k,2k,4k", depths_s = "0,25,50,75,100", methods_s = "full,oracle,icecache,window",
+              budgets_s = "64,128,256";
+  int max_trials = 1 << 30;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    const bool has = i + 1 < argc;
+    if (f == "--model" && has) dir = argv[++i];
+    else if (f == "--prompts" && has) prompts_path = argv[++i];
+    else if (f == "--task" && has) task = argv[++i];
+    else if (f == "--contexts" && has) contexts_s = argv[++i];
+    else if (f == "--depths" && has) depths_s = argv[++i];
+    else if (f == "--methods" && has) methods_s = argv[++i];
+    else if (f == "--budgets" && has) budgets_s = argv[++i];
+    else if (f == "--trials" && has) max_trials = std::atoi(argv[++i]);
+    else if (f == "--plot" && has) plot = argv[++i];
+    else if (f == "--json") json = true;
+    else {
+      std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (dir.empty() || max_trials < 1) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  if (prompts_path.empty()) prompts_path = dir + "/eval_prompts.jsonl";
+  std::vector<int> contexts, depths, budgets;
+  for (auto& s : Split(contexts_s)) contexts.push_back(ParseContext(s));
+  for (auto& s : Split(depths_s)) depths.push_back(std::atoi(s.c_str()));
+  for (auto& s : Split(budgets_s)) budgets.push_back(std::atoi(s.c_str()));
+  std::vector<Method> methods;
+  for (auto& name : Split(methods_s)) {
+    if (name == "full") {
+      methods.push_back({name, 0});
+    } else if (name == "oracle" || name == "icecache" || name == "window") {
+      for (int b : budgets) {
+        const int min_pages = name == "window" ? 2 : 3;
+        if (b % 16 != 0 || b / 16 < min_pages) {
+          std::fprintf(stderr, "accuracy: budget %d for %s must be a multiple of 16 with >= %d pages\n", b,
+                       name.c_str(), min_pages);
+          return 2;
+        }
+        methods.push_back({name, b});
+      }
+    } else {
+      std::fprintf(stderr, "accuracy: unknown method '%s'\n", name.c_str());
+      return 2;
+    }
+  }
+  auto prompts = LoadPrompts(prompts_path);
+  if (!prompts.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", prompts.status().ToString().c_str());
+    return 1;
+  }
+  auto model = model::Model::Load(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  model::Model& m = **model;
+  const auto shape = m.attention_shape();
+  std::map<std::tuple<int, int, int>, Cell> cells;  // (method index, context, depth)
+  std::map<std::pair<int, int>, int> used;
+  for (const Prompt& p : *prompts) {
+    if (p.task != task || std::find(contexts.begin(), contexts.end(), p.context) == contexts.end() ||
+        std::find(depths.begin(), depths.end(), p.depth) == depths.end() || used[{p.context, p.depth}] >= max_trials) {
+      continue;
+    }
+    ++used[{p.context, p.depth}];
+    const int64_t n = static_cast<int64_t>(p.ids.size()) - 1;
+    std::vector<std::vector<float>> k(shape.num_layers), v(shape.num_layers);
+    {
+      model::DenseKvCache dense(shape);
+      std::vector<float> logits;
+      model::SequenceInput in{0, std::span<const int32_t>(p.ids.data(), n)};
+      Status st = dense.AddSequence(0);
+      if (st.ok()) st = m.Forward({&in, 1}, dense, model::LogitsMode::kLastToken, &logits);
+      const size_t hd = shape.head_dim, nkv = shape.num_kv_heads;
+      std::vector<float> kh(n * hd), vh(n * hd);
+      for (int l = 0; l < shape.num_layers && st.ok(); ++l) {
+        k[l].resize(n * nkv * hd);
+        v[l].resize(n * nkv * hd);
+        for (size_t g = 0; g < nkv && st.ok(); ++g) {
+          st = dense.ReadKv(0, l, static_cast<int>(g), kh.data(), vh.data());
+          for (int64_t t = 0; t < n && st.ok(); ++t) {
+            std::memcpy(&k[l][(t * nkv + g) * hd], &kh[t * hd], hd * sizeof(float));
+            std::memcpy(&v[l][(t * nkv + g) * hd], &vh[t * hd], hd * sizeof(float));
+          }
+        }
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "accuracy: prefill: %s\n", st.ToString().c_str());
+        return 1;
+      }
+    }
+    kvstore::PagePoolOptions po;
+    po.page_size = 16;
+    po.head_dim = shape.head_dim;
+    po.dtype = kernels::DType::kF32;
+    po.num_pages = (n / 16 + 4) * shape.num_layers * shape.num_kv_heads + 64;
+    auto pool = kvstore::PagePool::Create(po);
+    if (!pool.ok()) {
+      std::fprintf(stderr, "accuracy: %s\n", pool.status().ToString().c_str());
+      return 1;
+    }
+    for (size_t mi = 0; mi < methods.size(); ++mi) {
+      auto ok = RunTrial(m, pool->get(), k, v, n, p, methods[mi]);
+      if (!ok.ok()) {
+        std::fprintf(stderr, "accuracy: %s budget %d: %s\n", methods[mi].name.c_str(), methods[mi].budget,
+                     ok.status().ToString().c_str());
+        return 1;
+      }
+      Cell& c = cells[{static_cast<int>(mi), p.context, p.depth}];
+      c.correct += *ok ? 1 : 0;
+      ++c.trials;
+    }
+    std::fprintf(stderr, "accuracy: %s context %d depth %d done\n", p.task.c_str(), p.context, p.depth);
+  }
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t mi = 0; mi < methods.size(); ++mi) {
+    for (int c : contexts) {
+      for (int d : depths) {
+        auto it = cells.find({static_cast<int>(mi), c, d});
+        if (it == cells.end()) continue;
+        nlohmann::json r = {{"task", task}, {"context", c}, {"depth", d}, {"method", methods[mi].name}};
+        if (methods[mi].budget > 0) r["budget"] = methods[mi].budget;
+        r["accuracy"] = static_cast<double>(it->second.correct) / it->second.trials;
+        r["trials"] = it->second.trials;
+        results.push_back(r);
+        if (!json) {
+          std::printf("%-8s budget %4d  context %5d  depth %3d  accuracy %.2f (%d trials)\n",
+                      methods[mi].name.c_str(), methods[mi].budget, c, d, r["accuracy"].get<double>(),
+                      it->second.trials);
+        }
+      }
+    }
+  }
+  if (json) std::printf("%s\n", nlohmann::json{{"results", results}}.dump().c_str());
+  if (!plot.empty()) {
+    Status st = WritePlot(plot, methods, contexts, depths, cells);
+    if (!st.ok()) {
+      std::fprintf(stderr, "accuracy: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+ICE_BENCH_WORKLOAD("accuracy", "passkey/needle accuracy: full KV vs oracle vs IceCache vs window", RunAccuracy);
+
+}  // namespace icecache::bench
