@@ -332,7 +332,8 @@ int RunAccuracy(int argc, char** argv) {
     po.page_size = 16;
     po.head_dim = shape.head_dim;
     po.dtype = kernels::DType::kF32;
-    po.num_pages = (n / 16 + 4) * shape.num_layers * shape.num_kv_heads + 64;
+    // Tree leaves are not all full pages: room for 3x the dense page count.
+    po.num_pages = 3 * (n / 16 + 4) * shape.num_layers * shape.num_kv_heads + 256;
     auto pool = kvstore::PagePool::Create(po);
     if (!pool.ok()) {
       std::fprintf(stderr, "accuracy: %s\n", pool.status().ToString().c_str());
