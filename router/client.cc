@@ -99,10 +99,12 @@ int PrintRemoteGeneration(const RemoteGenerateOptions& options, bool print_ids) 
   std::printf("\n");
   std::fprintf(stderr,
                "[%d prompt tokens, %d generated, finish: %s; TTFT %.3f s (prefill %.3f, tree %.3f, transfer %.3f), "
-               "TPOT %.2f ms, %lld pages fetched; decode worker %s]\n",
+               "TPOT %.2f ms, %lld pages fetched; KV %.2f MiB shipped to the decode worker's host store; "
+               "decode worker %s]\n",
                last.prompt_tokens, last.completion_tokens, last.finish_reason.c_str(), last.ttft_seconds,
                last.prefill_compute_seconds, last.tree_build_seconds, last.transfer_seconds, last.tpot_seconds * 1e3,
-               static_cast<long long>(last.pages_fetched), worker.c_str());
+               static_cast<long long>(last.pages_fetched), static_cast<double>(last.transfer_bytes) / (1 << 20),
+               worker.c_str());
   return 0;
 }
 

@@ -186,7 +186,7 @@ class GenerationServiceImpl final : public pb::Generation::Service {
 
     std::optional<Gauge> waiting(std::in_place, metrics_->waiting);
     // 1. Reserve on the best decode worker that has room.
-    auto decoders = decode_->Ranked();
+    auto decoders = decode_->Ranked(/*claim=*/1);
     if (decoders.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode workers are configured");
     WorkerInfo decoder;
     pb::ReserveResponse reserved;
@@ -213,6 +213,8 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       last_error = s;
       if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
     }
+    // Move the claim Ranked() made on the first worker to the one that accepted (or drop it).
+    decode_->AddInflight(decoders.front().address, -1);
     if (!got) {
       if (last_error.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -237,13 +239,12 @@ class GenerationServiceImpl final : public pb::Generation::Service {
     };
 
     // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker.
-    auto prefillers = prefill_->Ranked();
+    auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(ids.size()));
     if (prefillers.empty()) {
       release();
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill workers are configured");
     }
     const WorkerInfo& prefiller = prefillers.front();
-    prefill_->AddInflight(prefiller.address, static_cast<int64_t>(ids.size()));
     InflightGuard prefill_guard{prefill_, prefiller.address, static_cast<int64_t>(ids.size())};
     pb::PrefillResponse prefilled;
     {

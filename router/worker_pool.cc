@@ -123,21 +123,22 @@ void WorkerPool::Refresh(bool resolve) {
   }
 }
 
-std::vector<WorkerInfo> WorkerPool::Ranked() const {
-  std::vector<WorkerInfo> out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [a, w] : workers_) out.push_back(w);
-  }
+std::vector<WorkerInfo> WorkerPool::Ranked(int64_t claim) {
   auto load = [&](const WorkerInfo& w) {
     return kind_ == WorkerKind::kDecode ? w.stats.active_sequences() + w.inflight
                                         : w.stats.queued_prompt_tokens() + w.inflight;
   };
+  std::vector<WorkerInfo> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [a, w] : workers_) out.push_back(w);
   std::stable_sort(out.begin(), out.end(), [&](const WorkerInfo& a, const WorkerInfo& b) {
     if (a.healthy != b.healthy) return a.healthy;
     if (load(a) != load(b)) return load(a) < load(b);
     return a.stats.free_pages() > b.stats.free_pages();
   });
+  // Claiming under the same lock as the ranking keeps concurrent requests from all picking the
+  // same worker before any of them has been counted.
+  if (claim != 0 && !out.empty()) workers_[out.front().address].inflight += claim;
   return out;
 }
 

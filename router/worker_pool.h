@@ -47,8 +47,9 @@ class WorkerPool {
 
   // Workers in order of preference: decode by (active sequences + inflight) ascending then free
   // pages descending; prefill by (queued prompt tokens + inflight tokens) ascending. Unhealthy
-  // workers come last.
-  std::vector<WorkerInfo> Ranked() const;
+  // workers come last. With claim != 0, `claim` is added to the first worker's inflight count in
+  // the same critical section (the caller moves or removes it with AddInflight later).
+  std::vector<WorkerInfo> Ranked(int64_t claim = 0);
   size_t size() const;
   // True when at least one worker answered its last Stats call.
   bool AnyHealthy() const;
