@@ -8,6 +8,8 @@
 //   full      every page of every layer (Retriever kFull);
 //   oracle    sink + exact best-K tree leaves + window (Retriever kOracle);
 //   icecache  sink + DCI-tree top-K leaves + window: decode::IceCacheBackend, the decode worker's;
+//   retriever the same DCI-tree selection through kvstore::Retriever (kSparse) in this file's
+//             backend instead of the decode worker's: a cross-check of IceCacheBackend;
 //   window    sink + most recent pages only (StreamingLLM-style; the cache is built with a wider
 //             window and Retriever gets K = 0).
 // Budget B tokens = B/16 pages: oracle/icecache use 1 sink + 1 window + (B/16 - 2) retrieved pages,
@@ -145,13 +147,15 @@ StatusOr<bool> Decode(model::Model& m, model::AttentionBackend& be, const Prompt
 }
 
 StatusOr<bool> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
-                        const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p, const Method& meth) {
+                        const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p, const Method& meth,
+                        const kvstore::DciParams& dci) {
   const auto shape = m.attention_shape();
   kvstore::SequenceCacheOptions o;
   o.num_layers = shape.num_layers;
   o.num_kv_heads = shape.num_kv_heads;
   o.dense_layers = 2;
   o.sink_pages = 1;
+  o.dci = dci;
   const int pages = meth.budget / pool->page_size();
   o.window_pages = meth.name == "window" ? pages - 1 : 1;
   ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(o, pool));
@@ -228,7 +232,9 @@ Status WritePlot(const std::string& path, const std::vector<Method>& methods, co
 constexpr const char* kUsage =
     "usage: icecache-bench accuracy --model DIR [--prompts FILE (DIR/eval_prompts.jsonl)] [--task passkey|needle]\n"
     "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,window]\n"
-    "         [--budgets 64,128,256] [--trials N (max per cell)] [--json] [--plot FILE.png]\n";
+    "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned (DciParams::Tuned())]\n"
+    "         [--json] [--plot FILE.png]\n"
+    "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n";
 
 int RunAccuracy(int argc, char** argv) {
   std::string dir, prompts_path, task = "passkey", plot;
@@ -236,6 +242,7 @@ int RunAccuracy(int argc, char** argv) {
               budgets_s = "64,128,256";
   int max_trials = 1 << 30;
   bool json = false;
+  kvstore::DciParams dci;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -249,6 +256,8 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--trials" && has) max_trials = std::atoi(argv[++i]);
     else if (f == "--plot" && has) plot = argv[++i];
     else if (f == "--json") json = true;
+    else if (f == "--dci" && has && std::string(argv[i + 1]) == "default") ++i;
+    else if (f == "--dci" && has && std::string(argv[i + 1]) == "tuned") dci = kvstore::DciParams::Tuned(), ++i;
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
@@ -267,7 +276,7 @@ int RunAccuracy(int argc, char** argv) {
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
       methods.push_back({name, 0});
-    } else if (name == "oracle" || name == "icecache" || name == "window") {
+    } else if (name == "oracle" || name == "icecache" || name == "retriever" || name == "window") {
       for (int b : budgets) {
         const int min_pages = name == "window" ? 2 : 3;
         if (b % 16 != 0 || b / 16 < min_pages) {
@@ -340,7 +349,7 @@ int RunAccuracy(int argc, char** argv) {
       return 1;
     }
     for (size_t mi = 0; mi < methods.size(); ++mi) {
-      auto ok = RunTrial(m, pool->get(), k, v, n, p, methods[mi]);
+      auto ok = RunTrial(m, pool->get(), k, v, n, p, methods[mi], dci);
       if (!ok.ok()) {
         std::fprintf(stderr, "accuracy: %s budget %d: %s\n", methods[mi].name.c_str(), methods[mi].budget,
                      ok.status().ToString().c_str());
