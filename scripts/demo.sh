@@ -59,7 +59,9 @@ prompt+="
 What is the pass key? The pass key is"
 
 echo "demo: passkey $passkey hidden at ${needle_at}/${groups} of the filler; asking with budget $budget pages"
-$BIN/icecache generate --router "127.0.0.1:$PORT" --prompt "$prompt" --max-tokens 6 --budget "$budget"
+answer=$($BIN/icecache generate --router "127.0.0.1:$PORT" --prompt "$prompt" --max-tokens 6 --budget "$budget" | tee /dev/stderr)
+echo "demo: the cluster answered '$answer'"
+if [ "${answer// /}" = "$passkey" ]; then echo "demo: correct"; else echo "demo: wrong (expected $passkey)"; fi
 
 if [ "$once" -eq 1 ]; then
   exit 0
