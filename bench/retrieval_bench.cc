@@ -1,5 +1,5 @@
 // icecache-bench retrieval: IceCache page retrieval (DciTree + Retriever) against an exact SIMD
-// scan and faiss (HNSW, IVF-Flat) on the same keys. See docs/bench_kvstore.md.
+// scan and faiss (HNSW, IVF-Flat) on the same keys. See docs/BENCHMARKS.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,4 +1,4 @@
-// OpenBLAS as a measured baseline (benchmarks and docs/bench_kernels.md), not used by the ops.
+// OpenBLAS as a measured baseline (benchmarks and docs/BENCHMARKS.md), not used by the ops.
 // Compiled against OpenBLAS when kernels/CMakeLists.txt finds it (blas_reference_openblas.cc),
 // else as "unavailable" (blas_reference_none.cc).
 #pragma once

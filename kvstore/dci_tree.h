@@ -67,7 +67,7 @@ struct DciParams {
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling
 
-  // The setting chosen by measurement (docs/bench_kvstore.md): smaller cells (p1 = 0.02), whole
+  // The setting chosen by measurement (docs/BENCHMARKS.md): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(16, 1e-3 n). At 32k tokens it reaches 0.96
   // attention-mass recall where the reference defaults reach 0.86, scoring ~half the tokens; its
   // exact parent search makes the build ~2x slower.

@@ -23,7 +23,7 @@ struct CacheSection {
   int sink_pages = 2;
   int window_pages = 2;
   // DCI-tree parameters: "tuned" (kvstore::DciParams::Tuned(): higher recall, ~2x slower build;
-  // the default, chosen by measurement in docs/bench_accuracy.md) or "reference" (the paper's
+  // the default, chosen by measurement in docs/BENCHMARKS.md) or "reference" (the paper's
   // code defaults, DESIGN §3).
   std::string dci_preset = "tuned";
 };

@@ -259,7 +259,7 @@ TEST_P(RecallTest, RecallOnStructuredSyntheticKeys) {
   EXPECT_GE(mass_recall, rc.min_mass_recall);
 }
 
-// Bounds: measured values (printed above; docs/bench_kvstore.md) minus a margin for platforms.
+// Bounds: measured values (printed above; docs/BENCHMARKS.md) minus a margin for platforms.
 // Measured (page / mass): defaults 0.758 / 0.757; tuned 0.840 / 0.884.
 INSTANTIATE_TEST_SUITE_P(Params, RecallTest,
                          ::testing::Values(RecallCase{"defaults", false, 0.65, 0.65},
