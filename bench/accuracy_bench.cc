@@ -233,6 +233,7 @@ constexpr const char* kUsage =
     "usage: icecache-bench accuracy --model DIR [--prompts FILE (DIR/eval_prompts.jsonl)] [--task passkey|needle]\n"
     "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,window]\n"
     "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned (DciParams::Tuned())]\n"
+    "         [--dci-fov-min N (override the field of view's minimum)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n";
 
@@ -243,6 +244,7 @@ int RunAccuracy(int argc, char** argv) {
   int max_trials = 1 << 30;
   bool json = false;
   kvstore::DciParams dci;
+  int fov_min_override = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -258,6 +260,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--json") json = true;
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "default") ++i;
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "tuned") dci = kvstore::DciParams::Tuned(), ++i;
+    else if (f == "--dci-fov-min" && has) fov_min_override = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
@@ -267,6 +270,7 @@ int RunAccuracy(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
+  if (fov_min_override >= 0) dci.fov_min = fov_min_override;
   if (prompts_path.empty()) prompts_path = dir + "/eval_prompts.jsonl";
   std::vector<int> contexts, depths, budgets;
   for (auto& s : Split(contexts_s)) contexts.push_back(ParseContext(s));
