@@ -1,5 +1,7 @@
 #include "kvstore/vector_ops.h"
 
+#include "kernels/dtype.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,7 +40,7 @@ inline float LoadScalar(const void* rows, size_t i) {
   } else if constexpr (T == DType::kBF16) {
     return kernels::Bf16ToF32(static_cast<const uint16_t*>(rows)[i]);
   } else {
-    return HalfToFloat(static_cast<const uint16_t*>(rows)[i]);
+    return kernels::F16ToF32(static_cast<const uint16_t*>(rows)[i]);
   }
 }
 
@@ -152,51 +154,6 @@ void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int 
 }
 
 }  // namespace
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      u = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t FloatToHalf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;          // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;         // rounds to >= 65536: inf
-  if (abs < 0x38800000u) {                               // subnormal or zero in f16
-    if (abs < 0x33000000u) return sign;                  // < half of the smallest subnormal
-    const uint32_t e = abs >> 23, m = (abs & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - static_cast<int>(e);         // 14..24
-    uint32_t r = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (r & 1u))) ++r;
-    return sign | static_cast<uint16_t>(r);
-  }
-  uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
-  r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even
-  return sign | static_cast<uint16_t>(r >> 13);
-}
 
 void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
                   const float* row_extra, int nr, int dim, int32_t* best) {
@@ -348,7 +305,7 @@ void RowToF32(DType dtype, const void* src, float* dst, int n) {
       for (int i = 0; i < n; ++i) dst[i] = kernels::Bf16ToF32(static_cast<const uint16_t*>(src)[i]);
       return;
     case DType::kF16:
-      for (int i = 0; i < n; ++i) dst[i] = HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+      for (int i = 0; i < n; ++i) dst[i] = kernels::F16ToF32(static_cast<const uint16_t*>(src)[i]);
       return;
   }
 }
@@ -378,7 +335,7 @@ void RowFromF32(DType dtype, const float* src, void* dst, int n) {
       return;
     }
     case DType::kF16:
-      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
+      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = kernels::F32ToF16(src[i]);
       return;
   }
 }

@@ -36,8 +36,4 @@ void RowFromF32(DType dtype, const float* src, void* dst, int n);
 void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
                   const float* row_extra, int nr, int dim, int32_t* best);
 
-// Scalar f16 conversions (IEEE binary16), exposed for tests.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-
 }  // namespace icecache::kvstore

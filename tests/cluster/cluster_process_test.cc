@@ -1,6 +1,8 @@
 // `icecache cluster` as separate processes (fork/exec of the real binaries), driven through
 // `icecache health` and the client library.
 #include <gtest/gtest.h>
+
+#include "tests/cluster/free_ports.h"
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -21,28 +23,7 @@ namespace {
 
 const std::string kBin = std::string(ICECACHE_BINARY_DIR) + "/bin/";
 
-bool PortFree(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-// A base port whose next `n` ports are all free right now.
-int FreePortRange(int n) {
-  std::mt19937 rng(static_cast<uint32_t>(getpid()) * 7919u + static_cast<uint32_t>(time(nullptr)));
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int base = 20000 + static_cast<int>(rng() % 30000);
-    bool all = true;
-    for (int i = 0; i < n && all; ++i) all = PortFree(base + i);
-    if (all) return base;
-  }
-  return -1;
-}
+int FreePortRange(int n) { return testing::FreePortRange(n, 7919u); }
 
 pid_t Spawn(const std::vector<std::string>& args) {
   std::vector<char*> argv;

@@ -1,6 +1,8 @@
 // monitoring/: the Prometheus config and alert rules pass promtool; the Grafana dashboard only
 // queries metrics the services really export; a real Prometheus server scrapes a running cluster.
 #include <gtest/gtest.h>
+
+#include "tests/cluster/free_ports.h"
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -56,27 +58,7 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : resp.substr(body + 4);
 }
 
-bool PortFree(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-int FreePortRange(int n) {
-  std::mt19937 rng(static_cast<uint32_t>(getpid()) * 104729u + static_cast<uint32_t>(time(nullptr)));
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int base = 20000 + static_cast<int>(rng() % 30000);
-    bool all = true;
-    for (int i = 0; i < n && all; ++i) all = PortFree(base + i);
-    if (all) return base;
-  }
-  return -1;
-}
+int FreePortRange(int n) { return testing::FreePortRange(n, 104729u); }
 
 TEST(Monitoring, PromtoolAcceptsConfigAndRules) {
   if (!HaveTool("promtool")) GTEST_SKIP() << "promtool not installed (Debian package prometheus)";

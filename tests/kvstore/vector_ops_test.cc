@@ -1,5 +1,7 @@
 #include "kvstore/vector_ops.h"
 
+#include "kernels/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,22 +12,22 @@ namespace icecache::kvstore {
 namespace {
 
 TEST(VectorOpsTest, HalfConversionsMatchIeee) {
-  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
-  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToHalf(65504.f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(65520.f), 0x7c00);  // rounds to inf
-  EXPECT_EQ(FloatToHalf(5.9604645e-8f), 0x0001);  // smallest subnormal
-  EXPECT_EQ(FloatToHalf(2.98023224e-8f), 0x0000);  // exactly half of it: ties to even
-  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
-  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);  // tie -> even (up)
-  EXPECT_FLOAT_EQ(HalfToFloat(0x3555), 0.333251953125f);
-  EXPECT_FLOAT_EQ(HalfToFloat(0x0001), 5.9604645e-8f);
-  EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00)));
-  EXPECT_TRUE(std::isnan(HalfToFloat(0x7e00)));
+  EXPECT_EQ(kernels::F32ToF16(1.0f), 0x3c00);
+  EXPECT_EQ(kernels::F32ToF16(-2.0f), 0xc000);
+  EXPECT_EQ(kernels::F32ToF16(65504.f), 0x7bff);
+  EXPECT_EQ(kernels::F32ToF16(65520.f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(kernels::F32ToF16(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(kernels::F32ToF16(2.98023224e-8f), 0x0000);  // exactly half of it: ties to even
+  EXPECT_EQ(kernels::F32ToF16(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
+  EXPECT_EQ(kernels::F32ToF16(1.0f + 3.0f / 2048), 0x3c02);  // tie -> even (up)
+  EXPECT_FLOAT_EQ(kernels::F16ToF32(0x3555), 0.333251953125f);
+  EXPECT_FLOAT_EQ(kernels::F16ToF32(0x0001), 5.9604645e-8f);
+  EXPECT_TRUE(std::isinf(kernels::F16ToF32(0x7c00)));
+  EXPECT_TRUE(std::isnan(kernels::F16ToF32(0x7e00)));
   // Every finite half round-trips exactly.
   for (uint32_t h = 0; h < 0x10000; ++h) {
     if ((h & 0x7c00) == 0x7c00) continue;
-    ASSERT_EQ(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))), h) << h;
+    ASSERT_EQ(kernels::F32ToF16(kernels::F16ToF32(static_cast<uint16_t>(h))), h) << h;
   }
 }
 
