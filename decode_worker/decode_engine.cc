@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "kvstore/sequence_cache.h"
+#include "transport/kv_shipping.h"
 
 namespace icecache::decode {
 
@@ -53,8 +54,7 @@ struct DecodeEngine::Reservation {
   Clock::time_point created;
   bool started = false;
   // Filled by the transport's sink on its progress thread; read after Wait() returns.
-  std::vector<uint8_t> metadata;
-  std::vector<int32_t> pages;  // pages[i] = pool page holding shipped page i (-1: not yet)
+  std::unique_ptr<transport::KvReceiver> kv;
 };
 
 struct DecodeEngine::Running {
@@ -78,7 +78,7 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model
   kvstore::PagePoolOptions po;
   po.page_size = options.page_size;
   po.head_dim = model->attention_shape().head_dim;
-  po.dtype = kernels::DType::kF32;
+  po.dtype = options.kv_dtype;
   po.num_pages = options.pool_pages;
   ICE_ASSIGN_OR_RETURN(e->pool_, kvstore::PagePool::Create(po));
   e->backend_ = std::make_unique<IceCacheBackend>(model->attention_shape(), e->pool_.get());
@@ -137,28 +137,10 @@ StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int 
   r->committed_pages = need;
   r->budget_pages = budget_pages;
   r->created = Clock::now();
-  const size_t page_bytes = pool_->page_bytes();
-  kvstore::PagePool* pool = pool_.get();
   // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
   // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
-  Reservation* raw = r.get();
-  Status expect = transport_->Expect(r->id, [raw, pool, page_bytes](uint32_t index, size_t bytes) -> StatusOr<void*> {
-    if (index == 0) {
-      if (bytes > (64u << 20)) return InvalidArgumentError("sequence metadata larger than 64 MiB");
-      raw->metadata.resize(bytes);
-      return static_cast<void*>(raw->metadata.data());
-    }
-    if (bytes != page_bytes) {
-      return InvalidArgumentError("page of " + std::to_string(bytes) + " bytes, this pool's pages have " +
-                                  std::to_string(page_bytes) + " (page_size/head_dim mismatch)");
-    }
-    size_t slot = index - 1;
-    if (slot >= raw->pages.size()) raw->pages.resize(slot + 1, -1);
-    if (raw->pages[slot] != -1) return InvalidArgumentError("page " + std::to_string(slot) + " sent twice");
-    ICE_ASSIGN_OR_RETURN(int32_t page, pool->Allocate());
-    raw->pages[slot] = page;
-    return pool->PageK(page);
-  });
+  r->kv = std::make_unique<transport::KvReceiver>(pool_.get());
+  Status expect = transport_->ExpectScatter(r->id, r->kv->Sink());
   if (!expect.ok()) return expect;
   committed_pages_ += need;
   reserved_[r->id] = r;
@@ -175,10 +157,7 @@ void DecodeEngine::Drop(uint64_t id) {
     reserved_.erase(it);
     committed_pages_ -= r->committed_pages;
   }
-  for (int32_t p : r->pages) {
-    if (p >= 0) pool_->Free(p).IgnoreError();
-  }
-  r->pages.clear();
+  r->kv->Release();
 }
 
 StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const DecodeParams& params,
@@ -198,14 +177,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
     Drop(id);
     return arrived.WithContext("waiting for the prefilled KV cache");
   }
-  for (int32_t p : r->pages) {
-    if (p < 0) {
-      Drop(id);
-      return DataLossError("a shipped page is missing");
-    }
-  }
-  auto cache = kvstore::SequenceCache::Deserialize(r->metadata.data(), r->metadata.size(), r->pages.data(),
-                                                   r->pages.size(), pool_.get());
+  auto cache = r->kv->Import();
   if (!cache.ok()) {
     Drop(id);
     return cache.status().WithContext("shipped KV cache");
@@ -222,8 +194,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
   auto stream = run->stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // The cache now owns the pages; the reservation keeps only the accounting.
-    r->pages.clear();
+    // The cache now owns the pages (Import handed them over); the reservation keeps only the accounting.
     run->committed_pages = r->committed_pages;
     reserved_.erase(id);
     joining_.push_back(std::move(run));

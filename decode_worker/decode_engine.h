@@ -38,6 +38,7 @@ struct DecodeEngineOptions {
   int max_sequences = 64;
   double reservation_timeout_seconds = 120;
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
+  kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
 };
 
 struct DecodeParams {
@@ -84,7 +85,7 @@ struct DecodeEngineStats {
 class DecodeEngine {
  public:
   // `model` and `transport` are not owned and must outlive the engine. The page pool is created
-  // here (fp32 pages of options.page_size tokens).
+  // here (options.kv_dtype pages of options.page_size tokens).
   static StatusOr<std::unique_ptr<DecodeEngine>> Create(model::Model* model, transport::Transport* transport,
                                                         const DecodeEngineOptions& options);
   ~DecodeEngine();

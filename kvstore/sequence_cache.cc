@@ -67,6 +67,8 @@ void SequenceCache::Release() {
   }
   n_ = sink_tokens_ = window_start_ = 0;
   broken_ = false;
+  build_n_ = -1;
+  built_layers_ = 0;
 }
 
 Status SequenceCache::FillList(std::vector<int32_t>* pages, const float* k, const float* v, size_t stride, int64_t count) {
@@ -82,10 +84,15 @@ Status SequenceCache::FillList(std::vector<int32_t>* pages, const float* k, cons
 }
 
 Status SequenceCache::Build(const float* const* k, const float* const* v, int64_t n, ThreadPool* threads) {
+  ICE_RETURN_IF_ERROR(BeginBuild(n));
+  ICE_RETURN_IF_ERROR(BuildLayers(0, options_.num_layers, k, v, threads));
+  return FinishBuild();
+}
+
+Status SequenceCache::BeginBuild(int64_t n) {
   if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
-  if (n_ != 0) return FailedPreconditionError("SequenceCache::Build: the cache already holds tokens");
+  if (n_ != 0 || build_n_ >= 0) return FailedPreconditionError("SequenceCache::Build: the cache already holds tokens");
   if (n < 0 || n > INT32_MAX) return InvalidArgumentError("SequenceCache::Build: bad token count " + std::to_string(n));
-  if (n > 0 && (k == nullptr || v == nullptr)) return InvalidArgumentError("SequenceCache::Build: k/v missing");
   const int64_t ps = page_size_;
   sink_tokens_ = std::min<int64_t>(n, static_cast<int64_t>(options_.sink_pages) * ps);
   const int64_t rest = n - sink_tokens_;
@@ -93,30 +100,61 @@ Status SequenceCache::Build(const float* const* k, const float* const* v, int64_
   window_start_ = std::min<int64_t>(n, sink_tokens_ + ps * std::max<int64_t>(0, chunks - options_.window_pages));
   const bool sink_full = sink_tokens_ == static_cast<int64_t>(options_.sink_pages) * ps;
   if (!sink_full) window_start_ = n;  // no window or tree until the sink is full
+  build_n_ = n;
+  built_layers_ = 0;
+  return Status::Ok();
+}
+
+Status SequenceCache::FinishBuild() {
+  if (build_n_ < 0 || built_layers_ != options_.num_layers) {
+    return FailedPreconditionError("SequenceCache::FinishBuild: " + std::to_string(built_layers_) + " of " +
+                                   std::to_string(options_.num_layers) + " layers built");
+  }
+  n_ = build_n_;
+  build_n_ = -1;
+  return Status::Ok();
+}
+
+Status SequenceCache::BuildLayers(int first_layer, int count, const float* const* k, const float* const* v,
+                                  ThreadPool* threads) {
+  if (build_n_ < 0) return FailedPreconditionError("SequenceCache::BuildLayers: no BeginBuild");
+  if (first_layer != built_layers_ || count < 1 || first_layer + count > options_.num_layers ||
+      !EndsGroup(first_layer + count - 1)) {
+    Release();
+    return InvalidArgumentError("SequenceCache::BuildLayers: layers [" + std::to_string(first_layer) + ", " +
+                                std::to_string(first_layer + count) + ") do not continue at layer " +
+                                std::to_string(built_layers_) + " and end an ICE group");
+  }
+  const int64_t n = build_n_;
+  if (n > 0 && (k == nullptr || v == nullptr)) {
+    Release();
+    return InvalidArgumentError("SequenceCache::Build: k/v missing");
+  }
+  const bool sink_full = sink_tokens_ == static_cast<int64_t>(options_.sink_pages) * page_size_;
   const size_t stride = static_cast<size_t>(options_.num_kv_heads) * head_dim_;
   const int nkv = options_.num_kv_heads;
 
   std::mutex mu;
   Status first;
   auto task = [&](size_t idx) {
-    const int layer = static_cast<int>(idx / nkv), head = static_cast<int>(idx % nkv);
+    const int layer = first_layer + static_cast<int>(idx / nkv), head = static_cast<int>(idx % nkv);
     HeadState& h = Head(layer, head);
     const size_t off = static_cast<size_t>(head) * head_dim_;
     Status s;
     if (IsDense(layer)) {
-      s = FillList(&h.dense, k[layer] + off, v[layer] + off, stride, n);
+      s = FillList(&h.dense, k[layer - first_layer] + off, v[layer - first_layer] + off, stride, n);
     } else {
-      s = FillList(&h.sink, k[layer] + off, v[layer] + off, stride, sink_tokens_);
+      s = FillList(&h.sink, k[layer - first_layer] + off, v[layer - first_layer] + off, stride, sink_tokens_);
       if (s.ok()) {
-        s = FillList(&h.window, k[layer] + window_start_ * stride + off, v[layer] + window_start_ * stride + off, stride,
-                     n - window_start_);
+        s = FillList(&h.window, k[layer - first_layer] + window_start_ * stride + off,
+                     v[layer - first_layer] + window_start_ * stride + off, stride, n - window_start_);
       }
       if (s.ok() && LeaderOf(layer) == layer && sink_full) {
         const int g = GroupSize(layer);
         std::vector<const float*> ks(g), vs(g);
         for (int p = 0; p < g; ++p) {
-          ks[p] = k[layer + p] + sink_tokens_ * stride + off;
-          vs[p] = v[layer + p] + sink_tokens_ * stride + off;
+          ks[p] = k[layer - first_layer + p] + sink_tokens_ * stride + off;
+          vs[p] = v[layer - first_layer + p] + sink_tokens_ * stride + off;
         }
         TokenBlock block{sink_tokens_, static_cast<int>(window_start_ - sink_tokens_), ks.data(), vs.data(), stride};
         auto tree = DciTree::Build(options_.dci, pool_, g, block);
@@ -132,7 +170,7 @@ Status SequenceCache::Build(const float* const* k, const float* const* v, int64_
       if (first.ok()) first = s.WithContext("SequenceCache::Build layer " + std::to_string(layer) + " head " + std::to_string(head));
     }
   };
-  const size_t tasks = heads_.size();
+  const size_t tasks = static_cast<size_t>(count) * nkv;
   if (threads != nullptr) {
     threads->ParallelFor(0, tasks, task);
   } else {
@@ -142,7 +180,7 @@ Status SequenceCache::Build(const float* const* k, const float* const* v, int64_
     Release();
     return first;
   }
-  n_ = n;
+  built_layers_ += count;
   return Status::Ok();
 }
 

@@ -60,6 +60,18 @@ class SequenceCache {
   // cache. Work is spread over (layer, kv-head) on `threads` (nullptr: the calling thread).
   // On error nothing stays allocated.
   Status Build(const float* const* k, const float* const* v, int64_t n, ThreadPool* threads = nullptr);
+  // Layer-by-layer prefill, equivalent to Build (a forward pass produces K/V one layer at a time,
+  // so layer l can be built while l+1 computes): BeginBuild(n); then BuildLayers for consecutive
+  // ranges [first, first + count) in layer order, each ending where EndsGroup() (an ICE leader's
+  // tree needs its followers' K/V), k[i], v[i] = layer first + i, [n, num_kv_heads, head_dim]
+  // fp32; then FinishBuild() once every layer is built (num_tokens() stays 0 until then). On a
+  // BuildLayers error nothing stays allocated and the cache is empty again.
+  Status BeginBuild(int64_t n);
+  Status BuildLayers(int first, int count, const float* const* k, const float* const* v, ThreadPool* threads = nullptr);
+  Status FinishBuild();
+  int built_layers() const { return built_layers_; }
+  // True when `layer` is dense or the last layer of its ICE group.
+  bool EndsGroup(int layer) const { return IsDense(layer) || layer == LeaderOf(layer) + GroupSize(LeaderOf(layer)) - 1; }
   // Decode: appends one token. k[l], v[l]: [num_kv_heads, head_dim] fp32 for each layer.
   // Equivalent to BeginToken() then WriteLayer(l, k[l], v[l]) for every layer.
   Status Append(const float* const* k, const float* const* v);
@@ -136,6 +148,8 @@ class SequenceCache {
   int64_t sink_tokens_ = 0;
   int64_t window_start_ = 0;
   bool broken_ = false;
+  int64_t build_n_ = -1;  // tokens of the layered build in progress, -1: none
+  int built_layers_ = 0;
   std::vector<HeadState> heads_;  // [num_layers, num_kv_heads]
 };
 

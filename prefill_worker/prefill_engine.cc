@@ -2,104 +2,21 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
-#include <unordered_map>
 
 #include "common/logging.h"
-#include "kernels/attention.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/sequence_cache.h"
+#include "prefill_worker/capture_backend.h"
+#include "transport/kv_shipping.h"
 
 namespace icecache::prefill {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-// Dense prefill attention that keeps every layer's K/V in fp32 ([n, num_kv_heads, head_dim] per
-// layer and sequence), which is what SequenceCache::Build consumes. Chunked prompts work (a
-// later segment attends over the stored earlier tokens), though the engine sends whole prompts.
-class CaptureBackend final : public model::AttentionBackend {
- public:
-  explicit CaptureBackend(const model::AttentionShape& shape) : shape_(shape) {}
-
-  struct Seq {
-    int length = 0;
-    std::vector<std::vector<float>> k, v;  // [layer]
-  };
-
-  const model::AttentionShape& shape() const override { return shape_; }
-  Status AddSequence(model::SequenceId id) override {
-    if (seqs_.count(id)) return AlreadyExistsError("sequence exists");
-    Seq s;
-    s.k.resize(shape_.num_layers);
-    s.v.resize(shape_.num_layers);
-    seqs_.emplace(id, std::move(s));
-    return Status::Ok();
-  }
-  Status RemoveSequence(model::SequenceId id) override {
-    return seqs_.erase(id) ? Status::Ok() : NotFoundError("sequence not found");
-  }
-  bool HasSequence(model::SequenceId id) const override { return seqs_.count(id) > 0; }
-  StatusOr<int> SequenceLength(model::SequenceId id) const override {
-    auto it = seqs_.find(id);
-    if (it == seqs_.end()) return NotFoundError("sequence not found");
-    return it->second.length;
-  }
-  Status BeginStep(std::span<const model::StepSegment> segments) override {
-    step_.clear();
-    for (const auto& seg : segments) {
-      auto it = seqs_.find(seg.seq_id);
-      if (it == seqs_.end()) return NotFoundError("sequence not found");
-      if (seg.num_tokens < 1) return InvalidArgumentError("empty segment");
-      step_.push_back({&it->second, seg.num_tokens});
-    }
-    return Status::Ok();
-  }
-  Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override {
-    const size_t kv_row = static_cast<size_t>(shape_.num_kv_heads) * shape_.head_dim;
-    const size_t q_row = static_cast<size_t>(shape_.num_q_heads) * shape_.head_dim;
-    size_t row = 0;
-    for (auto& [s, n] : step_) {
-      auto& ks = s->k[layer];
-      auto& vs = s->v[layer];
-      ks.insert(ks.end(), k + row * kv_row, k + (row + n) * kv_row);
-      vs.insert(vs.end(), v + row * kv_row, v + (row + n) * kv_row);
-      kernels::PrefillAttentionParams p;
-      p.q = q + row * q_row;
-      p.k = ks.data();
-      p.v = vs.data();
-      p.out = out + row * q_row;
-      p.q_len = n;
-      p.kv_len = s->length + n;
-      p.num_q_heads = shape_.num_q_heads;
-      p.num_kv_heads = shape_.num_kv_heads;
-      p.head_dim = shape_.head_dim;
-      p.scale = shape_.scale;
-      ICE_RETURN_IF_ERROR(kernels::PrefillAttention(p));
-      row += n;
-    }
-    return Status::Ok();
-  }
-  void EndStep(bool commit) override {
-    for (auto& [s, n] : step_) {
-      if (commit) {
-        s->length += n;
-      } else {
-        for (auto& k : s->k) k.resize(static_cast<size_t>(s->length) * shape_.num_kv_heads * shape_.head_dim);
-        for (auto& v : s->v) v.resize(static_cast<size_t>(s->length) * shape_.num_kv_heads * shape_.head_dim);
-      }
-    }
-    step_.clear();
-  }
-  Seq& seq(model::SequenceId id) { return seqs_.at(id); }
-
- private:
-  model::AttentionShape shape_;
-  std::unordered_map<model::SequenceId, Seq> seqs_;
-  std::vector<std::pair<Seq*, int>> step_;
-};
 
 }  // namespace
 
@@ -108,6 +25,21 @@ struct PrefillEngine::Pending {
   Clock::time_point enqueued;
   PrefillResult result;
   std::promise<StatusOr<PrefillResult>> done;
+};
+
+// One sequence's build: its own page pool (pages it ships from), the cache being built layer by
+// layer and the captured K/V it reads.
+struct PrefillEngine::SeqBuild {
+  std::shared_ptr<Pending> p;
+  std::shared_ptr<CapturedKv> kv;
+  int64_t n = 0;
+  std::unique_ptr<kvstore::PagePool> pool;
+  std::unique_ptr<kvstore::SequenceCache> cache;  // guarded by mu
+  std::mutex mu;
+  int ready_layers = 0;  // guarded by mu: layers whose K/V is complete
+  Status status;         // guarded by mu: first build error
+  double build_seconds = 0;                  // guarded by mu
+  Clock::time_point build_end;               // guarded by mu
 };
 
 PrefillEngine::PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options)
@@ -135,7 +67,12 @@ int64_t PrefillEngine::queued_tokens() const {
 
 int64_t PrefillEngine::completed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return completed_;
+  return stats_.completed;
+}
+
+PrefillEngineStats PrefillEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
 }
 
 StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
@@ -187,19 +124,90 @@ void PrefillEngine::EngineLoop() {
   }
 }
 
+StatusOr<std::shared_ptr<PrefillEngine::SeqBuild>> PrefillEngine::NewSeqBuild(const std::shared_ptr<Pending>& p) {
+  const auto shape = model_->attention_shape();
+  auto b = std::make_shared<SeqBuild>();
+  b->p = p;
+  b->n = static_cast<int64_t>(p->job.tokens.size());
+  const int ps = options_.page_size;
+  // Enough for every layout: positional pages plus partly filled tree leaves (fewer than one
+  // extra leaf per cell, and there are far fewer cells than tokens). Untouched pages cost no RAM.
+  const int64_t per_head = 2 * ((b->n + ps - 1) / ps) + 8;
+  kvstore::PagePoolOptions po;
+  po.page_size = ps;
+  po.head_dim = shape.head_dim;
+  po.dtype = options_.kv_dtype;
+  po.num_pages = per_head * shape.num_layers * shape.num_kv_heads;
+  ICE_ASSIGN_OR_RETURN(b->pool, kvstore::PagePool::Create(po));
+  kvstore::SequenceCacheOptions co;
+  co.num_layers = shape.num_layers;
+  co.num_kv_heads = shape.num_kv_heads;
+  co.dense_layers = p->job.build_index ? options_.dense_layers : shape.num_layers;
+  co.sink_pages = options_.sink_pages;
+  co.window_pages = options_.window_pages;
+  co.ice_group = options_.ice_group;
+  co.dci = options_.dci;
+  ICE_ASSIGN_OR_RETURN(b->cache, kvstore::SequenceCache::Create(co, b->pool.get()));
+  ICE_RETURN_IF_ERROR(b->cache->BeginBuild(b->n));
+  return b;
+}
+
+void PrefillEngine::BuildReadyLayers(SeqBuild& b) {
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (!b.status.ok()) return;
+  kvstore::SequenceCache& cache = *b.cache;
+  const int first = cache.built_layers();
+  int end = first;  // one past the last layer that can be built now
+  for (int l = first; l < b.ready_layers; ++l) {
+    if (cache.EndsGroup(l)) end = l + 1;
+  }
+  if (end == first) return;
+  std::vector<const float*> k, v;
+  for (int l = first; l < end; ++l) {
+    k.push_back(b.kv->k[l].data());
+    v.push_back(b.kv->v[l].data());
+  }
+  const auto t0 = Clock::now();
+  b.status = cache.BuildLayers(first, end - first, k.data(), v.data());
+  b.build_end = Clock::now();
+  b.build_seconds += Seconds(t0, b.build_end);
+}
+
 void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   const auto start = Clock::now();
-  CaptureBackend backend(model_->attention_shape());
+  const int num_layers = model_->attention_shape().num_layers;
+  std::vector<std::shared_ptr<SeqBuild>> builds(batch.size());
+  // Runs on this thread inside the forward pass: hands the finished layer to a ship thread.
+  auto on_layer = [&](model::SequenceId id, int layer) {
+    std::shared_ptr<SeqBuild> b = builds[id];
+    if (!b) return;
+    {
+      std::lock_guard<std::mutex> lock(b->mu);
+      b->ready_layers = layer + 1;
+    }
+    if (b->cache->EndsGroup(layer)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
+  };
+  CaptureBackend backend(model_->attention_shape(),
+                         options_.overlap_tree_build ? CaptureBackend::LayerListener(on_layer) : nullptr);
   std::vector<model::SequenceInput> inputs;
   for (size_t i = 0; i < batch.size(); ++i) {
     backend.AddSequence(i).IgnoreError();
+    backend.ExpectLength(i, static_cast<int>(batch[i]->job.tokens.size())).IgnoreError();
     inputs.push_back({static_cast<model::SequenceId>(i), batch[i]->job.tokens});
+    auto b = NewSeqBuild(batch[i]);
+    if (!b.ok()) {
+      batch[i]->done.set_value(b.status());
+      batch[i].reset();
+      continue;
+    }
+    (*b)->kv = backend.kv(i);
+    builds[i] = std::move(*b);
   }
   std::vector<float> logits;
   Status st = model_->Forward(inputs, backend, model::LogitsMode::kLastToken, &logits);
   const auto computed = Clock::now();
   int64_t batch_tokens = 0;
-  for (auto& p : batch) batch_tokens += static_cast<int64_t>(p->job.tokens.size());
+  for (auto& in : inputs) batch_tokens += static_cast<int64_t>(in.tokens.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued_tokens_ -= batch_tokens;
@@ -207,6 +215,7 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   for (size_t i = 0; i < batch.size(); ++i) {
     auto& p = batch[i];
+    if (!p) continue;
     if (!st.ok()) {
       p->done.set_value(st);
       continue;
@@ -220,76 +229,52 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     p->result.first_token = *token;
     p->result.queue_seconds = Seconds(p->enqueued, start);
     p->result.compute_seconds = Seconds(start, computed);
-    auto& seq = backend.seq(i);
-    ship_pool_.Submit([this, p, k = std::move(seq.k), v = std::move(seq.v)]() mutable {
-      BuildAndShip(p, std::move(k), std::move(v));
+    std::shared_ptr<SeqBuild> b = builds[i];
+    {
+      std::lock_guard<std::mutex> lock(b->mu);
+      b->ready_layers = num_layers;
+      b->build_end = std::max(b->build_end, computed);
+    }
+    ship_pool_.Submit([this, b, computed] {
+      BuildReadyLayers(*b);
+      {
+        std::lock_guard<std::mutex> lock(b->mu);
+        b->p->result.tree_build_total_seconds = b->build_seconds;
+        b->p->result.tree_build_seconds = std::max(0.0, Seconds(computed, b->build_end));
+      }
+      FinishAndShip(b);
     });
   }
 }
 
-void PrefillEngine::BuildAndShip(const std::shared_ptr<Pending>& p, std::vector<std::vector<float>> k,
-                                 std::vector<std::vector<float>> v) {
-  auto fail = [&](const Status& s) {
-    p->done.set_value(s);
-  };
-  const auto shape = model_->attention_shape();
-  const int64_t n = static_cast<int64_t>(p->job.tokens.size());
-  const int ps = options_.page_size;
-  // Enough for every layout: positional pages plus partly filled tree leaves (fewer than one
-  // extra leaf per cell, and there are far fewer cells than tokens). Untouched pages cost no RAM.
-  const int64_t per_head = 2 * ((n + ps - 1) / ps) + 8;
-  kvstore::PagePoolOptions po;
-  po.page_size = ps;
-  po.head_dim = shape.head_dim;
-  po.dtype = kernels::DType::kF32;
-  po.num_pages = per_head * shape.num_layers * shape.num_kv_heads;
-  auto pool = kvstore::PagePool::Create(po);
-  if (!pool.ok()) return fail(pool.status());
-
-  const auto t0 = Clock::now();
-  kvstore::SequenceCacheOptions co;
-  co.num_layers = shape.num_layers;
-  co.num_kv_heads = shape.num_kv_heads;
-  co.dense_layers = p->job.build_index ? options_.dense_layers : shape.num_layers;
-  co.sink_pages = options_.sink_pages;
-  co.window_pages = options_.window_pages;
-  co.ice_group = options_.ice_group;
-  co.dci = options_.dci;
-  auto cache = kvstore::SequenceCache::Create(co, pool->get());
-  if (!cache.ok()) return fail(cache.status());
-  std::vector<const float*> kp, vp;
-  for (int l = 0; l < shape.num_layers; ++l) {
-    kp.push_back(k[l].data());
-    vp.push_back(v[l].data());
+void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
+  const std::shared_ptr<Pending>& p = b->p;
+  auto fail = [&](const Status& s) { p->done.set_value(s); };
+  {
+    std::lock_guard<std::mutex> lock(b->mu);
+    if (!b->status.ok()) return fail(b->status);
+    if (Status s = b->cache->FinishBuild(); !s.ok()) return fail(s);
   }
-  Status built = (*cache)->Build(kp.data(), vp.data(), n);
-  if (!built.ok()) return fail(built);
-  auto wire = (*cache)->Serialize();
+  auto wire = b->cache->Serialize();
   if (!wire.ok()) return fail(wire.status());
   const auto t1 = Clock::now();
-
-  std::vector<transport::Segment> segments;
-  segments.reserve(wire->pages.size() + 1);
-  segments.push_back({0, wire->metadata.data(), wire->metadata.size()});
-  const size_t page_bytes = (*pool)->page_bytes();
-  for (size_t i = 0; i < wire->pages.size(); ++i) {
-    segments.push_back({static_cast<uint32_t>(i + 1), (*pool)->PageK(wire->pages[i]), page_bytes});
-  }
   const auto deadline = t1 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(options_.transfer_timeout_seconds));
-  Status sent = transport_->Send(p->job.peer, p->job.transfer_id, segments, deadline);
-  if (sent.ok()) {
-    sent = transport_->Finish(p->job.peer, p->job.transfer_id, static_cast<uint32_t>(segments.size()), deadline);
-  }
+  auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, *wire, *b->pool,
+                                         options_.max_segment_bytes, deadline);
   const auto t2 = Clock::now();
-  if (!sent.ok()) return fail(sent.WithContext("shipping the KV cache to the decode worker"));
-  p->result.tree_build_seconds = Seconds(t0, t1);
+  if (!shipped.ok()) return fail(shipped.status().WithContext("shipping the KV cache to the decode worker"));
   p->result.transfer_seconds = Seconds(t1, t2);
-  p->result.pages_shipped = static_cast<int64_t>(wire->pages.size());
-  p->result.transfer_bytes = static_cast<int64_t>(wire->metadata.size() + wire->pages.size() * page_bytes);
+  p->result.pages_shipped = shipped->pages;
+  p->result.segments_shipped = shipped->segments;
+  p->result.transfer_bytes = shipped->bytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++completed_;
+    ++stats_.completed;
+    stats_.tree_build_seconds += p->result.tree_build_seconds;
+    stats_.tree_build_total_seconds += p->result.tree_build_total_seconds;
+    stats_.transfer_bytes += p->result.transfer_bytes;
+    stats_.segments_shipped += p->result.segments_shipped;
   }
   p->done.set_value(p->result);
 }

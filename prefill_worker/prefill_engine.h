@@ -4,13 +4,16 @@
 // wire form over a Transport straight into the decode worker's page pool. Returns the first
 // token and a timing breakdown.
 //
-// Pipeline: one engine thread runs forward passes one batch after another; tree building and
-// shipping of a finished batch run on `ship_threads` worker threads, overlapping the next batch's
-// forward pass. (Per-layer overlap inside one forward pass is possible with the
-// AttentionBackend protocol, but SequenceCache::Build takes all layers at once.)
+// Pipeline: one engine thread runs forward passes one batch after another. With
+// overlap_tree_build, each layer's K/V of a sequence is handed to the `ship_threads` worker
+// threads as soon as the forward pass has produced it (CaptureBackend's listener), and that
+// layer's pages and DCI trees are built (SequenceCache::BuildLayers) while the forward pass
+// computes the next layers; whatever is left is built after the pass, then the sequence ships.
+// Shipping a finished batch overlaps the next batch's forward pass.
 //
-// Transfer protocol (transport.h): transfer id = the decode worker's sequence id; segment 0 is
-// the SequenceCache metadata, segment i >= 1 is page i-1 of SequenceWire::pages order.
+// Pages are built in options.kv_dtype and ship in it (transport/kv_shipping.h: pages that are
+// consecutive in the wire order and in the per-sequence build pool travel as one segment of at
+// most max_segment_bytes).
 //
 // Thread safety: Run() may be called from many threads at once (one per RPC).
 #pragma once
@@ -26,6 +29,7 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "kernels/dtype.h"
 #include "kvstore/dci_tree.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -44,6 +48,9 @@ struct PrefillEngineOptions {
   double transfer_timeout_seconds = 30;
   int ship_threads = 1;          // tree build + shipping workers
   int threads = 0;               // OpenMP threads of the forward pass (0 = OpenMP's default)
+  kernels::DType kv_dtype = kernels::DType::kBF16;  // pages built and shipped in this type
+  bool overlap_tree_build = true;                  // build layer l while layer l+1 computes
+  size_t max_segment_bytes = 4 << 20;              // largest run of pages in one segment
 };
 
 struct PrefillJob {
@@ -58,10 +65,23 @@ struct PrefillResult {
   int32_t first_token = -1;
   double queue_seconds = 0;
   double compute_seconds = 0;     // the batch's forward pass
-  double tree_build_seconds = 0;  // SequenceCache build (trees)
+  // SequenceCache build (pages + trees) not hidden behind the forward pass: from its end to the
+  // end of the build. This is what the build adds to TTFT.
+  double tree_build_seconds = 0;
+  double tree_build_total_seconds = 0;  // all build work of the sequence, hidden or not
   double transfer_seconds = 0;
   int64_t transfer_bytes = 0;
   int64_t pages_shipped = 0;
+  int64_t segments_shipped = 0;  // the metadata segment included
+};
+
+// Cumulative over the engine's life (completed sequences only).
+struct PrefillEngineStats {
+  int64_t completed = 0;
+  double tree_build_seconds = 0;
+  double tree_build_total_seconds = 0;
+  int64_t transfer_bytes = 0;
+  int64_t segments_shipped = 0;
 };
 
 class PrefillEngine {
@@ -80,13 +100,18 @@ class PrefillEngine {
   // Prompt tokens queued or in a forward pass right now.
   int64_t queued_tokens() const;
   int64_t completed() const;
+  PrefillEngineStats stats() const;
 
  private:
   struct Pending;
+  struct SeqBuild;
   void EngineLoop();
   void RunBatch(std::vector<std::shared_ptr<Pending>> batch);
-  void BuildAndShip(const std::shared_ptr<Pending>& p, std::vector<std::vector<float>> k,
-                    std::vector<std::vector<float>> v);
+  StatusOr<std::shared_ptr<SeqBuild>> NewSeqBuild(const std::shared_ptr<Pending>& p);
+  // Builds every layer whose K/V is complete (up to the last ICE group boundary); serialised per
+  // sequence by its mutex, on ship_pool_ threads.
+  void BuildReadyLayers(SeqBuild& b);
+  void FinishAndShip(const std::shared_ptr<SeqBuild>& b);
 
   model::Model* const model_;
   transport::Transport* const transport_;
@@ -97,7 +122,7 @@ class PrefillEngine {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Pending>> queue_;  // guarded by mu_
   int64_t queued_tokens_ = 0;                   // guarded by mu_
-  int64_t completed_ = 0;                       // guarded by mu_
+  PrefillEngineStats stats_;                    // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
   std::thread thread_;
 };

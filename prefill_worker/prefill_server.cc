@@ -13,6 +13,7 @@
 #include "prefill_worker/prefill_engine.h"
 #include "proto/grpc_util.h"
 #include "proto/metrics_exposer.h"
+#include "transport/kv_shipping.h"
 
 namespace icecache::prefill {
 namespace {
@@ -61,6 +62,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     metrics_->phase.Add({{"phase", "queue"}}, b).Observe(r->queue_seconds);
     metrics_->phase.Add({{"phase", "compute"}}, b).Observe(r->compute_seconds);
     metrics_->phase.Add({{"phase", "tree_build"}}, b).Observe(r->tree_build_seconds);
+    metrics_->phase.Add({{"phase", "tree_build_total"}}, b).Observe(r->tree_build_total_seconds);
     metrics_->phase.Add({{"phase", "transfer"}}, b).Observe(r->transfer_seconds);
     resp->set_first_token(r->first_token);
     resp->set_queue_seconds(r->queue_seconds);
@@ -119,6 +121,9 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   if (config.cache.dci_preset == "tuned") eo.dci = kvstore::DciParams::Tuned();
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
+  ICE_ASSIGN_OR_RETURN(eo.kv_dtype, transport::ParseKvDtype(config.cache.kv_dtype));
+  eo.overlap_tree_build = config.prefill.overlap_tree_build;
+  eo.max_segment_bytes = static_cast<size_t>(config.ucx.max_segment_bytes);
   impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
   impl->registry = std::make_shared<prometheus::Registry>();
   impl->metrics = std::make_unique<Metrics>(*impl->registry);
@@ -149,6 +154,7 @@ void PrefillServer::Shutdown() {
 
 void PrefillServer::Wait() { impl_->server->Wait(); }
 int PrefillServer::port() const { return impl_->port; }
+PrefillEngineStats PrefillServer::engine_stats() const { return impl_->engine->stats(); }
 std::string PrefillServer::address() const { return impl_->host + ":" + std::to_string(impl_->port); }
 
 }  // namespace icecache::prefill

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "prefill_worker/prefill_engine.h"
 #include "proto/cluster_config.h"
 
 namespace icecache::prefill {
@@ -18,6 +19,9 @@ class PrefillServer {
 
   int port() const;
   std::string address() const;
+  // The engine's cumulative counters (build time hidden or not, bytes and segments shipped).
+  // REQUIRES: not shut down.
+  PrefillEngineStats engine_stats() const;
   void Wait();
   void Shutdown();
 

@@ -64,6 +64,21 @@ class MapReader {
     return Status::Ok();
   }
 
+  Status Bool(const std::string& key, bool* out) const {
+    YAML::Node v = Child(key);
+    if (!v) return Status::Ok();
+    if (!v.IsScalar()) return Error(Join(key), "must be true or false");
+    const std::string& t = v.Scalar();
+    if (t == "true" || t == "True" || t == "yes" || t == "on") {
+      *out = true;
+    } else if (t == "false" || t == "False" || t == "no" || t == "off") {
+      *out = false;
+    } else {
+      return Error(Join(key), "must be true or false, got '" + t + "'");
+    }
+    return Status::Ok();
+  }
+
   Status StringList(const std::string& key, std::vector<std::string>* out) const {
     YAML::Node v = Child(key);
     if (!v || v.IsNull()) return Status::Ok();
@@ -160,7 +175,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
 
   MapReader cache = top.Sub("cache");
   ICE_RETURN_IF_ERROR(
-      cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages", "dci_preset"}));
+      cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages", "dci_preset",
+                        "kv_dtype"}));
   ICE_RETURN_IF_ERROR(cache.Number("page_size", &c.cache.page_size, 1, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("default_budget_pages", &c.cache.default_budget_pages, 0, kIntMax));
   ICE_RETURN_IF_ERROR(cache.Number("dense_layers", &c.cache.dense_layers, 0, 4096));
@@ -170,6 +186,11 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   if (c.cache.dci_preset != "reference" && c.cache.dci_preset != "tuned") {
     return InvalidArgumentError(origin + ": cache.dci_preset: must be reference or tuned, got '" +
                                 c.cache.dci_preset + "'");
+  }
+  ICE_RETURN_IF_ERROR(cache.String("kv_dtype", &c.cache.kv_dtype));
+  if (c.cache.kv_dtype != "bf16" && c.cache.kv_dtype != "f16" && c.cache.kv_dtype != "f32") {
+    return InvalidArgumentError(origin + ": cache.kv_dtype: must be bf16, f16 or f32, got '" + c.cache.kv_dtype +
+                                "'");
   }
   if (c.cache.default_budget_pages != 0 &&
       c.cache.default_budget_pages <= c.cache.sink_pages + c.cache.window_pages) {
@@ -198,11 +219,12 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
       router.Number("kv_transfer_timeout_seconds", &c.router.kv_transfer_timeout_seconds, 0.001, 1e5));
 
   MapReader prefill = top.Sub("prefill");
-  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens"}));
+  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(prefill.Number("max_batch_tokens", &c.prefill.max_batch_tokens, 1, kIntMax));
+  ICE_RETURN_IF_ERROR(prefill.Bool("overlap_tree_build", &c.prefill.overlap_tree_build));
 
   MapReader decode = top.Sub("decode");
   ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences"}));
@@ -213,10 +235,11 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(decode.Number("max_sequences", &c.decode.max_sequences, 1, 1 << 20));
 
   MapReader ucx = top.Sub("ucx");
-  ICE_RETURN_IF_ERROR(ucx.CheckShape({"tls", "net_devices", "transfer_timeout_seconds"}));
+  ICE_RETURN_IF_ERROR(ucx.CheckShape({"tls", "net_devices", "transfer_timeout_seconds", "max_segment_bytes"}));
   ICE_RETURN_IF_ERROR(ucx.String("tls", &c.ucx.tls));
   ICE_RETURN_IF_ERROR(ucx.String("net_devices", &c.ucx.net_devices));
   ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
+  ICE_RETURN_IF_ERROR(ucx.Number<int64_t>("max_segment_bytes", &c.ucx.max_segment_bytes, 1, int64_t{1} << 30));
   return c;
 }
 
@@ -274,10 +297,12 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
       overrides.push_back(section + ".listen=" + value);
     } else if (take("--metrics-port")) {
       overrides.push_back(section + ".metrics_port=" + value);
+    } else if (take("--kv-dtype")) {
+      overrides.push_back("cache.kv_dtype=" + value);
     } else {
       return InvalidArgumentError("unknown or incomplete option '" + arg +
                                   "' (options: --config FILE, --set SECTION.KEY=VALUE, --model DIR, "
-                                  "--listen HOST:PORT, --metrics-port PORT)");
+                                  "--listen HOST:PORT, --metrics-port PORT, --kv-dtype bf16|f16|f32)");
     }
   }
   return LoadClusterConfig(config_path, overrides);
@@ -299,7 +324,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "dense_layers" << YAML::Value << c.cache.dense_layers;
   out << YAML::Key << "sink_pages" << YAML::Value << c.cache.sink_pages;
   out << YAML::Key << "window_pages" << YAML::Value << c.cache.window_pages;
-  out << YAML::Key << "dci_preset" << YAML::Value << c.cache.dci_preset << YAML::EndMap;
+  out << YAML::Key << "dci_preset" << YAML::Value << c.cache.dci_preset;
+  out << YAML::Key << "kv_dtype" << YAML::Value << c.cache.kv_dtype << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
   out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens << YAML::EndMap;
@@ -317,7 +343,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.prefill.metrics_port;
   out << YAML::Key << "threads" << YAML::Value << c.prefill.threads;
-  out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens << YAML::EndMap;
+  out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens;
+  out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;
@@ -328,6 +355,7 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "tls" << YAML::Value << c.ucx.tls;
   out << YAML::Key << "net_devices" << YAML::Value << c.ucx.net_devices;
   out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
+  out << YAML::Key << "max_segment_bytes" << YAML::Value << c.ucx.max_segment_bytes;
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -26,6 +26,10 @@ struct CacheSection {
   // the default, chosen by measurement in docs/BENCHMARKS.md) or "reference" (the paper's
   // code defaults, DESIGN §3).
   std::string dci_preset = "tuned";
+  // Element type of KV pages in the prefill worker's build pool, on the wire and in the decode
+  // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both
+  // workers must agree: a decode worker refuses pages of another size.
+  std::string kv_dtype = "bf16";
 };
 
 struct LimitsSection {
@@ -56,6 +60,9 @@ struct PrefillSection {
   int metrics_port = 0;
   int threads = 0;               // compute threads, 0 = all cores
   int max_batch_tokens = 16384;  // prompts batched together up to this many tokens
+  // Build layer l's DCI trees while the forward pass computes layer l+1 (false: build every
+  // layer after the forward pass, the old schedule; kept for comparison).
+  bool overlap_tree_build = true;
 };
 
 struct DecodeSection {
@@ -70,6 +77,9 @@ struct UcxSection {
   std::string tls = "tcp,sm,self";  // UCX_TLS
   std::string net_devices = "";     // UCX_NET_DEVICES; empty = UCX's default
   double transfer_timeout_seconds = 30;  // a transfer that does not finish by then is aborted
+  // Consecutive KV pages are shipped as one segment of at most this many bytes (a segment never
+  // holds less than one page; a value below the page size ships one page per segment).
+  int64_t max_segment_bytes = 4 << 20;
 };
 
 struct ClusterConfig {
@@ -94,7 +104,7 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path,
 
 // Pulls the options common to all three binaries out of argv: --config FILE, --set K=V (repeatable)
 // and shorthands (--model DIR -> model.dir, --listen ADDR -> <section>.listen, --metrics-port P ->
-// <section>.metrics_port). `section` is "router", "prefill" or "decode". Unknown flags are
+// <section>.metrics_port, --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
 // INVALID_ARGUMENT. argv[0] is skipped.
 StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section);
 

@@ -4,9 +4,10 @@
 // exchange out of band (gRPC bytes fields).
 //
 // A transfer is identified by a 64-bit id chosen by the receiver. The receiver Expect()s it with a
-// SegmentSink that maps each arriving segment to its destination; the sender Send()s any number
-// of segments (indices chosen by the sender, in any order, possibly in several calls) and then
-// Finish()es with the total count. Wait() returns once every segment has landed, or reports why
+// SegmentSink that maps each arriving segment to its destination (or ExpectScatter()s it with a
+// ScatterSink, which may split a segment over several destinations); the sender Send()s any
+// number of segments (indices are the sender's labels, passed to the sink; any order, possibly in
+// several calls) and then Finish()es with the number of segments it sent. Wait() returns once every segment has landed, or reports why
 // not; after Wait() returns nothing more is written into the sink's memory, so the caller may free
 // it. A transfer that stalls (no Finish, a segment missing) ends with DEADLINE_EXCEEDED at the
 // caller's deadline.
@@ -32,6 +33,18 @@ using Clock = std::chrono::steady_clock;
 // an error, which fails the transfer (Wait returns it; the sender's Send sees an error too).
 // Called on the transport's progress thread: it must be quick and must not call the Transport.
 using SegmentSink = std::function<StatusOr<void*>(uint32_t index, size_t bytes)>;
+
+// One piece of a segment's destination: `bytes` writable bytes at `data`.
+struct Destination {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Returns where segment `index` of `bytes` bytes is to be written: pieces filled in order, whose
+// sizes must add up to `bytes` (else the transfer fails with ABORTED). Pieces that are adjacent in
+// memory are merged; a segment landing in one piece is received zero-copy, several pieces use
+// UCX's scatter (iov) receive. Same calling rules as SegmentSink.
+using ScatterSink = std::function<StatusOr<std::vector<Destination>>(uint32_t index, size_t bytes)>;
 
 // One segment to send. `data` must stay valid and unchanged until Send() returns.
 struct Segment {
@@ -59,6 +72,7 @@ class Transport {
   // ---- Receiving ----
   // Registers transfer `id`. ALREADY_EXISTS if it is registered.
   virtual Status Expect(uint64_t id, SegmentSink sink) = 0;
+  virtual Status ExpectScatter(uint64_t id, ScatterSink sink) = 0;
   // Blocks until transfer `id` completes (OK) or fails: DEADLINE_EXCEEDED at `deadline`,
   // CANCELLED after Cancel(id), ABORTED when the sink refused a segment, DATA_LOSS when a segment
   // failed in flight, NOT_FOUND for an unknown id. In every case the transfer is forgotten and no
@@ -74,7 +88,8 @@ class Transport {
   // On any error nothing still references the segments' memory when it returns.
   virtual Status Send(const std::string& peer, uint64_t id, std::span<const Segment> segments,
                       Clock::time_point deadline) = 0;
-  // Tells the receiver that transfer `id` has `total_segments` segments (indices 0..total-1).
+  // Tells the receiver that transfer `id` has `total_segments` segments in all (Wait completes once
+  // that many have landed).
   virtual Status Finish(const std::string& peer, uint64_t id, uint32_t total_segments,
                         Clock::time_point deadline) = 0;
 

@@ -36,7 +36,7 @@ std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 
 // State of one expected (received) transfer. Guarded by UcxTransport::mu_.
 struct RecvTransfer {
-  SegmentSink sink;
+  ScatterSink sink;
   uint64_t received = 0;
   int64_t total = -1;  // set by kFinish
   int inflight = 0;    // rendezvous receives not yet completed
@@ -64,6 +64,7 @@ class UcxTransport final : public Transport {
 
   const std::string& address() const override { return address_; }
   Status Expect(uint64_t id, SegmentSink sink) override;
+  Status ExpectScatter(uint64_t id, ScatterSink sink) override;
   Status Wait(uint64_t id, Clock::time_point deadline) override;
   void Cancel(uint64_t id) override;
   Status Send(const std::string& peer, uint64_t id, std::span<const Segment> segments,
@@ -120,7 +121,29 @@ struct RecvContext {
   UcxTransport* self;
   uint64_t id;
   size_t bytes;
+  std::vector<ucp_dt_iov_t> iov;  // scatter receives: must outlive the request
 };
+
+// Merges pieces adjacent in memory, drops empty ones and checks that they add up to `length`.
+StatusOr<std::vector<Destination>> Coalesce(std::vector<Destination> pieces, size_t length) {
+  std::vector<Destination> out;
+  size_t total = 0;
+  for (const Destination& d : pieces) {
+    total += d.bytes;
+    if (d.bytes == 0) continue;
+    if (d.data == nullptr) return InvalidArgumentError("sink gave a null destination");
+    if (!out.empty() && static_cast<char*>(out.back().data) + out.back().bytes == d.data) {
+      out.back().bytes += d.bytes;
+    } else {
+      out.push_back(d);
+    }
+  }
+  if (total != length) {
+    return InvalidArgumentError("sink gave " + std::to_string(total) + " bytes for a segment of " +
+                                std::to_string(length));
+  }
+  return out;
+}
 
 StatusOr<std::unique_ptr<Transport>> UcxTransport::Create(const UcxOptions& options) {
   std::unique_ptr<UcxTransport> t(new UcxTransport());
@@ -300,14 +323,19 @@ ucs_status_t UcxTransport::OnData(void* arg, const void* header, size_t header_l
     return rndv ? UCS_ERR_CANCELED : UCS_OK;
   }
   RecvTransfer& t = it->second;
-  StatusOr<void*> dest = t.sink(h.value, length);
+  StatusOr<std::vector<Destination>> dest = t.sink(h.value, length);
+  if (dest.ok()) dest = Coalesce(std::move(*dest), length);
   if (!dest.ok()) {
     t.failure = AbortedError("segment " + std::to_string(h.value) + " refused: " + dest.status().message());
     self->cv_.notify_all();
     return rndv ? UCS_ERR_REJECTED : UCS_OK;
   }
   if (!rndv) {
-    std::memcpy(*dest, data, length);
+    size_t offset = 0;
+    for (const Destination& d : *dest) {
+      std::memcpy(d.data, static_cast<const char*>(data) + offset, d.bytes);
+      offset += d.bytes;
+    }
     ++t.received;
     t.bytes += length;
     self->stats_.bytes_received += length;
@@ -315,15 +343,24 @@ ucs_status_t UcxTransport::OnData(void* arg, const void* header, size_t header_l
     self->cv_.notify_all();
     return UCS_OK;
   }
-  auto* ctx = new RecvContext{self, h.transfer_id, length};
+  auto* ctx = new RecvContext{self, h.transfer_id, length, {}};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.recv_am = &UcxTransport::OnRecvDone;
   p.user_data = ctx;
+  void* buffer = length == 0 ? nullptr : dest->front().data;
+  size_t count = length;
+  if (dest->size() > 1) {
+    for (const Destination& d : *dest) ctx->iov.push_back({d.data, d.bytes});
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_iov();
+    buffer = ctx->iov.data();
+    count = ctx->iov.size();
+  }
   ++t.inflight;
   // The completion callback may run inside this call (it takes mu_): release the lock first.
   lock.unlock();
-  void* req = ucp_am_recv_data_nbx(self->worker_, data, *dest, length, &p);
+  void* req = ucp_am_recv_data_nbx(self->worker_, data, buffer, count, &p);
   if (req == nullptr) {
     OnRecvDone(nullptr, UCS_OK, length, ctx);
   } else if (UCS_PTR_IS_ERR(req)) {
@@ -380,6 +417,13 @@ ucs_status_t UcxTransport::OnFinish(void* arg, const void* header, size_t header
 }
 
 Status UcxTransport::Expect(uint64_t id, SegmentSink sink) {
+  return ExpectScatter(id, [sink = std::move(sink)](uint32_t index, size_t bytes) -> StatusOr<std::vector<Destination>> {
+    ICE_ASSIGN_OR_RETURN(void* dest, sink(index, bytes));
+    return std::vector<Destination>{{dest, bytes}};
+  });
+}
+
+Status UcxTransport::ExpectScatter(uint64_t id, ScatterSink sink) {
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = transfers_.try_emplace(id);
   if (!inserted) return AlreadyExistsError("transfer " + std::to_string(id) + " is already expected");

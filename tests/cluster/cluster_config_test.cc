@@ -118,6 +118,52 @@ TEST(ClusterConfig, CommandLineAndRoundTrip) {
   EXPECT_FALSE(ConfigFromCommandLine(2, bad_argv.data(), "decode").ok());
 }
 
+TEST(ClusterConfig, KvDtypeAndShippingKeys) {
+  auto c = ParseClusterConfig("", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.kv_dtype, "bf16");  // the default
+  EXPECT_TRUE(c->prefill.overlap_tree_build);
+  EXPECT_EQ(c->ucx.max_segment_bytes, 4 << 20);
+
+  c = ParseClusterConfig("cache: {kv_dtype: f16}\nprefill: {overlap_tree_build: false}\nucx: {max_segment_bytes: 65536}\n",
+                         "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.kv_dtype, "f16");
+  EXPECT_FALSE(c->prefill.overlap_tree_build);
+  EXPECT_EQ(c->ucx.max_segment_bytes, 65536);
+
+  c = ParseClusterConfig("cache: {kv_dtype: fp8}", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("t.yaml: cache.kv_dtype: must be bf16, f16 or f32, got 'fp8'"), std::string::npos)
+      << c.status().message();
+  c = ParseClusterConfig("prefill: {overlap_tree_build: maybe}", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("prefill.overlap_tree_build: must be true or false"), std::string::npos)
+      << c.status().message();
+  c = ParseClusterConfig("ucx: {max_segment_bytes: 0}", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("ucx.max_segment_bytes: must be in"), std::string::npos);
+
+  // The shorthand and --set both reach the same key; the YAML round trip keeps it.
+  std::vector<std::string> args = {"icecache-prefill", "--kv-dtype", "f32", "--set", "ucx.max_segment_bytes=8192"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  c = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "prefill");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.kv_dtype, "f32");
+  EXPECT_EQ(c->ucx.max_segment_bytes, 8192);
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "roundtrip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->cache.kv_dtype, "f32");
+  EXPECT_EQ(again->ucx.max_segment_bytes, 8192);
+  std::vector<std::string> bad = {"icecache-decode", "--kv-dtype=int8"};
+  std::vector<char*> bad_argv;
+  for (auto& a : bad) bad_argv.push_back(a.data());
+  c = ConfigFromCommandLine(2, bad_argv.data(), "decode");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cache.kv_dtype"), std::string::npos) << c.status().message();
+}
+
 TEST(ClusterConfig, ExampleConfigIsValid) {
   auto c = LoadClusterConfig(std::string(ICECACHE_SOURCE_DIR) + "/config/cluster.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -31,7 +31,8 @@ struct LoopbackCluster {
   static std::unique_ptr<LoopbackCluster> Start(const std::string& dir, int num_prefill, int num_decode,
                                                 const std::string& tls, bool with_tokenizer = true,
                                                 int metrics_base = 0, int64_t pool_pages = 60000,
-                                                const std::string& dci_preset = "reference") {
+                                                const std::string& dci_preset = "reference",
+                                                const std::string& kv_dtype = "f32") {
     auto c = std::make_unique<LoopbackCluster>();
     c->model_dir = dir;
     if (!std::filesystem::exists(dir + "/config.json")) {
@@ -61,6 +62,7 @@ struct LoopbackCluster {
     cfg.cache.sink_pages = 1;
     cfg.cache.window_pages = 2;
     cfg.cache.dci_preset = dci_preset;
+    cfg.cache.kv_dtype = kv_dtype;  // f32: exact comparisons against fp32 single-process references
     cfg.limits.max_tokens = 4096;
     cfg.router.listen = "127.0.0.1:0";
     cfg.router.stats_refresh_seconds = 0.05;

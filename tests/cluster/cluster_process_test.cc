@@ -70,7 +70,8 @@ TEST(ClusterProcess, StartsServesAndStopsOnSigterm) {
   EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "health", "--router", router, "--timeout", "0.5"})), 1);
 
   pid_t cluster = Spawn({kBin + "icecache", "cluster", "--model", dir, "--port", std::to_string(port), "--prefill", "1",
-                       "--decode", "2", "--set", "ucx.net_devices=lo", "--set", "cache.page_size=8"});
+                       "--decode", "2", "--set", "ucx.net_devices=lo", "--set", "cache.page_size=8",
+                       "--set", "cache.kv_dtype=f32"});  // the local run below keeps fp32 KV
   bool healthy = false;
   for (int i = 0; i < 600 && !healthy; ++i) {  // up to 60 s on a loaded machine
     healthy = WaitExit(Spawn({kBin + "icecache", "health", "--router", router, "--timeout", "1"})) == 0;

@@ -100,6 +100,92 @@ TEST_P(TransportTest, ConcurrentTransfersFromTwoSenders) {
   EXPECT_EQ(receiver_->stats().transfers_completed, 2u);
 }
 
+// Ships `segments` segments of `pages_per_segment` pages each; the receiver scatters every
+// segment over pool pages in reverse order (page j of segment i -> pool page total-1-(i*pps+j)),
+// so no two pieces of a segment are adjacent and UCX has to scatter (iov). Independent check: the
+// byte-wise memcmp of every page against its source.
+void ScatterAndVerify(Transport& sender, Transport& receiver, uint64_t id, size_t segments, size_t pages_per_segment,
+                      size_t page_bytes) {
+  const size_t total = segments * pages_per_segment;
+  std::vector<uint8_t> src(total * page_bytes);
+  std::mt19937 rng(static_cast<uint32_t>(id));
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> pool(total * page_bytes, 0);
+  ASSERT_TRUE(receiver
+                  .ExpectScatter(id,
+                                 [&](uint32_t index, size_t bytes) -> StatusOr<std::vector<Destination>> {
+                                   if (index >= segments || bytes != pages_per_segment * page_bytes) {
+                                     return InvalidArgumentError("bad segment");
+                                   }
+                                   std::vector<Destination> d;
+                                   for (size_t j = 0; j < pages_per_segment; ++j) {
+                                     size_t page = total - 1 - (index * pages_per_segment + j);
+                                     d.push_back({pool.data() + page * page_bytes, page_bytes});
+                                   }
+                                   return d;
+                                 })
+                  .ok());
+  std::vector<Segment> segs;
+  const size_t seg_bytes = pages_per_segment * page_bytes;
+  for (uint32_t i = 0; i < segments; ++i) segs.push_back({i, src.data() + i * seg_bytes, seg_bytes});
+  auto deadline = Clock::now() + 30s;
+  Status s = sender.Send(receiver.address(), id, segs, deadline);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(sender.Finish(receiver.address(), id, static_cast<uint32_t>(segments), deadline).ok());
+  Status w = receiver.Wait(id, deadline);
+  ASSERT_TRUE(w.ok()) << w.ToString();
+  for (size_t p = 0; p < total; ++p) {
+    ASSERT_EQ(0, std::memcmp(pool.data() + (total - 1 - p) * page_bytes, src.data() + p * page_bytes, page_bytes))
+        << "page " << p;
+  }
+}
+
+TEST_P(TransportTest, ScattersSmallSegments) {
+  // 3 pages of 1 KiB: eager, copied piece by piece.
+  ScatterAndVerify(*sender_, *receiver_, 20, 40, 3, 1024);
+}
+
+TEST_P(TransportTest, ScattersLargeSegments) {
+  // 64 pages of 16 KiB = 1 MiB per segment: rendezvous into an iov of 64 pieces.
+  ScatterAndVerify(*sender_, *receiver_, 21, 6, 64, 16384);
+}
+
+TEST_P(TransportTest, AdjacentPiecesAreOneDestination) {
+  // A sink that splits a segment into pieces that happen to be adjacent: merged, one receive.
+  std::vector<uint8_t> pool(1 << 20, 0);
+  ASSERT_TRUE(receiver_
+                  ->ExpectScatter(22,
+                                  [&](uint32_t, size_t bytes) -> StatusOr<std::vector<Destination>> {
+                                    std::vector<Destination> d;
+                                    for (size_t off = 0; off < bytes; off += 4096) d.push_back({pool.data() + off, 4096});
+                                    return d;
+                                  })
+                  .ok());
+  auto src = RandomBytes(1 << 20, 22);
+  Segment seg{0, src.data(), src.size()};
+  ASSERT_TRUE(sender_->Send(receiver_->address(), 22, std::span(&seg, 1), Clock::now() + 10s).ok());
+  ASSERT_TRUE(sender_->Finish(receiver_->address(), 22, 1, Clock::now() + 10s).ok());
+  ASSERT_TRUE(receiver_->Wait(22, Clock::now() + 10s).ok());
+  EXPECT_EQ(pool, src);
+}
+
+TEST_P(TransportTest, ScatterOfTheWrongSizeIsRefused) {
+  std::vector<uint8_t> pool(1 << 20);
+  ASSERT_TRUE(receiver_
+                  ->ExpectScatter(23,
+                                  [&](uint32_t, size_t bytes) -> StatusOr<std::vector<Destination>> {
+                                    return std::vector<Destination>{{pool.data(), bytes / 2}};
+                                  })
+                  .ok());
+  auto src = RandomBytes(1 << 20, 23);
+  Segment seg{0, src.data(), src.size()};
+  Status s = sender_->Send(receiver_->address(), 23, std::span(&seg, 1), Clock::now() + 10s);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  Status w = receiver_->Wait(23, Clock::now() + 10s);
+  EXPECT_EQ(w.code(), StatusCode::kAborted) << w.ToString();
+  EXPECT_NE(w.message().find("sink gave 524288 bytes for a segment of 1048576"), std::string::npos) << w.message();
+}
+
 TEST_P(TransportTest, StalledTransferTimesOut) {
   std::vector<uint8_t> pool(8 * 65536);
   ASSERT_TRUE(receiver_->Expect(3, [&](uint32_t i, size_t bytes) -> StatusOr<void*> {

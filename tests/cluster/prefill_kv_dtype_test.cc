@@ -1,0 +1,160 @@
+// kv_dtype end to end: a bf16 loopback cluster (pages built, shipped and decoded in bf16) gives
+// exactly the greedy tokens of one process with a bf16 DenseKvCache; a decode worker whose pool
+// has another dtype refuses the shipped KV with an error naming kv_dtype. Also runs the old
+// schedule (no per-layer overlap, one page per segment) to check it gives the same tokens.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "model/dense_kv_cache.h"
+#include "model/generator.h"
+#include "model/model.h"
+#include "router/client.h"
+#include "tests/cluster/cluster_fixture.h"
+
+namespace icecache::testing {
+namespace {
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % 300);
+  return ids;
+}
+
+// Greedy tokens of one process: dense KV cache of page size 4 holding `dtype`.
+std::vector<int32_t> SingleProcessGreedy(const std::string& dir, const std::vector<int32_t>& prompt, int max_tokens,
+                                         kernels::DType dtype) {
+  auto m = model::Model::Load(dir);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  model::DenseKvCacheOptions o;
+  o.page_size = 4;
+  o.kv_dtype = dtype;
+  model::DenseKvCache cache((*m)->attention_shape(), o);
+  model::Generator gen(**m, cache);
+  model::SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  auto id = gen.Add(prompt, p);
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  std::vector<int32_t> out;
+  while (!gen.idle()) {
+    std::vector<model::GenerationEvent> ev;
+    Status s = gen.Step(&ev);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) break;
+    for (auto& e : ev) out.push_back(e.token);
+  }
+  return out;
+}
+
+struct Generated {
+  Status status;
+  std::vector<int32_t> tokens;
+  router::RemoteChunk last;
+};
+
+Generated Generate(const std::string& router, const std::vector<int32_t>& prompt, int max_tokens, int budget) {
+  router::RemoteGenerateOptions o;
+  o.router = router;
+  o.prompt_ids = prompt;
+  o.max_tokens = max_tokens;
+  o.ignore_eos = true;
+  o.budget_pages = budget;
+  Generated g;
+  g.status = router::RunRemoteGenerate(o, [&](const router::RemoteChunk& c) {
+    g.tokens.insert(g.tokens.end(), c.token_ids.begin(), c.token_ids.end());
+    if (c.last) g.last = c;
+    return true;
+  });
+  return g;
+}
+
+std::string ModelDir() { return ::testing::TempDir() + "/icecache_cluster_model"; }
+
+TEST(ClusterKvDtype, Bf16FullBudgetMatchesSingleProcessBf16Greedy) {
+  auto c = LoopbackCluster::Start(ModelDir(), 1, 1, "tcp,sm,self", true, 0, 60000, "reference", "bf16");
+  ASSERT_NE(c, nullptr);
+  for (int n : {1, 7, 61}) {
+    std::vector<int32_t> prompt = Prompt(n, 100 + n);
+    Generated r = Generate(c->router->address(), prompt, 20, 0);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    EXPECT_EQ(r.tokens, SingleProcessGreedy(ModelDir(), prompt, 20, kernels::DType::kBF16)) << "prompt length " << n;
+    if (n == 61) {
+      // bf16 pages: 2 bytes per element. 61 tokens in pages of 4 = 16 pages per (layer, kv head),
+      // 4 layers x 2 heads, each page 2 * 4 * 16 (head_dim) * 2 bytes.
+      EXPECT_GE(r.last.transfer_bytes, 16 * 8 * 256);
+      EXPECT_LT(r.last.transfer_bytes, 16 * 8 * 256 + 64 * 1024);  // + metadata
+    }
+  }
+  // A sparse budget completes too (trees built layer by layer in bf16).
+  Generated r = Generate(c->router->address(), Prompt(300, 9), 12, 6);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.tokens.size(), 12u);
+  auto stats = c->prefill[0]->engine_stats();
+  EXPECT_EQ(stats.completed, 4);
+  // Far fewer segments than pages: runs of consecutive pages travel together.
+  EXPECT_LT(stats.segments_shipped, 4 * 10);
+  EXPECT_GE(stats.tree_build_total_seconds, 0.0);
+}
+
+TEST(ClusterKvDtype, OldScheduleGivesTheSameTokens) {
+  // Baseline of the benchmarks: trees built after the forward pass, one page per segment.
+  const std::string dir = ModelDir();
+  auto fast = LoopbackCluster::Start(dir, 1, 1, "tcp,sm,self", true, 0, 60000, "reference", "bf16");
+  ASSERT_NE(fast, nullptr);
+  cluster::ClusterConfig cfg = fast->config;
+  cfg.prefill.overlap_tree_build = false;
+  cfg.ucx.max_segment_bytes = 1;
+  cfg.router.prefill.addresses.clear();
+  cfg.router.decode.addresses = {fast->decode[0]->address()};
+  auto slow_prefill = prefill::PrefillServer::Start(cfg);
+  ASSERT_TRUE(slow_prefill.ok()) << slow_prefill.status().ToString();
+  cfg.router.prefill.addresses = {(*slow_prefill)->address()};
+  auto slow_router = router::RouterServer::Start(cfg);
+  ASSERT_TRUE(slow_router.ok()) << slow_router.status().ToString();
+  std::vector<int32_t> prompt = Prompt(200, 21);
+  Generated a = Generate(fast->router->address(), prompt, 10, 6);
+  Generated b = Generate((*slow_router)->address(), prompt, 10, 6);
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  ASSERT_TRUE(b.status.ok()) << b.status.ToString();
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.last.transfer_bytes, b.last.transfer_bytes);
+  auto slow = (*slow_prefill)->engine_stats();
+  EXPECT_EQ(slow.completed, 1);
+  auto fast_stats = fast->prefill[0]->engine_stats();
+  EXPECT_LT(fast_stats.segments_shipped, slow.segments_shipped);  // one segment per page + metadata
+  (*slow_router)->Shutdown();
+  (*slow_prefill)->Shutdown();
+}
+
+TEST(ClusterKvDtype, DecodeWorkerRefusesPagesOfAnotherDtype) {
+  // Prefill builds bf16 pages; the decode worker's pool is f32.
+  auto c = LoopbackCluster::Start(ModelDir(), 1, 0, "tcp,sm,self", true, 0, 60000, "reference", "bf16");
+  ASSERT_NE(c, nullptr);
+  cluster::ClusterConfig cfg = c->config;
+  cfg.cache.kv_dtype = "f32";
+  auto decode = decode::DecodeServer::Start(cfg);
+  ASSERT_TRUE(decode.ok()) << decode.status().ToString();
+  cfg.router.decode.addresses = {(*decode)->address()};
+  auto router = router::RouterServer::Start(cfg);
+  ASSERT_TRUE(router.ok()) << router.status().ToString();
+  Generated r = Generate((*router)->address(), Prompt(30, 3), 4, 0);
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_NE(r.status.message().find("kv_dtype"), std::string::npos) << r.status.ToString();
+  // Nothing stays allocated on the decode side.
+  bool idle = false;
+  for (int i = 0; i < 250 && !idle; ++i) {
+    auto s = (*decode)->stats();
+    idle = s.used_pages == 0 && s.active_sequences == 0 && s.committed_pages == 0;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(idle);
+  (*router)->Shutdown();
+  (*decode)->Shutdown();
+}
+
+}  // namespace
+}  // namespace icecache::testing

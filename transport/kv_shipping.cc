@@ -1,0 +1,138 @@
+#include "transport/kv_shipping.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace icecache::transport {
+namespace {
+
+constexpr uint32_t kMagic = 0x564b4349;  // "ICKV"
+constexpr uint32_t kVersion = 1;
+
+struct KvShipHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t dtype;  // kernels::DType
+  uint32_t reserved;
+  uint64_t page_bytes;
+  uint64_t num_pages;
+};
+static_assert(sizeof(KvShipHeader) == 32);
+
+std::string DTypeLabel(uint32_t d) {
+  return d <= 2 ? std::string(kernels::DTypeName(static_cast<kernels::DType>(d))) : "dtype " + std::to_string(d);
+}
+
+}  // namespace
+
+StatusOr<kernels::DType> ParseKvDtype(const std::string& name) {
+  if (name == "bf16") return kernels::DType::kBF16;
+  if (name == "f16") return kernels::DType::kF16;
+  if (name == "f32") return kernels::DType::kF32;
+  return InvalidArgumentError("kv_dtype must be bf16, f16 or f32, got '" + name + "'");
+}
+
+StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
+                                   const kvstore::SequenceWire& wire, const kvstore::PagePool& pool,
+                                   size_t max_segment_bytes, Clock::time_point deadline) {
+  const size_t page_bytes = pool.page_bytes();
+  KvShipHeader h{kMagic, kVersion, static_cast<uint32_t>(pool.dtype()), 0, page_bytes, wire.pages.size()};
+  std::vector<uint8_t> first(sizeof(h) + wire.metadata.size());
+  std::memcpy(first.data(), &h, sizeof(h));
+  if (!wire.metadata.empty()) std::memcpy(first.data() + sizeof(h), wire.metadata.data(), wire.metadata.size());
+
+  const size_t max_run = std::max<size_t>(1, max_segment_bytes / page_bytes);
+  std::vector<Segment> segments;
+  segments.push_back({0, first.data(), first.size()});
+  for (size_t s = 0; s < wire.pages.size();) {
+    size_t k = 1;
+    while (s + k < wire.pages.size() && k < max_run && wire.pages[s + k] == wire.pages[s] + static_cast<int32_t>(k)) ++k;
+    segments.push_back({static_cast<uint32_t>(1 + s), pool.PageK(wire.pages[s]), k * page_bytes});
+    s += k;
+  }
+  ICE_RETURN_IF_ERROR(transport.Send(peer, id, segments, deadline));
+  ICE_RETURN_IF_ERROR(transport.Finish(peer, id, static_cast<uint32_t>(segments.size()), deadline));
+  KvShipStats st;
+  st.segments = static_cast<int64_t>(segments.size());
+  st.pages = static_cast<int64_t>(wire.pages.size());
+  st.bytes = static_cast<int64_t>(first.size() + wire.pages.size() * page_bytes);
+  return st;
+}
+
+ScatterSink KvReceiver::Sink() {
+  return [this](uint32_t index, size_t bytes) { return Receive(index, bytes); };
+}
+
+StatusOr<std::vector<Destination>> KvReceiver::Receive(uint32_t index, size_t bytes) {
+  const size_t page_bytes = pool_->page_bytes();
+  const std::string mine = std::to_string(page_bytes) + "-byte pages (" +
+                           std::string(kernels::DTypeName(pool_->dtype())) + ")";
+  if (index == 0) {
+    if (!metadata_.empty()) return InvalidArgumentError("sequence metadata sent twice");
+    if (bytes < sizeof(KvShipHeader)) return InvalidArgumentError("sequence metadata of " + std::to_string(bytes) + " bytes has no header");
+    if (bytes > (64u << 20)) return InvalidArgumentError("sequence metadata larger than 64 MiB");
+    metadata_.resize(bytes);
+    return std::vector<Destination>{{metadata_.data(), bytes}};
+  }
+  if (bytes == 0 || bytes % page_bytes != 0) {
+    return FailedPreconditionError("a run of " + std::to_string(bytes) + " bytes is not a whole number of this pool's " +
+                                   mine + ": kv_dtype/page_size differ between the prefill and decode workers");
+  }
+  const size_t first = index - 1;
+  const size_t count = bytes / page_bytes;
+  if (first + count > static_cast<size_t>(pool_->capacity_pages())) {
+    return InvalidArgumentError("pages " + std::to_string(first) + ".." + std::to_string(first + count) +
+                                " exceed the pool's capacity");
+  }
+  if (pages_.size() < first + count) pages_.resize(first + count, -1);
+  for (size_t s = first; s < first + count; ++s) {
+    if (pages_[s] != -1) return InvalidArgumentError("page " + std::to_string(s) + " sent twice");
+  }
+  std::vector<int32_t> got;
+  ICE_RETURN_IF_ERROR(pool_->AllocateMany(static_cast<int64_t>(count), &got));
+  // Ascending ids make adjacent pages (one receive) likely even after the free list was shuffled.
+  std::sort(got.begin(), got.end());
+  std::vector<Destination> dest;
+  dest.reserve(count);
+  for (size_t j = 0; j < count; ++j) {
+    pages_[first + j] = got[j];
+    dest.push_back({pool_->PageK(got[j]), page_bytes});
+  }
+  return dest;
+}
+
+StatusOr<std::unique_ptr<kvstore::SequenceCache>> KvReceiver::Import() {
+  if (metadata_.size() < sizeof(KvShipHeader)) return DataLossError("the sequence metadata did not arrive");
+  KvShipHeader h;
+  std::memcpy(&h, metadata_.data(), sizeof(h));
+  if (h.magic != kMagic || h.version != kVersion) {
+    return DataLossError("shipped KV has an unknown header (magic " + std::to_string(h.magic) + ", version " +
+                         std::to_string(h.version) + ")");
+  }
+  if (h.page_bytes != pool_->page_bytes() || h.dtype != static_cast<uint32_t>(pool_->dtype())) {
+    return FailedPreconditionError("shipped KV pages are " + std::to_string(h.page_bytes) + " bytes of " +
+                                   DTypeLabel(h.dtype) + ", this pool holds " + std::to_string(pool_->page_bytes()) +
+                                   "-byte pages of " + std::string(kernels::DTypeName(pool_->dtype())) +
+                                   ": kv_dtype/page_size differ between the prefill and decode workers");
+  }
+  if (pages_.size() != h.num_pages) {
+    return DataLossError(std::to_string(pages_.size()) + " pages arrived, " + std::to_string(h.num_pages) + " were sent");
+  }
+  for (int32_t p : pages_) {
+    if (p < 0) return DataLossError("a shipped page is missing");
+  }
+  ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Deserialize(metadata_.data() + sizeof(h),
+                                                                       metadata_.size() - sizeof(h), pages_.data(),
+                                                                       pages_.size(), pool_));
+  pages_.clear();
+  return cache;
+}
+
+void KvReceiver::Release() {
+  for (int32_t p : pages_) {
+    if (p >= 0) pool_->Free(p).IgnoreError();
+  }
+  pages_.clear();
+}
+
+}  // namespace icecache::transport

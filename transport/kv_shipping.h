@@ -1,0 +1,79 @@
+// Shipping one prefilled sequence (kvstore::SequenceCache) from the prefill worker's page pool
+// into the decode worker's page pool over a Transport: the wire protocol, its sender and its
+// receiver, in one place.
+//
+// Wire protocol (transfer id = the decode worker's sequence id):
+//   segment 0      KvShipHeader followed by the SequenceCache metadata (SequenceWire::metadata);
+//   segment 1 + s  a run of k >= 1 pages: wire pages s .. s+k-1 (SequenceWire::pages order),
+//                  k * page_bytes bytes, the pages back to back.
+//   Finish         the number of segments sent (1 + runs).
+// The sender makes a run of pages that are consecutive both in the wire order and in its pool
+// (one contiguous source buffer), up to max_segment_bytes; the receiver allocates a run's pages
+// in its own pool (sorted ascending, so that they are often adjacent) and receives the segment
+// scattered over them.
+//
+// Pages travel in the pool's dtype; the header names it and the page size. A receiver whose pool
+// has pages of another size refuses the transfer: at once when a run is not a whole number of its
+// pages, else in Import (FAILED_PRECONDITION naming both sides' page size and dtype).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/dtype.h"
+#include "kvstore/page_pool.h"
+#include "kvstore/sequence_cache.h"
+#include "transport/transport.h"
+
+namespace icecache::transport {
+
+// "bf16" | "f16" | "f32" (cluster config cache.kv_dtype); INVALID_ARGUMENT otherwise.
+StatusOr<kernels::DType> ParseKvDtype(const std::string& name);
+
+struct KvShipStats {
+  int64_t segments = 0;  // including the metadata segment
+  int64_t pages = 0;
+  int64_t bytes = 0;     // metadata + pages
+};
+
+// Sends `wire` (pages in `pool`) as transfer `id` to `peer` and Finish()es it. Runs are capped at
+// max(max_segment_bytes, one page). Errors are the transport's (see Transport::Send).
+StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
+                                   const kvstore::SequenceWire& wire, const kvstore::PagePool& pool,
+                                   size_t max_segment_bytes, Clock::time_point deadline);
+
+// The receiving half of one transfer into `pool` (not owned, must outlive this).
+// Thread safety: Sink()'s function runs on the transport's progress thread while the transfer is
+// live; every other method must be called only after Transport::Wait for the transfer returned
+// (then nothing runs the sink any more).
+class KvReceiver {
+ public:
+  explicit KvReceiver(kvstore::PagePool* pool) : pool_(pool) {}
+  ~KvReceiver() { Release(); }
+  KvReceiver(const KvReceiver&) = delete;
+  KvReceiver& operator=(const KvReceiver&) = delete;
+
+  // The sink to pass to Transport::ExpectScatter. Refuses: a header of another protocol or page
+  // size, runs that are not whole pages of this pool, pages sent twice, a full pool.
+  ScatterSink Sink();
+
+  // After a successful Wait: checks the header and that every page arrived, and rebuilds the
+  // sequence. On success the cache owns the pages; on error they stay here (Release frees them).
+  StatusOr<std::unique_ptr<kvstore::SequenceCache>> Import();
+
+  // Frees the pages received and not imported.
+  void Release();
+
+ private:
+  StatusOr<std::vector<Destination>> Receive(uint32_t index, size_t bytes);
+
+  kvstore::PagePool* const pool_;
+  std::vector<uint8_t> metadata_;  // segment 0: header + SequenceCache metadata
+  std::vector<int32_t> pages_;     // pages_[s] = pool page holding wire page s, -1: not arrived
+};
+
+}  // namespace icecache::transport
