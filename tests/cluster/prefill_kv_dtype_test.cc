@@ -132,13 +132,13 @@ TEST(ClusterKvDtype, OldScheduleGivesTheSameTokens) {
 
 TEST(ClusterKvDtype, DecodeWorkerRefusesPagesOfAnotherDtype) {
   // Prefill builds bf16 pages; the decode worker's pool is f32.
-  auto c = LoopbackCluster::Start(ModelDir(), 1, 0, "tcp,sm,self", true, 0, 60000, "reference", "bf16");
+  auto c = LoopbackCluster::Start(ModelDir(), 1, 1, "tcp,sm,self", true, 0, 60000, "reference", "bf16");
   ASSERT_NE(c, nullptr);
   cluster::ClusterConfig cfg = c->config;
   cfg.cache.kv_dtype = "f32";
   auto decode = decode::DecodeServer::Start(cfg);
   ASSERT_TRUE(decode.ok()) << decode.status().ToString();
-  cfg.router.decode.addresses = {(*decode)->address()};
+  cfg.router.decode.addresses = {(*decode)->address()};  // the bf16 prefill worker, the f32 decode worker
   auto router = router::RouterServer::Start(cfg);
   ASSERT_TRUE(router.ok()) << router.status().ToString();
   Generated r = Generate((*router)->address(), Prompt(30, 3), 4, 0);
