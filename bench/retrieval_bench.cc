@@ -91,6 +91,8 @@ struct Args {
   std::string keys_file, queries_file, dump_file, dtype = "f32";
   int keys = 32768, dim = 128, queries = 200, page_size = 16, budget = 16, sink = 2, window = 2;
   int insert_tokens = 4096;
+  int profile_loops = 0;  // > 0: only time sparse Select over the queries this many times (for profilers)
+  int profile_evict_mb = 0;  // with profile_loops: bytes streamed through between queries (cold caches)
   bool json = false, faiss = true;
   DciParams dci;
 };
@@ -102,7 +104,7 @@ void Usage() {
                "  [--fov-min 30] [--fov-fraction 1.5e-3] [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned (DciParams::Tuned(); give it before other tree options)] [--norm-headroom 1.0] [--dci-candidates 64]\n"
-               "  [--insert-tokens 4096] [--no-faiss]\n"
+               "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--json] [--dump-selection FILE]\n");
 }
 
@@ -129,6 +131,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--sink-pages") a->sink = std::atoi(v);
     else if (k == "--window-pages") a->window = std::atoi(v);
     else if (k == "--insert-tokens") a->insert_tokens = std::atoi(v);
+    else if (k == "--profile-loops") a->profile_loops = std::atoi(v);
+    else if (k == "--profile-evict-mb") a->profile_evict_mb = std::atoi(v);
     else if (k == "--fov-min") a->dci.fov_min = std::atoi(v);
     else if (k == "--fov-fraction") a->dci.fov_fraction = std::atof(v);
     else if (k == "--cell-fraction") a->dci.cell_score_fraction = std::atof(v);
@@ -248,6 +252,24 @@ int RunRetrieval(int argc, char** argv) {
   if (!bs.ok()) { std::fprintf(stderr, "retrieval: %s\n", bs.ToString().c_str()); return 1; }
 
   Retriever sparse(RetrievalPolicy{a.budget, RetrievalMode::kSparse});
+  if (a.profile_loops > 0) {
+    std::vector<double> cpu;
+    PageSelection sel;
+    std::vector<uint64_t> evict(static_cast<size_t>(a.profile_evict_mb) << 17, 1);
+    uint64_t sink = 0;
+    for (int loop = 0; loop < a.profile_loops; ++loop) {
+      for (int j = 0; j < nq; ++j) {
+        for (size_t e = 0; e < evict.size(); e += 8) sink += evict[e]++;
+        const double c = ThreadCpuUs();
+        Status s = sparse.Select({seq.get()}, 0, queries.data() + static_cast<size_t>(j) * d, 1, &sel);
+        cpu.push_back(ThreadCpuUs() - c);
+        if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+      }
+    }
+    std::printf("profile: %zu sparse queries, median %.1f us thread cpu (build %.2f ms cpu)%s\n", cpu.size(), Median(cpu),
+                build_cpu_ms, sink == 1 ? " " : "");
+    return 0;
+  }
   Retriever oracle(RetrievalPolicy{a.budget, RetrievalMode::kOracle});
   std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us, oracle_cpu_us;
   // The exact baseline scans the same keys stored in the same element type, contiguously.

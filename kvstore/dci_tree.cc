@@ -140,6 +140,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     level_keys_[l].insert(level_keys_[l].end(), k, k + d);
   }
   while (level_counts_.size() > 1 && level_counts_.back() == 0) level_counts_.pop_back();
+  RebuildLevelRows();
 
   // Parents: every level below the top attaches to the level above, in one batched search.
   std::vector<std::vector<int32_t>> by_level(top + 1);
@@ -236,6 +237,16 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   return Status::Ok();
 }
 
+void DciTree::RebuildLevelRows() {
+  const size_t rb = pool_->row_bytes();
+  level_rows_.assign(level_keys_.size(), {});
+  for (size_t l = 0; l < level_keys_.size(); ++l) {
+    const size_t rows = level_keys_[l].size() / dim_;
+    level_rows_[l].resize(rows * rb);
+    RowFromF32(pool_->dtype(), level_keys_[l].data(), level_rows_[l].data(), static_cast<int>(rows * dim_));
+  }
+}
+
 void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i) {
   for (int p = 0; p < num_payloads_; ++p) {
     const int32_t page = leaf_page(leaf, p);
@@ -330,6 +341,7 @@ void DciTree::Release() {
   order_proj_.clear();
   level_nodes_.clear();
   level_keys_.clear();
+  level_rows_.clear();
   level_counts_.clear();
   level_index_.clear();
   level1_matrix_ = LevelMatrix{};

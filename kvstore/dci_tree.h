@@ -21,10 +21,12 @@
 //    about cell_score_fraction of each cell's children exactly (the leaves nearest the query in
 //    projection order). Result: the K best distinct leaves, ranked by the best scored token score.
 //    With exhaustive_upper, every node of level >= 1 is scored (they are ~p1 of the tokens) from
-//    the tree's contiguous fp32 copy of their keys instead of a greedy descent through pages, and
-//    the field of view picks which level-1 cells to expand: about the same work as the descent at
-//    the reference fov, without its misses. (Upper tokens are then ranked by their fp32 key, not
-//    the page's rounded copy.)
+//    the tree's contiguous copy of their keys in the pool's element type (the same values as their
+//    page slots, so the same scores) instead of a greedy descent through pages, and the field of
+//    view picks which level-1 cells to expand: about the same work as the descent at the
+//    reference fov, without its misses. Only nodes that own a non-empty cell count toward the
+//    field of view (near-duplicate keys make many childless nodes tie with the one that collected
+//    their children).
 //
 // Payloads (ICE(r) reuse): a tree may carry num_payloads parallel page sets with the same layout
 // (payload 0 is the indexed layer; payloads 1.. are follower layers whose K/V simply move with
@@ -41,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -208,13 +211,20 @@ class DciTree {
   int32_t NewLeaf(int32_t cell, const int32_t* pages);
   void MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to_slot);
   void WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i);
-  void ScoreLeaf(int32_t leaf, const float* q, Scratch* s, bool collect) const;
-  void ScoreCell(int32_t cell, const float* q, float qproj, double fraction, Scratch* s, bool collect) const;
+  void ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const;  // Oracle
   float LeafFirstProj(int32_t leaf) const { return order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_]]; }
   float LeafLastProj(int32_t leaf) const {
     return order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + leaf_valid_[leaf] - 1]];
   }
   void AddUpperNode(int level, int32_t t, const float* key);
+  void RebuildLevelRows();  // level_rows_ from level_keys_
+  // Query helpers (dci_tree_query.cc).
+  void ScoreLeaves(const float* q, Scratch* s, bool collect) const;
+  void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;
+  void SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
+  // Appends to `cells` the cells of the best `fov` nodes of `cand` (score, node) that own a
+  // non-empty cell; reorders `cand`.
+  void ChooseCells(std::vector<std::pair<float, int32_t>>* cand, int64_t fov, std::vector<int32_t>* cells) const;
 
   DciParams params_;
   PagePool* pool_;
@@ -240,6 +250,7 @@ class DciTree {
   // Upper levels (index l >= 1): nodes and their fp32 keys [nodes, head_dim].
   std::vector<std::vector<int32_t>> level_nodes_;
   std::vector<std::vector<float>> level_keys_;
+  std::vector<std::vector<uint8_t>> level_rows_;  // the same keys in the pool's dtype (queries)
   std::vector<int64_t> level_counts_;  // nodes per level (level 0 first)
   LevelMatrix level1_matrix_;          // cache for insertions (not serialised)
   struct CachedIndex {

@@ -76,8 +76,12 @@ void DciTree::AddUpperNode(int level, int32_t t, const float* key) {
     level_nodes_.resize(level + 1);
     level_keys_.resize(level + 1);
   }
+  if (static_cast<int>(level_rows_.size()) <= level) level_rows_.resize(level + 1);
   level_nodes_[level].push_back(t);  // t is the largest index so far: the list stays sorted
   level_keys_[level].insert(level_keys_[level].end(), key, key + dim_);
+  const size_t rb = pool_->row_bytes();
+  level_rows_[level].resize(level_rows_[level].size() + rb);
+  RowFromF32(pool_->dtype(), key, level_rows_[level].data() + level_rows_[level].size() - rb, dim_);
 }
 
 void DciTree::Rekey(float new_max_norm2) {

@@ -10,27 +10,41 @@ namespace icecache::kvstore {
 // Per-thread working memory of a query, reused across calls.
 class DciTree::Scratch {
  public:
-  void Begin(int32_t num_leaves, int page_size) {
-    if (static_cast<int32_t>(leaf_best.size()) < num_leaves) leaf_best.resize(num_leaves, -INFINITY);
-    scores.resize(page_size);
-    touched.clear();
-    stats = QueryStats{};
+  using Entry = std::pair<float, int32_t>;
+  void Begin() {
+    entries.clear();
+    upper.clear();
     cand.clear();
     next.clear();
+    cells.clear();
+    stats = QueryStats{};
   }
-  void End() {
-    for (int32_t leaf : touched) leaf_best[leaf] = -INFINITY;
-  }
-  std::vector<float> leaf_best;
-  std::vector<int32_t> touched;
+  std::vector<Entry> entries;  // (best scored token, leaf) of each leaf scored from its page
+  std::vector<Entry> upper;    // (score, node) of upper nodes scored from the level rows
+  std::vector<Entry> cand, next;  // (score, node) of the greedy descent
+  std::vector<Entry> merged;
+  std::vector<int32_t> cells;  // cells to expand
+  std::vector<int32_t> order;  // leaves to score, in scoring order
+  std::vector<const void*> rows;  // K block of each leaf of `order`
+  std::vector<int> valid;
   std::vector<float> scores;
-  std::vector<int32_t> order;
-  std::vector<float> upper_scores;
+  std::vector<uint8_t> mark;   // per leaf, 1 while it is in the output
   QueryStats stats;
-  std::vector<std::pair<float, int32_t>> cand, next;  // (score, node)
 };
 
 namespace {
+
+// Leaves ahead of the one being scored whose K rows are prefetched: enough to cover a miss to
+// L3/DRAM with a few 16-row leaves of work, few enough not to overrun the miss queues.
+constexpr size_t kPrefetchLeaves = 4;
+
+// Best first: higher score, then lower id. A functor so that the sorts inline it.
+struct Better {
+  bool operator()(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) const {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  }
+};
+
 void TopLeaves(const std::vector<int32_t>& touched, const std::vector<float>& best, int k, std::vector<ScoredLeaf>* out) {
   out->clear();
   out->reserve(touched.size());
@@ -42,36 +56,50 @@ void TopLeaves(const std::vector<int32_t>& touched, const std::vector<float>& be
   std::partial_sort(out->begin(), out->begin() + kk, out->end(), better);
   out->resize(kk);
 }
+
 }  // namespace
 
-void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s, bool collect) const {
+void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const {
   const int v = leaf_valid_[leaf];
   s->stats.tokens_scored += v;
   ++s->stats.leaves_scored;
   ScoreRows(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), v, dim_, q, s->scores.data());
-  float best = -INFINITY;
-  const int32_t* toks = &leaf_tokens_[static_cast<size_t>(leaf) * page_size_];
-  for (int j = 0; j < v; ++j) {
-    best = std::max(best, s->scores[j]);
-    if (collect) s->next.emplace_back(s->scores[j], toks[j]);
-  }
-  if (s->leaf_best[leaf] == -INFINITY) s->touched.push_back(leaf);
-  s->leaf_best[leaf] = std::max(s->leaf_best[leaf], best);
+  s->entries.emplace_back(*std::max_element(s->scores.data(), s->scores.data() + v), leaf);
 }
 
-void DciTree::ScoreCell(int32_t cell_id, const float* q, float qproj, double fraction, Scratch* s, bool collect) const {
-  const Cell& cell = cells_[cell_id];
-  const int nl = static_cast<int>(cell.leaves.size());
-  if (nl == 0) return;
-  ++s->stats.cells_expanded;
-  // Choose the leaves first (then score them with the next one prefetched): start at the leaf the
-  // query's projection falls in and grow toward the nearer neighbour until the target is met.
+void DciTree::ChooseCells(std::vector<std::pair<float, int32_t>>* cand, int64_t fov, std::vector<int32_t>* cells) const {
+  size_t begin = 0, got = 0;
+  while (static_cast<int64_t>(got) < fov && begin < cand->size()) {
+    const size_t end = std::min(cand->size(), begin + static_cast<size_t>(fov - got));
+    if (end < cand->size()) std::nth_element(cand->begin() + begin, cand->begin() + end, cand->end(), Better{});
+    for (size_t i = begin; i < end; ++i) {
+      const int32_t c = node_cell_[(*cand)[i].second];
+      if (c >= 0 && cells_[c].count > 0) {
+        cells->push_back(c);
+        ++got;
+      }
+    }
+    begin = end;
+  }
+}
+
+void DciTree::PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const {
+  // Staged so that the independent misses of every cell overlap: headers, leaf lists, leaves.
+  for (int32_t c : cells) __builtin_prefetch(&cells_[c]);
+  for (int32_t c : cells) __builtin_prefetch(cells_[c].leaves.data());
   std::vector<int32_t>& order = s->order;
   order.clear();
-  const int64_t target = static_cast<int64_t>(std::ceil(fraction * cell.count));
-  if (target >= cell.count) {
-    order.assign(cell.leaves.begin(), cell.leaves.end());
-  } else {
+  for (int32_t cell_id : cells) {
+    const Cell& cell = cells_[cell_id];
+    const int nl = static_cast<int>(cell.leaves.size());
+    if (nl == 0) continue;
+    ++s->stats.cells_expanded;
+    const int64_t target = static_cast<int64_t>(std::ceil(fraction * cell.count));
+    if (target >= cell.count) {
+      order.insert(order.end(), cell.leaves.begin(), cell.leaves.end());
+      continue;
+    }
+    // Start at the leaf the query's projection falls in and grow toward the nearer neighbour.
     int j = static_cast<int>(std::partition_point(cell.leaves.begin(), cell.leaves.end(),
                                                   [&](int32_t leaf) { return LeafLastProj(leaf) < qproj; }) -
                              cell.leaves.begin());
@@ -93,16 +121,73 @@ void DciTree::ScoreCell(int32_t cell_id, const float* q, float qproj, double fra
       taken += leaf_valid_[leaf];
     }
   }
-  const size_t row_bytes = pool_->row_bytes();
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (i + 1 < order.size()) {
-      const int32_t next = order[i + 1];
-      const char* k = static_cast<const char*>(pool_->PageK(leaf_page(next, 0)));
-      const size_t bytes = leaf_valid_[next] * row_bytes;
-      for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(k + off);
-    }
-    ScoreLeaf(order[i], q, s, collect);
+  const size_t n = order.size();
+  s->rows.resize(n);
+  s->valid.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    s->rows[i] = pool_->PageK(leaf_page(order[i], 0));
+    s->valid[i] = leaf_valid_[order[i]];
   }
+  const size_t rb = pool_->row_bytes();
+  for (size_t i = 0; i < std::min(n, kPrefetchLeaves); ++i) {
+    const char* k = static_cast<const char*>(s->rows[i]);
+    for (size_t off = 0; off < s->valid[i] * rb; off += 64) __builtin_prefetch(k + off, 0, 1);
+  }
+}
+
+void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
+  const size_t n = s->order.size(), rb = pool_->row_bytes();
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchLeaves < n) {
+      const char* k = static_cast<const char*>(s->rows[i + kPrefetchLeaves]);
+      for (size_t off = 0; off < s->valid[i + kPrefetchLeaves] * rb; off += 64) __builtin_prefetch(k + off, 0, 1);
+    }
+    const int32_t leaf = s->order[i];
+    const int v = s->valid[i];
+    ScoreRows(pool_->dtype(), s->rows[i], v, dim_, q, s->scores.data());
+    s->stats.tokens_scored += v;
+    ++s->stats.leaves_scored;
+    float best = -INFINITY;
+    for (int j = 0; j < v; ++j) best = std::max(best, s->scores[j]);
+    s->entries.emplace_back(best, leaf);
+    if (collect) {
+      const int32_t* toks = &leaf_tokens_[static_cast<size_t>(leaf) * page_size_];
+      for (int j = 0; j < v; ++j) s->next.emplace_back(s->scores[j], toks[j]);
+    }
+  }
+}
+
+void DciTree::SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
+  // The k best distinct leaves of (scored leaves) U (upper nodes' leaves), by best score. The
+  // scored leaves are distinct, so the k-th best of them bounds the answer from below: only the
+  // upper nodes scoring at least that much are mapped to their leaves.
+  out->clear();
+  std::vector<Scratch::Entry>& e = s->entries;
+  float floor = -INFINITY;
+  if (!s->upper.empty() && e.size() >= static_cast<size_t>(k)) {
+    std::nth_element(e.begin(), e.begin() + (k - 1), e.end(), Better{});
+    floor = e[k - 1].first;
+  }
+  std::vector<Scratch::Entry>& mg = s->merged;
+  mg.clear();
+  for (const auto& [score, node] : s->upper)
+    if (score >= floor) mg.emplace_back(score, tok_leaf_[node]);
+  const size_t from_upper = mg.size();
+  mg.insert(mg.end(), e.begin(), e.end());
+  // At most from_upper entries repeat a leaf: the best k + from_upper hold the k best leaves.
+  const size_t prefix = std::min(mg.size(), static_cast<size_t>(k) + from_upper);
+  std::partial_sort(mg.begin(), mg.begin() + prefix, mg.end(), Better{});
+  if (from_upper == 0) {
+    for (size_t i = 0; i < prefix; ++i) out->push_back(ScoredLeaf{mg[i].second, mg[i].first});
+    return;
+  }
+  if (static_cast<int32_t>(s->mark.size()) < num_leaves()) s->mark.resize(num_leaves(), 0);
+  for (size_t i = 0; i < prefix && static_cast<int>(out->size()) < k; ++i) {
+    if (s->mark[mg[i].second]) continue;
+    s->mark[mg[i].second] = 1;
+    out->push_back(ScoredLeaf{mg[i].second, mg[i].first});
+  }
+  for (const ScoredLeaf& l : *out) s->mark[l.leaf] = 0;
 }
 
 void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
@@ -110,56 +195,45 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   if (size() == 0 || k <= 0 || cells_.empty()) return;
   thread_local Scratch scratch;
   Scratch* s = &scratch;
-  s->Begin(num_leaves(), page_size_);
+  s->Begin();
+  s->scores.resize(std::max<size_t>(page_size_, s->scores.size()));
   const float qn = std::sqrt(DotF32(q, q, dim_));
   const float qproj = qn > 0 ? DotF32(directions_.data(), q, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
   const int64_t fov = std::max<int64_t>(params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * size())));
   const int top = num_levels() - 1;
   if (params_.exhaustive_upper && top >= 1) {
-    // Every upper node is scored from the contiguous fp32 copy of its level's keys (no page
-    // walking); the fov best level-1 nodes then have their cells expanded.
-    for (int lvl = 1; lvl <= top; ++lvl) {
+    // Level 1 first: its scores pick the cells, whose pages are then prefetched while the small
+    // levels above are scored. Upper nodes are scored from the contiguous level rows.
+    auto score_level = [&](int lvl) {
       const auto& nodes = level_nodes_[lvl];
       const int cnt = static_cast<int>(nodes.size());
-      if (cnt == 0) continue;
-      s->upper_scores.resize(cnt);
-      ScoreRows(kernels::DType::kF32, level_keys_[lvl].data(), cnt, dim_, q, s->upper_scores.data());
+      if (cnt == 0) return;
+      if (s->scores.size() < static_cast<size_t>(cnt)) s->scores.resize(cnt);
+      ScoreRows(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, q, s->scores.data());
       s->stats.tokens_scored += cnt;
-      for (int i = 0; i < cnt; ++i) {
-        const int32_t leaf = tok_leaf_[nodes[i]];
-        if (s->leaf_best[leaf] == -INFINITY) s->touched.push_back(leaf);
-        s->leaf_best[leaf] = std::max(s->leaf_best[leaf], s->upper_scores[i]);
-        if (lvl == 1) s->cand.emplace_back(s->upper_scores[i], nodes[i]);
-      }
-    }
-    if (static_cast<int64_t>(s->cand.size()) > fov) {
-      std::nth_element(s->cand.begin(), s->cand.begin() + fov, s->cand.end(),
-                       [](const auto& a, const auto& b) { return a.first > b.first; });
-      s->cand.resize(fov);
-    }
-    for (const auto& [score, node] : s->cand) {
-      const int32_t c = node_cell_[node];
-      if (c >= 0) ScoreCell(c, q, qproj, params_.cell_score_fraction, s, false);
-    }
+      for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
+    };
+    score_level(1);
+    s->cand.assign(s->upper.begin(), s->upper.end());
+    ChooseCells(&s->cand, fov, &s->cells);
+    PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
+    for (int lvl = 2; lvl <= top; ++lvl) score_level(lvl);
+    ScoreLeaves(q, s, false);
   } else {
-    ScoreCell(0, q, qproj, 1.0, s, top >= 1);
+    s->cells.assign(1, 0);
+    PlanCells(s->cells, qproj, 1.0, s);
+    ScoreLeaves(q, s, top >= 1);
     for (int lvl = top; lvl >= 1; --lvl) {
       std::swap(s->cand, s->next);
       s->next.clear();
-      if (static_cast<int64_t>(s->cand.size()) > fov) {
-        std::nth_element(s->cand.begin(), s->cand.begin() + fov, s->cand.end(),
-                         [](const auto& a, const auto& b) { return a.first > b.first; });
-        s->cand.resize(fov);
-      }
-      for (const auto& [score, node] : s->cand) {
-        const int32_t c = node_cell_[node];
-        if (c >= 0) ScoreCell(c, q, qproj, params_.cell_score_fraction, s, lvl - 1 >= 1);
-      }
+      s->cells.clear();
+      ChooseCells(&s->cand, fov, &s->cells);
+      PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
+      ScoreLeaves(q, s, lvl - 1 >= 1);
     }
   }
-  TopLeaves(s->touched, s->leaf_best, k, out);
+  SelectLeaves(s, k, out);
   if (stats != nullptr) *stats = s->stats;
-  s->End();
 }
 
 void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
@@ -182,7 +256,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<float> best;      // [nq, num_leaves], -inf when untouched
     std::vector<int32_t> touched;
     std::vector<uint8_t> cell_mark;
-    std::vector<int32_t> cells;
+    std::vector<int32_t> cells, head_cells;
     std::vector<float> scores;
     std::vector<std::pair<float, int32_t>> cand;
   };
@@ -205,7 +279,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     const int cnt = static_cast<int>(nodes.size());
     if (cnt == 0) continue;
     g.scores.resize(static_cast<size_t>(cnt) * nq);
-    ScoreRowsMulti(kernels::DType::kF32, level_keys_[lvl].data(), cnt, dim_, qs, nq, g.scores.data());
+    ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, qs, nq, g.scores.data());
     st.tokens_scored += cnt;
     for (int i = 0; i < cnt; ++i) {
       // Upper tokens: every head's score, one leaf row each (max per head below).
@@ -216,14 +290,10 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     for (int j = 0; j < nq; ++j) {
       g.cand.clear();
       for (int i = 0; i < cnt; ++i) g.cand.emplace_back(g.scores[static_cast<size_t>(j) * cnt + i], nodes[i]);
-      if (static_cast<int64_t>(g.cand.size()) > fov) {
-        std::nth_element(g.cand.begin(), g.cand.begin() + fov, g.cand.end(),
-                         [](const auto& a, const auto& b) { return a.first > b.first; });
-        g.cand.resize(fov);
-      }
-      for (const auto& [score, node] : g.cand) {
-        const int32_t c = node_cell_[node];
-        if (c >= 0 && !g.cell_mark[c]) {
+      g.head_cells.clear();
+      ChooseCells(&g.cand, fov, &g.head_cells);
+      for (int32_t c : g.head_cells) {
+        if (!g.cell_mark[c]) {
           g.cell_mark[c] = 1;
           g.cells.push_back(c);
         }
@@ -261,10 +331,10 @@ void DciTree::Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const 
   if (size() == 0 || k <= 0) return;
   thread_local Scratch scratch;
   Scratch* s = &scratch;
-  s->Begin(num_leaves(), page_size_);
-  for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) ScoreLeaf(leaf, q, s, false);
-  TopLeaves(s->touched, s->leaf_best, k, out);
-  s->End();
+  s->Begin();
+  s->scores.resize(std::max<size_t>(page_size_, s->scores.size()));
+  for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) ScoreLeaf(leaf, q, s);
+  SelectLeaves(s, k, out);
 }
 
 }  // namespace icecache::kvstore

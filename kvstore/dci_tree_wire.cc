@@ -94,6 +94,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     if (t->level_keys_[l].size() != t->level_nodes_[l].size() * dim)
       return DataLossError("sequence wire form: tree level keys have the wrong size");
   }
+  t->RebuildLevelRows();
   ICE_RETURN_IF_ERROR(r->GetVector(&t->level_counts_, "tree level counts", 128));
   ICE_RETURN_IF_ERROR(r->GetVector(&t->leaf_valid_, "tree leaf valid", kMaxElems));
   ICE_RETURN_IF_ERROR(r->GetVector(&t->leaf_cell_, "tree leaf cells", kMaxElems));
