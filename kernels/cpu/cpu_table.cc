@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/prefill_attention_cpu.h"
 
 namespace icecache::kernels {
 
@@ -46,7 +47,7 @@ Status NoSync() { return Status::Ok(); }
 const OpTable& CpuOpTable() {
   static const OpTable table = {
       Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
-      cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
+      cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttentionTiled,
       cpu::PagedDecodeAttention, cpu::Argmax, cpu::TopLogits, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,
       HostCopyPages,        NoSync,

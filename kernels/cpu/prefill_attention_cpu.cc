@@ -1,0 +1,295 @@
+// CPU causal prefill attention, tiled (FlashAttention-style on the CPU).
+//
+// Work is split into tasks of (kv head, block of query positions); a task's rows are its
+// positions times the GQA group's query heads, so every K/V block it reads serves all of them.
+// Per key block of kKeyBlock keys: S = Q·Kᵀ from a transposed copy of the block (a 4-row ×
+// 64-key register tile), causal mask on the diagonal block only, online softmax (running max and
+// sum per row, vectorised exp), then O += P·V with a 4-row × 64-dim register tile. Without
+// AVX-512 (or for head_dim not a multiple of 16) a scalar row-by-row version runs instead.
+#include "kernels/cpu/prefill_attention_cpu.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
+
+namespace icecache::kernels::cpu {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Reference-shaped fallback: one query row at a time, exact two-pass softmax.
+void PrefillRowsScalar(const PrefillAttentionParams& p, int kvh, int i0, int i1, std::vector<float>& sc) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int d = p.head_dim;
+  const int offset = p.kv_len - p.q_len;
+  const size_t kv_stride = static_cast<size_t>(p.num_kv_heads) * d;
+  sc.resize(p.kv_len);
+  for (int i = i0; i < i1; ++i) {
+    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const float* q = p.q + (static_cast<size_t>(i) * p.num_q_heads + h) * d;
+      float* o = p.out + (static_cast<size_t>(i) * p.num_q_heads + h) * d;
+      const int n = i + offset + 1;
+      float mx = kNegInf;
+      for (int j = 0; j < n; ++j) {
+        sc[j] = Dot<DType::kF32>(q, p.k + j * kv_stride + static_cast<size_t>(kvh) * d, d) * p.scale;
+        mx = std::max(mx, sc[j]);
+      }
+      float sum = 0.f;
+      for (int j = 0; j < n; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+      const float inv = 1.f / sum;
+      for (int e = 0; e < d; ++e) o[e] = 0.f;
+      for (int j = 0; j < n; ++j) Axpy<DType::kF32>(sc[j] * inv, p.v + j * kv_stride + static_cast<size_t>(kvh) * d, o, d);
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+constexpr int kKeyBlock = 64;  // keys per block: 4 zmm of scores per row
+
+// exp(x) for x <= 0, Cephes expf polynomial with Cody-Waite reduction (~1 ulp); x < -87 -> ~0.
+inline __m512 Exp(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// Working memory of one task, reused across tasks of a thread.
+struct Tile {
+  std::vector<float> q;    // [rows, d], scaled
+  std::vector<float> o;    // [rows, d], unnormalised
+  std::vector<float> kt;   // [d, kKeyBlock], the key block transposed
+  std::vector<float> s;    // [rows, kKeyBlock], scores then probabilities
+  std::vector<float> m, l; // [rows] running max and sum
+  std::vector<int> limit;  // [rows] last visible key position
+};
+
+// S[r0..r0+R) = Q[r0..] · Kt for R <= 4 rows.
+template <int R>
+inline void ScoreRows(const float* q, int d, const float* kt, float* s) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int e = 0; e < d; ++e) {
+    const float* kr = kt + static_cast<size_t>(e) * kKeyBlock;
+    const __m512 k0 = _mm512_loadu_ps(kr), k1 = _mm512_loadu_ps(kr + 16), k2 = _mm512_loadu_ps(kr + 32),
+                 k3 = _mm512_loadu_ps(kr + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 qe = _mm512_set1_ps(q[static_cast<size_t>(r) * d + e]);
+      acc[r][0] = _mm512_fmadd_ps(qe, k0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(qe, k1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(qe, k2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(qe, k3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + static_cast<size_t>(r) * kKeyBlock + c * 16, acc[r][c]);
+}
+
+// O[r0..r0+R)[c0..c0+64) += P[r0..] · V[block][c0..c0+64) for R <= 4 rows, nk keys.
+template <int R>
+inline void AccumulateRows(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_loadu_ps(o + static_cast<size_t>(r) * d + c0 + c * 16);
+  for (int j = 0; j < nk; ++j) {
+    const float* vr = v + j * v_stride + c0;
+    const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
+                 v3 = _mm512_loadu_ps(vr + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 pj = _mm512_set1_ps(s[static_cast<size_t>(r) * kKeyBlock + j]);
+      acc[r][0] = _mm512_fmadd_ps(pj, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(pj, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(pj, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(pj, v3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + static_cast<size_t>(r) * d + c0 + c * 16, acc[r][c]);
+}
+
+// Like AccumulateRows for a 16-wide column chunk (head_dim not a multiple of 64).
+template <int R>
+inline void AccumulateRows16(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_loadu_ps(o + static_cast<size_t>(r) * d + c0);
+  for (int j = 0; j < nk; ++j) {
+    const __m512 vj = _mm512_loadu_ps(v + j * v_stride + c0);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[static_cast<size_t>(r) * kKeyBlock + j]), vj, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(o + static_cast<size_t>(r) * d + c0, acc[r]);
+}
+
+template <typename F>
+inline void ForRowQuads(int rows, F&& f) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) f.template operator()<4>(r);
+  switch (rows - r) {
+    case 3: f.template operator()<3>(r); break;
+    case 2: f.template operator()<2>(r); break;
+    case 1: f.template operator()<1>(r); break;
+    default: break;
+  }
+}
+
+// One task: kv head kvh, query positions [i0, i1).
+void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile& t) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int d = p.head_dim;
+  const int offset = p.kv_len - p.q_len;
+  const size_t q_stride = static_cast<size_t>(p.num_q_heads) * d;
+  const size_t kv_stride = static_cast<size_t>(p.num_kv_heads) * d;
+  const int rows = (i1 - i0) * group;
+  t.q.resize(static_cast<size_t>(rows) * d);
+  t.o.assign(static_cast<size_t>(rows) * d, 0.f);
+  t.kt.resize(static_cast<size_t>(d) * kKeyBlock);
+  t.s.resize(static_cast<size_t>(rows) * kKeyBlock);
+  t.m.assign(rows, kNegInf);
+  t.l.assign(rows, 0.f);
+  t.limit.resize(rows);
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for (int r = 0; r < rows; ++r) {
+    const int i = i0 + r / group, h = kvh * group + r % group;
+    const float* src = p.q + static_cast<size_t>(i) * q_stride + static_cast<size_t>(h) * d;
+    for (int e = 0; e < d; e += 16) _mm512_storeu_ps(&t.q[static_cast<size_t>(r) * d + e], _mm512_mul_ps(_mm512_loadu_ps(src + e), scale));
+    t.limit[r] = i + offset;
+  }
+  const int last_key = i1 - 1 + offset;  // the task's last visible key
+  const int first_full_limit = i0 + offset;  // every row sees keys <= this
+  const float* kbase = p.k + static_cast<size_t>(kvh) * d;
+  const float* vbase = p.v + static_cast<size_t>(kvh) * d;
+  for (int j0 = 0; j0 <= last_key; j0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, last_key + 1 - j0);
+    // Transpose the key block (zeros past nk).
+    for (int jj = 0; jj < kKeyBlock; ++jj) {
+      if (jj < nk) {
+        const float* kr = kbase + static_cast<size_t>(j0 + jj) * kv_stride;
+        for (int e = 0; e < d; ++e) t.kt[static_cast<size_t>(e) * kKeyBlock + jj] = kr[e];
+      } else {
+        for (int e = 0; e < d; ++e) t.kt[static_cast<size_t>(e) * kKeyBlock + jj] = 0.f;
+      }
+    }
+    ForRowQuads(rows, [&]<int R>(int r) { ScoreRows<R>(&t.q[static_cast<size_t>(r) * d], d, t.kt.data(), &t.s[static_cast<size_t>(r) * kKeyBlock]); });
+    const bool masked = j0 + kKeyBlock - 1 > first_full_limit;
+    for (int r = 0; r < rows; ++r) {
+      float* s = &t.s[static_cast<size_t>(r) * kKeyBlock];
+      // Keys past nk, or past this row's causal limit, get probability 0.
+      const int visible = masked ? std::clamp(t.limit[r] - j0 + 1, 0, nk) : nk;
+      const __mmask64 keep = visible >= 64 ? ~0ull : ((1ull << visible) - 1);
+      __m512 sv[4];
+      __m512 mx = _mm512_set1_ps(kNegInf);
+      for (int c = 0; c < 4; ++c) {
+        const __mmask16 mk = static_cast<__mmask16>(keep >> (16 * c));
+        sv[c] = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mk, _mm512_loadu_ps(s + 16 * c));
+        mx = _mm512_max_ps(mx, sv[c]);
+      }
+      const float m_new = std::max(t.m[r], _mm512_reduce_max_ps(mx));
+      if (m_new == kNegInf) {  // nothing visible yet in this row
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + 16 * c, _mm512_setzero_ps());
+        continue;
+      }
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int c = 0; c < 4; ++c) {
+        const __mmask16 mk = static_cast<__mmask16>(keep >> (16 * c));
+        const __m512 e = _mm512_maskz_mov_ps(mk, Exp(_mm512_sub_ps(sv[c], mv)));
+        _mm512_storeu_ps(s + 16 * c, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      const float alpha = t.m[r] == kNegInf ? 0.f : std::exp(t.m[r] - m_new);
+      t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(sum);
+      t.m[r] = m_new;
+      if (alpha != 1.f) {
+        float* o = &t.o[static_cast<size_t>(r) * d];
+        const __m512 av = _mm512_set1_ps(alpha);
+        for (int e = 0; e < d; e += 16) _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), av));
+      }
+    }
+    const float* vb = vbase + static_cast<size_t>(j0) * kv_stride;
+    int c0 = 0;
+    for (; c0 + 64 <= d; c0 += 64) {
+      ForRowQuads(rows, [&]<int R>(int r) {
+        AccumulateRows<R>(&t.s[static_cast<size_t>(r) * kKeyBlock], vb, kv_stride, nk, &t.o[static_cast<size_t>(r) * d], d, c0);
+      });
+    }
+    for (; c0 < d; c0 += 16) {
+      ForRowQuads(rows, [&]<int R>(int r) {
+        AccumulateRows16<R>(&t.s[static_cast<size_t>(r) * kKeyBlock], vb, kv_stride, nk, &t.o[static_cast<size_t>(r) * d], d, c0);
+      });
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int i = i0 + r / group, h = kvh * group + r % group;
+    float* dst = p.out + static_cast<size_t>(i) * q_stride + static_cast<size_t>(h) * d;
+    const __m512 inv = _mm512_set1_ps(t.l[r] > 0.f ? 1.f / t.l[r] : 0.f);
+    for (int e = 0; e < d; e += 16) _mm512_storeu_ps(dst + e, _mm512_mul_ps(_mm512_loadu_ps(&t.o[static_cast<size_t>(r) * d + e]), inv));
+  }
+}
+#endif
+
+}  // namespace
+
+Status PrefillAttentionTiled(const PrefillAttentionParams& p) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  // About 64 rows (positions x group heads) per task; tasks with the most keys go first.
+  const int positions_per_task = std::max(1, 64 / group);
+  const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
+  const int tasks = blocks * p.num_kv_heads;
+#if defined(__AVX512F__)
+  const bool vec = p.head_dim % 16 == 0;
+#else
+  const bool vec = false;
+#endif
+#pragma omp parallel num_threads(CpuThreads())
+  {
+#if defined(__AVX512F__)
+    Tile tile;
+#endif
+    std::vector<float> sc;
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int block = blocks - 1 - task / p.num_kv_heads;
+      const int kvh = task % p.num_kv_heads;
+      const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
+#if defined(__AVX512F__)
+      if (vec) {
+        PrefillTask(p, kvh, i0, i1, tile);
+        continue;
+      }
+#endif
+      PrefillRowsScalar(p, kvh, i0, i1, sc);
+    }
+  }
+  (void)vec;
+  return Status::Ok();
+}
+
+Status PrefillAttentionRowwise(const PrefillAttentionParams& p) {
+#pragma omp parallel num_threads(CpuThreads())
+  {
+    std::vector<float> sc;
+#pragma omp for collapse(2) schedule(dynamic, 4)
+    for (int i = 0; i < p.q_len; ++i)
+      for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) PrefillRowsScalar(p, kvh, i, i + 1, sc);
+  }
+  return Status::Ok();
+}
+
+}  // namespace icecache::kernels::cpu
