@@ -222,9 +222,9 @@ class DciTree {
   void ScoreLeaves(const float* q, Scratch* s, bool collect) const;
   void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;
   void SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
-  // Appends to `cells` the cells of the best `fov` nodes of `cand` (score, node) that own a
-  // non-empty cell; reorders `cand`.
-  void ChooseCells(std::vector<std::pair<float, int32_t>>* cand, int64_t fov, std::vector<int32_t>* cells) const;
+  // Appends to `cells` the cells of the best `fov` of n nodes (scores[i], nodes[i]) that own a
+  // non-empty cell (ties: lower index first). scores is overwritten.
+  void ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fov, Scratch* s, std::vector<int32_t>* cells) const;
 
   DciParams params_;
   PagePool* pool_;

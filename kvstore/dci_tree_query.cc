@@ -14,14 +14,17 @@ class DciTree::Scratch {
   void Begin() {
     entries.clear();
     upper.clear();
-    cand.clear();
-    next.clear();
+    next_s.clear();
+    next_n.clear();
     cells.clear();
     stats = QueryStats{};
   }
   std::vector<Entry> entries;  // (best scored token, leaf) of each leaf scored from its page
   std::vector<Entry> upper;    // (score, node) of upper nodes scored from the level rows
-  std::vector<Entry> cand, next;  // (score, node) of the greedy descent
+  std::vector<float> cand_s, next_s;      // greedy descent: scores and nodes of the next level
+  std::vector<int32_t> cand_n, next_n;
+  std::vector<float> level1;             // exhaustive: level-1 scores (overwritten by ChooseCells)
+  std::vector<int32_t> keys;
   std::vector<Entry> merged;
   std::vector<int32_t> cells;  // cells to expand
   std::vector<int32_t> order;  // leaves to score, in scoring order
@@ -67,19 +70,32 @@ void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const {
   s->entries.emplace_back(*std::max_element(s->scores.data(), s->scores.data() + v), leaf);
 }
 
-void DciTree::ChooseCells(std::vector<std::pair<float, int32_t>>* cand, int64_t fov, std::vector<int32_t>* cells) const {
-  size_t begin = 0, got = 0;
-  while (static_cast<int64_t>(got) < fov && begin < cand->size()) {
-    const size_t end = std::min(cand->size(), begin + static_cast<size_t>(fov - got));
-    if (end < cand->size()) std::nth_element(cand->begin() + begin, cand->begin() + end, cand->end(), Better{});
-    for (size_t i = begin; i < end; ++i) {
-      const int32_t c = node_cell_[(*cand)[i].second];
+void DciTree::ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fov, Scratch* s,
+                          std::vector<int32_t>* cells) const {
+  // Threshold at the best `need` scores left, take those (-inf marks taken), and repeat while a
+  // taken node turned out to own no cell.
+  s->keys.resize(n);
+  int left = 0;
+  for (int i = 0; i < n; ++i) left += scores[i] > -INFINITY;
+  int64_t got = 0;
+  while (got < fov && left > 0) {
+    const int need = static_cast<int>(std::min<int64_t>(fov - got, left));
+    const float thr = need == left ? -INFINITY : KthLargest(scores, n, need, s->keys.data());
+    int ties = need;  // scores equal to thr to take, lowest index first
+    for (int i = 0; i < n; ++i) ties -= scores[i] > thr;
+    int taken = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!(scores[i] > thr || (scores[i] == thr && thr > -INFINITY && ties-- > 0))) continue;
+      scores[i] = -INFINITY;
+      ++taken;
+      const int32_t c = node_cell_[nodes[i]];
       if (c >= 0 && cells_[c].count > 0) {
         cells->push_back(c);
         ++got;
       }
     }
-    begin = end;
+    if (taken == 0) break;  // only NaN left
+    left -= taken;
   }
 }
 
@@ -152,7 +168,8 @@ void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
     s->entries.emplace_back(best, leaf);
     if (collect) {
       const int32_t* toks = &leaf_tokens_[static_cast<size_t>(leaf) * page_size_];
-      for (int j = 0; j < v; ++j) s->next.emplace_back(s->scores[j], toks[j]);
+      s->next_s.insert(s->next_s.end(), s->scores.data(), s->scores.data() + v);
+      s->next_n.insert(s->next_n.end(), toks, toks + v);
     }
   }
 }
@@ -214,8 +231,8 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
       for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
     };
     score_level(1);
-    s->cand.assign(s->upper.begin(), s->upper.end());
-    ChooseCells(&s->cand, fov, &s->cells);
+    s->level1.assign(s->scores.begin(), s->scores.begin() + level_nodes_[1].size());
+    ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), fov, s, &s->cells);
     PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
     for (int lvl = 2; lvl <= top; ++lvl) score_level(lvl);
     ScoreLeaves(q, s, false);
@@ -224,10 +241,12 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
     PlanCells(s->cells, qproj, 1.0, s);
     ScoreLeaves(q, s, top >= 1);
     for (int lvl = top; lvl >= 1; --lvl) {
-      std::swap(s->cand, s->next);
-      s->next.clear();
+      std::swap(s->cand_s, s->next_s);
+      std::swap(s->cand_n, s->next_n);
+      s->next_s.clear();
+      s->next_n.clear();
       s->cells.clear();
-      ChooseCells(&s->cand, fov, &s->cells);
+      ChooseCells(s->cand_s.data(), s->cand_n.data(), static_cast<int>(s->cand_s.size()), fov, s, &s->cells);
       PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
       ScoreLeaves(q, s, lvl - 1 >= 1);
     }
@@ -258,7 +277,8 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<uint8_t> cell_mark;
     std::vector<int32_t> cells, head_cells;
     std::vector<float> scores;
-    std::vector<std::pair<float, int32_t>> cand;
+    std::vector<float> cand;
+    Scratch query;
   };
   thread_local GroupScratch g;
   const size_t nl = static_cast<size_t>(num_leaves());
@@ -288,10 +308,9 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     }
     if (lvl != 1) continue;
     for (int j = 0; j < nq; ++j) {
-      g.cand.clear();
-      for (int i = 0; i < cnt; ++i) g.cand.emplace_back(g.scores[static_cast<size_t>(j) * cnt + i], nodes[i]);
+      g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * cnt, g.scores.begin() + static_cast<size_t>(j + 1) * cnt);
       g.head_cells.clear();
-      ChooseCells(&g.cand, fov, &g.head_cells);
+      ChooseCells(g.cand.data(), nodes.data(), cnt, fov, &g.query, &g.head_cells);
       for (int32_t c : g.head_cells) {
         if (!g.cell_mark[c]) {
           g.cell_mark[c] = 1;

@@ -3,6 +3,7 @@
 #include "kernels/dtype.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -275,6 +276,27 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
     }
     best[i] = arg;
   }
+}
+
+float KthLargest(const float* v, int n, int k, int32_t* scratch) {
+  // Signed-int image preserving float order: negative floats have their magnitude bits flipped.
+  for (int i = 0; i < n; ++i) {
+    int32_t b;
+    std::memcpy(&b, v + i, 4);
+    scratch[i] = b ^ ((b >> 31) & 0x7fffffff);
+  }
+  int64_t lo = INT32_MIN, hi = INT32_MAX;  // invariant: count(>= lo) >= k
+  while (lo < hi) {
+    const int32_t mid = static_cast<int32_t>(lo + (hi - lo + 1) / 2);
+    int cnt = 0;
+    for (int i = 0; i < n; ++i) cnt += scratch[i] >= mid;
+    if (cnt >= k) lo = mid; else hi = mid - 1;
+  }
+  const int32_t key = static_cast<int32_t>(lo);
+  const int32_t b = key ^ ((key >> 31) & 0x7fffffff);
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
 }
 
 float DotF32(const float* a, const float* b, int n) { return DotRow<DType::kF32>(a, 0, b, n); }

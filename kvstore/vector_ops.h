@@ -29,6 +29,11 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
 void RowToF32(DType dtype, const void* src, float* dst, int n);
 void RowFromF32(DType dtype, const float* src, void* dst, int n);
 
+// The k-th largest of v[0, n) (1 <= k <= n; no NaN), by bisection over an order-preserving
+// integer image of the floats (32 branch-free counting passes instead of a branchy selection).
+// scratch: [n] working memory.
+float KthLargest(const float* v, int n, int k, int32_t* scratch);
+
 // Batched arg-max of augmented inner products, the parent search of a DCI-tree level:
 // best[i] = argmax_r ( x_i . row_r + x_extra[i] * row_extra[r] ), ties to the lowest r.
 // x: [nx, x_stride] fp32 (first dim values used); rows_t: the rows transposed, [dim, ld] with
