@@ -152,7 +152,32 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     if (members.empty()) continue;
     const auto& upper = level_nodes_[l + 1];
     const int nu = static_cast<int>(upper.size());
-    if (nu <= params_.exact_parent_max_nodes) {
+    if (nu <= params_.exact_parent_max_nodes && params_.bf16_parent_search) {
+      const int pairs = (d + 1) / 2, ld = (nu + 31) / 32 * 32;
+      std::vector<uint32_t> rows_p(static_cast<size_t>(pairs) * ld, 0);
+      std::vector<float> row_extra(ld, -INFINITY);
+      std::vector<uint16_t> tmp(2 * pairs, 0);
+      for (int r = 0; r < nu; ++r) {
+        RowFromF32(kernels::DType::kBF16, level_keys_[l + 1].data() + static_cast<size_t>(r) * d, tmp.data(), d);
+        for (int j = 0; j < pairs; ++j) rows_p[static_cast<size_t>(j) * ld + r] = tmp[2 * j] | uint32_t{tmp[2 * j + 1]} << 16;
+        row_extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[upper[r]]));
+      }
+      constexpr int kChunk = 256;
+      std::vector<uint32_t> xs(static_cast<size_t>(kChunk) * pairs, 0);  // bf16 pairs, an odd dim's pad stays 0
+      extra.resize(kChunk);
+      best.resize(kChunk);
+      for (size_t b = 0; b < members.size(); b += kChunk) {
+        const int cnt = static_cast<int>(std::min<size_t>(kChunk, members.size() - b));
+        for (int i = 0; i < cnt; ++i) {
+          const int32_t t = members[b + i];
+          RowFromF32(kernels::DType::kBF16, keys + t * stride, xs.data() + static_cast<size_t>(i) * pairs, d);
+          extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+        }
+        ArgmaxAugDotBf16(xs.data(), extra.data(), cnt, rows_p.data(), ld,
+                         row_extra.data(), nu, pairs, best.data());
+        for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
+      }
+    } else if (nu <= params_.exact_parent_max_nodes) {
       LevelMatrix mat;
       RefreshLevelMatrix(l + 1, &mat);
       // Members are gathered into a contiguous block (level 0 is almost every token).

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <random>
 
@@ -102,6 +104,70 @@ TEST(VectorOpsTest, ArgmaxAugDotMatchesNaive) {
         if (s > bs) { bs = s; arg = r; }
       }
       EXPECT_EQ(best[i], arg) << "nr=" << nr << " i=" << i;
+    }
+  }
+}
+
+TEST(VectorOpsTest, ArgmaxAugDotBf16PicksTheBestBf16Product) {
+  // Reference: the same bf16-rounded inputs in double. The kernel sums in fp32, so its pick may
+  // differ only between rows whose reference scores are within 1e-4 of the best (scores ~ 10).
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g;
+  auto bf = [](float v) { return kernels::Bf16ToF32(kernels::F32ToBf16(v)); };
+  for (int dim : {24, 33, 128}) {
+    for (int nr : {1, 7, 32, 45, 100}) {
+      const int nx = 19, pairs = (dim + 1) / 2, ld = (nr + 31) / 32 * 32;
+      std::vector<float> rows(nr * dim), x(nx * dim), xe(nx), re(ld, -INFINITY);
+      for (auto& v : rows) v = g(rng);
+      for (auto& v : x) v = g(rng);
+      for (auto& v : xe) v = std::fabs(g(rng));
+      for (int r = 0; r < nr; ++r) re[r] = std::fabs(g(rng));
+      std::vector<uint32_t> rows_p(pairs * ld, 0), x_p(nx * pairs, 0);
+      auto pack = [&](const float* src, int j) {
+        const uint32_t lo = kernels::F32ToBf16(src[2 * j]);
+        const uint32_t hi = 2 * j + 1 < dim ? kernels::F32ToBf16(src[2 * j + 1]) : 0;
+        return lo | hi << 16;
+      };
+      for (int r = 0; r < nr; ++r)
+        for (int j = 0; j < pairs; ++j) rows_p[j * ld + r] = pack(&rows[r * dim], j);
+      for (int i = 0; i < nx; ++i)
+        for (int j = 0; j < pairs; ++j) x_p[i * pairs + j] = pack(&x[i * dim], j);
+      std::vector<int32_t> best(nx);
+      ArgmaxAugDotBf16(x_p.data(), xe.data(), nx, rows_p.data(), ld, re.data(), nr, pairs, best.data());
+      for (int i = 0; i < nx; ++i) {
+        auto score = [&](int r) {
+          double s = double(xe[i]) * re[r];
+          for (int j = 0; j < dim; ++j) s += double(bf(x[i * dim + j])) * bf(rows[r * dim + j]);
+          return s;
+        };
+        double bs = -1e30;
+        for (int r = 0; r < nr; ++r) bs = std::max(bs, score(r));
+        ASSERT_GE(best[i], 0);
+        ASSERT_LT(best[i], nr);
+        EXPECT_GE(score(best[i]), bs - 1e-4) << "dim=" << dim << " nr=" << nr << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(VectorOpsTest, KthLargestMatchesNthElement) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> g;
+  std::vector<int32_t> scratch(700);
+  for (int n : {1, 2, 5, 64, 655, 700}) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = g(rng) * 10;
+    for (int i = 0; i + 3 < n; i += 7) v[i + 3] = v[i];  // duplicates
+    if (n > 4) v[4] = -0.f, v[1] = 0.f, v[2] = -INFINITY;
+    for (int k : {1, 2, n / 2 + 1, n}) {
+      if (k < 1 || k > n) continue;
+      std::vector<float> w = v;
+      std::nth_element(w.begin(), w.begin() + (k - 1), w.end(), std::greater<float>());
+      const float got = KthLargest(v.data(), n, k, scratch.data());
+      EXPECT_EQ(got, w[k - 1]) << "n=" << n << " k=" << k;
+      int at_least = 0;
+      for (float x : v) at_least += x >= got;
+      EXPECT_GE(at_least, k);
     }
   }
 }
