@@ -5,10 +5,13 @@
 //   router    time per token through the router vs streaming straight from the decode worker
 //   ucx       UCX page shipping GB/s vs memcpy GB/s of the same bytes
 // Everything runs in this process: real gRPC servers on 127.0.0.1 and real UCX between them.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -17,6 +20,7 @@
 
 #include "bench/workload.h"
 #include "decode_worker/decode_server.h"
+#include "kvstore/page_pool.h"
 #include "icecache/v1/worker.grpc.pb.h"
 #include "model/random_checkpoint.h"
 #include "prefill_worker/prefill_server.h"
@@ -31,6 +35,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// CPU seconds of the whole process (every thread: UCX progress threads, OpenMP workers, ...).
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 struct Options {
   std::vector<int> ttft_prompts = {256, 1024, 4096};
   std::vector<int> contexts = {4096, 8192, 16384};
@@ -39,6 +55,9 @@ struct Options {
   std::string parts = "ttft,tpot,router,ucx";
   bool json = false;
   std::string tls = "tcp,sm,self";
+  std::string kv_dtype = "bf16";
+  bool ttft_baseline = true;  // ttft: also run the earlier shipping (f32, page segments, build after)
+  int ttft_repeats = 3;       // ttft: medians over this many runs of each case
 };
 
 std::vector<int> ParseInts(const std::string& s) {
@@ -55,11 +74,17 @@ struct Cluster {
   cluster::ClusterConfig config;
 };
 
-StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::string& dir, int max_context) {
+// old_shipping: the shipping before issue #5 (f32 pages, one page per segment, trees built after
+// the forward pass), the baseline of the ttft part.
+StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::string& dir, int max_context,
+                                                bool old_shipping = false) {
   auto c = std::make_unique<Cluster>();
   auto& cfg = c->config;
   cfg.model.dir = dir;
   cfg.cache.page_size = 16;
+  cfg.cache.kv_dtype = old_shipping ? "f32" : o.kv_dtype;
+  cfg.prefill.overlap_tree_build = !old_shipping;
+  if (old_shipping) cfg.ucx.max_segment_bytes = 1;
   cfg.limits.max_tokens = 4096;
   cfg.limits.max_prompt_tokens = max_context + 1;
   cfg.router.listen = cfg.prefill.listen = cfg.decode.listen = "127.0.0.1:0";
@@ -152,15 +177,19 @@ int RunCluster(int argc, char** argv) {
     if (a == "--json") o.json = true;
     else if (a == "--parts") o.parts = next();
     else if (a == "--ttft-prompts") o.ttft_prompts = ParseInts(next());
+    else if (a == "--ttft-repeats") o.ttft_repeats = std::max(1, std::atoi(next().c_str()));
     else if (a == "--contexts") o.contexts = ParseInts(next());
     else if (a == "--decode-tokens") o.decode_tokens = std::atoi(next().c_str());
     else if (a == "--hidden") o.hidden = std::atoi(next().c_str());
     else if (a == "--layers") o.layers = std::atoi(next().c_str());
     else if (a == "--tls") o.tls = next();
+    else if (a == "--kv-dtype") o.kv_dtype = next();
+    else if (a == "--no-ttft-baseline") o.ttft_baseline = false;
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench cluster [--parts ttft,tpot,router,ucx] [--ttft-prompts 256,1024]\n"
-                   "       [--contexts 4096,8192] [--decode-tokens N] [--hidden H] [--layers L] [--tls T] [--json]\n");
+                   "       [--contexts 4096,8192] [--decode-tokens N] [--hidden H] [--layers L] [--tls T] [--json]\n"
+                   "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n");
       return 2;
     }
   }
@@ -175,17 +204,54 @@ int RunCluster(int argc, char** argv) {
       std::fprintf(stderr, "ucx: %s\n", (rx.ok() ? tx.status() : rx.status()).ToString().c_str());
       return 1;
     }
-    for (size_t page : {size_t{16} << 10, size_t{1} << 20}) {
-      const size_t total = size_t{256} << 20;
-      const size_t n = total / page;
-      std::vector<uint8_t> src(total, 1), dst(total, 0);
+    // Page-sized segments (the old shipping: one f32 page of the bench model is 8 KiB, a bf16
+    // page 4 KiB) against runs of pages coalesced into 4 MiB segments, received into one buffer
+    // or scattered over shuffled 4 KiB pages (what the decode worker's KvReceiver does when its
+    // pool is fragmented). The memcpy baseline copies the same pieces to the same places.
+    struct UcxCase {
+      const char* name;
+      size_t segment, piece;  // piece < segment: the receiver scatters into shuffled pieces
+    };
+    const size_t total = size_t{256} << 20;
+    // Both buffers are page pools as the workers allocate them (2 MiB aligned, transparent huge
+    // pages advised), bf16 pages of the bench model (16 tokens x head_dim 64 x K,V = 4 KiB).
+    kvstore::PagePoolOptions ppo;
+    ppo.page_size = 16;
+    ppo.head_dim = 64;
+    ppo.dtype = kernels::DType::kBF16;
+    ppo.num_pages = static_cast<int64_t>(total / 4096);
+    ppo.zero_fill = true;
+    auto src_pool = kvstore::PagePool::Create(ppo);
+    auto dst_pool = kvstore::PagePool::Create(ppo);
+    if (!src_pool.ok() || !dst_pool.ok()) {
+      std::fprintf(stderr, "ucx: %s\n", (src_pool.ok() ? dst_pool.status() : src_pool.status()).ToString().c_str());
+      return 1;
+    }
+    std::span<uint8_t> src(static_cast<uint8_t*>((*src_pool)->base()), total);
+    std::span<uint8_t> dst(static_cast<uint8_t*>((*dst_pool)->base()), total);
+    std::fill(src.begin(), src.end(), uint8_t{1});
+    for (const UcxCase& uc : {UcxCase{"f32 page", 8 << 10, 8 << 10}, UcxCase{"bf16 page", 4 << 10, 4 << 10},
+                              UcxCase{"1 MiB", 1 << 20, 1 << 20}, UcxCase{"coalesced 4 MiB", 4 << 20, 4 << 20},
+                              UcxCase{"coalesced 4 MiB, scattered 4 KiB", 4 << 20, 4 << 10}}) {
+      const size_t n = total / uc.segment;
+      const size_t per = uc.segment / uc.piece;
+      std::vector<size_t> place(total / uc.piece);  // piece i of the stream lands at piece place[i]
+      for (size_t i = 0; i < place.size(); ++i) place[i] = i;
+      if (per > 1) std::shuffle(place.begin(), place.end(), std::mt19937(1));
       std::vector<transport::Segment> segs;
-      for (size_t i = 0; i < n; ++i) segs.push_back({static_cast<uint32_t>(i), src.data() + i * page, page});
-      double best_ucx = 1e9, best_memcpy = 1e9;
-      for (int rep = 0; rep < 3; ++rep) {
-        uint64_t id = rep + 1 + (page << 8);
-        (void)(*rx)->Expect(id, [&](uint32_t idx, size_t) -> StatusOr<void*> { return dst.data() + idx * page; });
+      for (size_t i = 0; i < n; ++i) segs.push_back({static_cast<uint32_t>(i), src.data() + i * uc.segment, uc.segment});
+      // The VM is shared: each repetition times UCX and then memcpy back to back, and the ratio
+      // is the median of the per-repetition ratios (GB/s are medians too).
+      std::vector<double> ucx_s, memcpy_s, ratios, cpu_s;
+      for (int rep = 0; rep < 7; ++rep) {
+        uint64_t id = rep + 1 + (uc.segment << 8) + (per << 40);
+        (void)(*rx)->ExpectScatter(id, [&](uint32_t idx, size_t) -> StatusOr<std::vector<transport::Destination>> {
+          std::vector<transport::Destination> d(per);
+          for (size_t j = 0; j < per; ++j) d[j] = {dst.data() + place[idx * per + j] * uc.piece, uc.piece};
+          return d;
+        });
         auto t0 = Clock::now();
+        const double cpu0 = ProcessCpuSeconds();
         auto deadline = t0 + std::chrono::seconds(60);
         Status s = (*tx)->Send((*rx)->address(), id, segs, deadline);
         if (s.ok()) s = (*tx)->Finish((*rx)->address(), id, static_cast<uint32_t>(n), deadline);
@@ -194,17 +260,23 @@ int RunCluster(int argc, char** argv) {
           std::fprintf(stderr, "ucx: %s\n", s.ToString().c_str());
           return 1;
         }
-        best_ucx = std::min(best_ucx, Since(t0));
+        ucx_s.push_back(Since(t0));
+        cpu_s.push_back(ProcessCpuSeconds() - cpu0);
         t0 = Clock::now();
-        for (size_t i = 0; i < n; ++i) std::memcpy(dst.data() + i * page, src.data() + i * page, page);
-        best_memcpy = std::min(best_memcpy, Since(t0));
+        for (size_t i = 0; i < place.size(); ++i) {
+          std::memcpy(dst.data() + place[i] * uc.piece, src.data() + i * uc.piece, uc.piece);
+        }
+        memcpy_s.push_back(Since(t0));
+        ratios.push_back(memcpy_s.back() / ucx_s.back());
       }
-      double ucx_gbs = total / best_ucx / 1e9, memcpy_gbs = total / best_memcpy / 1e9;
-      out["ucx"].push_back({{"segment_bytes", page}, {"ucx_gb_s", ucx_gbs}, {"memcpy_gb_s", memcpy_gbs},
-                            {"ratio", ucx_gbs / memcpy_gbs}});
+      const double ucx_gbs = total / Median(ucx_s) / 1e9, memcpy_gbs = total / Median(memcpy_s) / 1e9;
+      const double ratio = Median(ratios), ucx_cpu = Median(cpu_s), ucx_wall = Median(ucx_s);
+      out["ucx"].push_back({{"case", uc.name}, {"segment_bytes", uc.segment}, {"piece_bytes", uc.piece},
+                            {"ucx_gb_s", ucx_gbs}, {"ucx_cpu_s", ucx_cpu}, {"memcpy_gb_s", memcpy_gbs},
+                            {"ratio", ratio}});
       if (!o.json) {
-        std::printf("ucx   %7zu-byte segments (%s): UCX %.2f GB/s, memcpy %.2f GB/s, ratio %.2f\n", page,
-                    o.tls.c_str(), ucx_gbs, memcpy_gbs, ucx_gbs / memcpy_gbs);
+        std::printf("ucx   %-34s %8zu-byte segments (%s): UCX %.2f GB/s (%.2f CPU s / %.3f s wall), memcpy %.2f GB/s, "
+                    "ratio %.2f\n", uc.name, uc.segment, o.tls.c_str(), ucx_gbs, ucx_cpu, ucx_wall, memcpy_gbs, ratio);
       }
     }
   }
@@ -234,21 +306,65 @@ int RunCluster(int argc, char** argv) {
   (void)GenerateOnce(router, 16, 2, 0);  // warm-up
 
   if (has("ttft")) {
+    // Each prompt runs on the old shipping and on this build's, one after the other, so that both
+    // see the same load. tree build = the part not hidden behind the forward pass (in TTFT);
+    // build total and segments come from the prefill engine's counters.
+    std::unique_ptr<Cluster> old;
+    if (o.ttft_baseline) {
+      auto oc = StartCluster(o, dir, max_context, /*old_shipping=*/true);
+      if (!oc.ok()) {
+        std::fprintf(stderr, "%s\n", oc.status().ToString().c_str());
+        return 1;
+      }
+      old = std::move(*oc);
+      (void)GenerateOnce(old->router->address(), 16, 2, 0);  // warm-up
+    }
+    struct Sample {
+      std::vector<double> ttft, compute, build, build_total, transfer, cpu;
+      int64_t bytes = 0, segments = 0;
+    };
     for (int p : o.ttft_prompts) {
       for (int budget : {0, 16}) {
-        auto r = GenerateOnce(router, p, 2, budget);
-        if (!r.ok()) {
-          std::fprintf(stderr, "ttft: %s\n", r.status().ToString().c_str());
-          return 1;
+        std::map<Cluster*, Sample> samples;
+        for (int rep = 0; rep < o.ttft_repeats; ++rep) {
+          for (Cluster* cl : {old.get(), c->get()}) {
+            if (cl == nullptr) continue;
+            const auto before = cl->prefill->engine_stats();
+            const double cpu0 = ProcessCpuSeconds();
+            auto r = GenerateOnce(cl->router->address(), p, 2, budget);
+            if (!r.ok()) {
+              std::fprintf(stderr, "ttft: %s\n", r.status().ToString().c_str());
+              return 1;
+            }
+            const auto after = cl->prefill->engine_stats();
+            Sample& sm = samples[cl];
+            sm.cpu.push_back(ProcessCpuSeconds() - cpu0);
+            sm.ttft.push_back(r->ttft_seconds);
+            sm.compute.push_back(r->prefill_compute_seconds);
+            sm.build.push_back(r->tree_build_seconds);
+            sm.build_total.push_back(after.tree_build_total_seconds - before.tree_build_total_seconds);
+            sm.transfer.push_back(r->transfer_seconds);
+            sm.bytes = r->transfer_bytes;
+            sm.segments = after.segments_shipped - before.segments_shipped;
+          }
         }
-        out["ttft"].push_back({{"prompt", p}, {"budget", budget}, {"ttft_s", r->ttft_seconds},
-                               {"prefill_compute_s", r->prefill_compute_seconds}, {"tree_build_s", r->tree_build_seconds},
-                               {"transfer_s", r->transfer_seconds}, {"transfer_bytes", r->transfer_bytes}});
-        if (!o.json) {
-          std::printf("ttft  prompt %6d %-5s: TTFT %.3f s = compute %.3f + tree build %.3f + transfer %.3f (%.1f MB) + rest %.3f\n",
-                      p, budget ? "b16" : "full", r->ttft_seconds, r->prefill_compute_seconds, r->tree_build_seconds,
-                      r->transfer_seconds, r->transfer_bytes / 1e6,
-                      r->ttft_seconds - r->prefill_compute_seconds - r->tree_build_seconds - r->transfer_seconds);
+        for (Cluster* cl : {old.get(), c->get()}) {
+          if (cl == nullptr) continue;
+          const Sample& sm = samples[cl];
+          const char* label = cl == old.get() ? "old" : "new";
+          out["ttft"].push_back({{"prompt", p}, {"budget", budget}, {"shipping", label},
+                                 {"kv_dtype", cl->config.cache.kv_dtype}, {"repeats", o.ttft_repeats},
+                                 {"ttft_s", Median(sm.ttft)}, {"prefill_compute_s", Median(sm.compute)},
+                                 {"tree_build_s", Median(sm.build)}, {"tree_build_total_s", Median(sm.build_total)},
+                                 {"transfer_s", Median(sm.transfer)}, {"transfer_bytes", sm.bytes},
+                                 {"segments", sm.segments}, {"process_cpu_s", Median(sm.cpu)}});
+          if (!o.json) {
+            std::printf("ttft  prompt %6d %-4s %s %-4s: TTFT %.3f s = compute %.3f + tree build %.4f (total %.4f) + "
+                        "transfer %.4f (%.1f MB, %lld segments); process CPU %.3f s  [medians of %d]\n",
+                        p, budget ? "b16" : "full", label, cl->config.cache.kv_dtype.c_str(), Median(sm.ttft),
+                        Median(sm.compute), Median(sm.build), Median(sm.build_total), Median(sm.transfer),
+                        sm.bytes / 1e6, static_cast<long long>(sm.segments), Median(sm.cpu), o.ttft_repeats);
+          }
         }
       }
     }
