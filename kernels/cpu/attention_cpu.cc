@@ -97,96 +97,171 @@ inline __m512 ExpNonPositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+constexpr int kPrefetchPages = 4;
+
+// Lane i of the result is lane i ^ s of v (s a power of two).
+inline __m512 SwapLanes(__m512 v, int s) {
+  const __m512i idx = _mm512_xor_si512(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(s));
+  return _mm512_permutexvar_ps(idx, v);
+}
+
+// Scores of a page are kept token-major, 16 per vector: lane t * G + h is head h of token t.
+// Reduces the lanes of each head (lane % G) to their max or sum, the result in every such lane.
+template <int G, bool kMax>
+inline __m512 FoldTokens(__m512 v) {
+  for (int s = 8; s >= G; s /= 2) {
+    const __m512 w = SwapLanes(v, s);
+    v = kMax ? _mm512_max_ps(v, w) : _mm512_add_ps(v, w);
+  }
+  return v;
+}
+
+// V columns [c0 * 16, (c0 + CC) * 16) of a page: out[h] = out[h] * alpha[h] + sum_t e[t, h] v[t]
+// for the G heads; the G x CC outputs stay in registers while the page's V rows stream by.
+template <DType T, int G, int CC>
+void AccumulateV(const char* vbase, size_t row_bytes, int n, int c0, const float* e,
+                 const float* alpha, int d, float* out) {
+  __m512 o[G][CC];
+  for (int h = 0; h < G; ++h) {
+    const __m512 a = _mm512_set1_ps(alpha[h]);
+    for (int c = 0; c < CC; ++c) o[h][c] = _mm512_mul_ps(_mm512_loadu_ps(out + h * d + (c0 + c) * 16), a);
+  }
+  for (int t = 0; t < n; ++t) {
+    __m512 v[CC];
+    for (int c = 0; c < CC; ++c) v[c] = Load16<T>(vbase + t * row_bytes, (c0 + c) * 16);
+    for (int h = 0; h < G; ++h) {
+      const __m512 pe = _mm512_set1_ps(e[t * G + h]);
+      for (int c = 0; c < CC; ++c) o[h][c] = _mm512_fmadd_ps(pe, v[c], o[h][c]);
+    }
+  }
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < CC; ++c) _mm512_storeu_ps(out + h * d + (c0 + c) * 16, o[h][c]);
+}
+
+template <DType T, int G, int CP>
+void AccumulateVColumns(const char* vbase, size_t row_bytes, int n, int chunks, const float* e,
+                        const float* alpha, int d, float* out) {
+  int c0 = 0;
+  for (; c0 + CP <= chunks; c0 += CP) AccumulateV<T, G, CP>(vbase, row_bytes, n, c0, e, alpha, d, out);
+  if constexpr (CP > 1) {
+    const int rest = chunks - c0;
+    if (rest >= CP / 2) {
+      AccumulateV<T, G, CP / 2>(vbase, row_bytes, n, c0, e, alpha, d, out);
+      c0 += CP / 2;
+    }
+    for (; c0 < chunks; ++c0) AccumulateV<T, G, 1>(vbase, row_bytes, n, c0, e, alpha, d, out);
+  }
+}
+
 // Fast path for head_dim % 16 == 0 and a GQA group of G heads. One pass over the pages with an
 // online softmax (running max and sum per head), so each page's K and V (contiguous) are read
-// once, back to back; K and V rows are converted in registers and shared by the G heads; pages
-// two ahead are prefetched.
+// once, back to back. Per page:
+//  * scores: TB = 16 / G tokens at a time, G x TB fp32 accumulators (each K vector converted once
+//    for the G heads, each q vector used for TB tokens), then one joint reduction of the 16
+//    accumulators into one token-major score vector;
+//  * softmax statistics vectorised over those score vectors;
+//  * V: G heads x CP column chunks of the output in registers while the page's V rows stream by.
 template <DType T, int G>
 void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores) {
+  constexpr int TB = 16 / G;
+  constexpr int CP = G >= 2 ? 16 / G : 8;
   const int d = p.head_dim, chunks = d / 16, P = p.page_size;
   const int list = b * p.num_kv_heads + g;
   const int begin = p.page_indptr[list], end = p.page_indptr[list + 1];
   const size_t head0 = static_cast<size_t>(b) * p.num_q_heads + static_cast<size_t>(g) * G;
   float* out = p.out + head0 * d;
   for (int i = 0; i < G * d; ++i) out[i] = 0.f;
-  const int padded = (P + 15) / 16 * 16;
-  scores.resize(static_cast<size_t>(G) * padded);
+  const int max_blocks = (P + TB - 1) / TB;
+  scores.resize(static_cast<size_t>(max_blocks) * 16);
+  float* sc = scores.data();
   const float* q = p.q + head0 * d;
   const char* pages = static_cast<const char*>(p.pages);
   const size_t elem = DTypeSize(T);
-  const size_t page_bytes = static_cast<size_t>(2) * P * d * elem;
-  const size_t block_bytes = static_cast<size_t>(P) * d * elem;
+  const size_t row_bytes = static_cast<size_t>(d) * elem;
+  const size_t block_bytes = static_cast<size_t>(P) * row_bytes;
+  const size_t page_bytes = 2 * block_bytes;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float m[G], l[G];
-  for (int h = 0; h < G; ++h) {
-    m[h] = kNegInf;
-    l[h] = 0.f;
-  }
-  auto prefetch_page = [&](int i) {
-    const char* base = pages + static_cast<size_t>(p.page_ids[i]) * page_bytes;
-    const size_t bytes = static_cast<size_t>(p.page_valid[i]) * d * elem;
-    for (size_t o = 0; o < bytes; o += 64) {
-      _mm_prefetch(base + o, _MM_HINT_T0);
-      _mm_prefetch(base + block_bytes + o, _MM_HINT_T0);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  // Running max and sum, lane t * G + h holding head h's (so every lane's head is lane % G).
+  __m512 m = neg_inf, l = _mm512_setzero_ps();
+  // Software prefetch into L2 (prefetcht1; t0 was slower), kPrefetchPages pages ahead, spread
+  // over the score blocks of the current page rather than issued as one burst per page: with
+  // scattered pages, the hardware streamer alone reaches only ~half the sequential bandwidth.
+  // always_inline: GCC 12 deems a function that only prefetches pure and deletes its calls (the
+  // previous kernel's prefetch never reached the binary).
+  auto prefetch_lines = [&](int page, size_t lo, size_t hi) __attribute__((always_inline)) {
+    const char* base = pages + static_cast<size_t>(p.page_ids[page]) * page_bytes;
+    for (size_t o = lo; o < hi; o += 64) {
+      _mm_prefetch(base + o, _MM_HINT_T1);
+      _mm_prefetch(base + block_bytes + o, _MM_HINT_T1);
     }
   };
-  if (begin < end) prefetch_page(begin);
-  if (begin + 1 < end) prefetch_page(begin + 1);
+  for (int j = begin; j < std::min(end, begin + kPrefetchPages); ++j) {
+    prefetch_lines(j, 0, static_cast<size_t>(p.page_valid[j]) * row_bytes);
+  }
   for (int i = begin; i < end; ++i) {
-    if (i + 2 < end) prefetch_page(i + 2);
     const int n = p.page_valid[i];
     if (n == 0) continue;
     const char* kbase = pages + static_cast<size_t>(p.page_ids[i]) * page_bytes;
     const char* vbase = kbase + block_bytes;
-    for (int s = 0; s < n; ++s) {
-      const char* krow = kbase + static_cast<size_t>(s) * d * elem;
-      __m512 acc[G];
-      for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+    const int blocks = (n + TB - 1) / TB;
+    const int ahead = i + kPrefetchPages;
+    const size_t ahead_bytes = ahead < end ? static_cast<size_t>(p.page_valid[ahead]) * row_bytes : 0;
+    __m512 page_max = neg_inf;
+    for (int blk = 0; blk < blocks; ++blk) {
+      if (ahead < end) {
+        // This block's share of the page kPrefetchPages ahead, in whole cache lines.
+        prefetch_lines(ahead, ahead_bytes * blk / blocks / 64 * 64,
+                       blk + 1 == blocks ? ahead_bytes : ahead_bytes * (blk + 1) / blocks / 64 * 64);
+      }
+      const char* krow[TB];
+      // Rows past the valid ones repeat the last valid row (finite data); their lanes are masked.
+      for (int t = 0; t < TB; ++t) krow[t] = kbase + std::min(blk * TB + t, n - 1) * row_bytes;
+      __m512 acc[16];
+      for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
       for (int c = 0; c < chunks; ++c) {
-        const __m512 kv = Load16<T>(krow, c * 16);
-        for (int h = 0; h < G; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * d + c * 16), kv, acc[h]);
-      }
-      for (int h = 0; h < G; ++h) scores[h * padded + s] = _mm512_reduce_add_ps(acc[h]) * p.scale;
-    }
-    for (int h = 0; h < G; ++h) {
-      float* sc = scores.data() + h * padded;
-      float pm = kNegInf;
-      for (int s = 0; s < n; ++s) pm = std::max(pm, sc[s]);
-      const float m_new = std::max(m[h], pm);
-      const __m512 mv = _mm512_set1_ps(m_new);
-      __m512 sum = _mm512_setzero_ps();
-      for (int s0 = 0; s0 < n; s0 += 16) {
-        const __mmask16 mask = n - s0 >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - s0)) - 1u);
-        const __m512 e = _mm512_maskz_mov_ps(mask, ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(sc + s0), mv)));
-        _mm512_storeu_ps(sc + s0, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      if (m_new > m[h]) {
-        const float alpha = m[h] == kNegInf ? 0.f : std::exp(m[h] - m_new);
-        if (alpha != 1.f) {
-          l[h] *= alpha;
-          for (int e = 0; e < d; ++e) out[h * d + e] *= alpha;
+        __m512 qv[G];
+        for (int h = 0; h < G; ++h) qv[h] = _mm512_loadu_ps(q + h * d + c * 16);
+        for (int t = 0; t < TB; ++t) {
+          const __m512 kv = Load16<T>(krow[t], c * 16);
+          for (int h = 0; h < G; ++h) acc[t * G + h] = _mm512_fmadd_ps(qv[h], kv, acc[t * G + h]);
         }
-        m[h] = m_new;
       }
-      l[h] += _mm512_reduce_add_ps(sum);
+      const int valid_lanes = std::min(TB, n - blk * TB) * G;
+      const __mmask16 mask = valid_lanes >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid_lanes) - 1u);
+      const __m512 s = _mm512_mask_mov_ps(neg_inf, mask, _mm512_mul_ps(ReduceAdd16(acc), scale));
+      _mm512_storeu_ps(sc + blk * 16, s);
+      page_max = _mm512_max_ps(page_max, s);
     }
-    for (int c = 0; c < chunks; ++c) {
-      __m512 o[G];
-      for (int h = 0; h < G; ++h) o[h] = _mm512_loadu_ps(out + h * d + c * 16);
-      for (int s = 0; s < n; ++s) {
-        const __m512 vv = Load16<T>(vbase + static_cast<size_t>(s) * d * elem, c * 16);
-        for (int h = 0; h < G; ++h) o[h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * padded + s]), vv, o[h]);
-      }
-      for (int h = 0; h < G; ++h) _mm512_storeu_ps(out + h * d + c * 16, o[h]);
+    const __m512 m_new = _mm512_max_ps(m, FoldTokens<G, true>(page_max));
+    // exp(-inf - m_new) would be exp(-87) rather than 0: the first page sets alpha to 0 exactly.
+    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
+                                             ExpNonPositive(_mm512_sub_ps(m, m_new)));
+    __m512 sum = _mm512_setzero_ps();
+    for (int blk = 0; blk < blocks; ++blk) {
+      const __m512 s = _mm512_loadu_ps(sc + blk * 16);
+      const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, neg_inf, _CMP_NEQ_OQ),
+                                           ExpNonPositive(_mm512_sub_ps(s, m_new)));
+      _mm512_storeu_ps(sc + blk * 16, e);
+      sum = _mm512_add_ps(sum, e);
     }
+    l = _mm512_fmadd_ps(l, alpha, FoldTokens<G, false>(sum));
+    m = m_new;
+    alignas(64) float alpha_s[16];
+    _mm512_store_ps(alpha_s, alpha);
+    AccumulateVColumns<T, G, CP>(vbase, row_bytes, n, chunks, sc, alpha_s, d, out);
   }
+  alignas(64) float m_s[16], l_s[16];
+  _mm512_store_ps(m_s, m);
+  _mm512_store_ps(l_s, l);
   for (int h = 0; h < G; ++h) {
-    if (l[h] > 0.f) {
-      const float inv = 1.f / l[h];
+    if (l_s[h] > 0.f) {
+      const float inv = 1.f / l_s[h];
       for (int e = 0; e < d; ++e) out[h * d + e] *= inv;
     }
-    if (p.lse != nullptr) p.lse[head0 + h] = l[h] > 0.f ? m[h] + std::log(l[h]) : kNegInf;
+    if (p.lse != nullptr) p.lse[head0 + h] = l_s[h] > 0.f ? m_s[h] + std::log(l_s[h]) : kNegInf;
   }
 }
 #endif

@@ -1,6 +1,7 @@
 // y = x · Wᵀ (+ bias) on the CPU.
-//  * m <= kGemvMaxRows: GEMV-style. Each output feature's weight row is streamed once, converted
-//    to fp32 on the fly, and dotted with the (cache-resident) x rows. Memory-bound on W.
+//  * m <= kGemvMaxRows (decode, batched decode): GEMV-style. Weight rows are streamed once,
+//    converted to fp32 in registers and dotted with every (cache-resident) x row, three weight
+//    rows by up to eight x rows at a time. Memory-bound on W at m = 1, FMA-bound at m = 8..16.
 //  * larger m: per thread a panel of kPanelRows weight rows x kPanelK columns is converted to fp32
 //    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it.
 #include <omp.h>
@@ -15,7 +16,9 @@ namespace icecache::kernels::cpu {
 
 namespace {
 
-constexpr int kGemvMaxRows = 4;
+constexpr int kGemvMaxRows = 16;
+constexpr int kGemvGroupRows = 8;
+constexpr int kGemvFeatures = 3;
 constexpr int kPanelRows = 64;
 constexpr int kPanelK = 512;
 
@@ -29,57 +32,95 @@ float BiasAt(const MatmulParams& p, int j) {
   return LoadScalar<DType::kF32>(p.bias, j);
 }
 
-// out[r] = dot(x row r, w row) for r < M: each weight vector is converted once for all M rows.
-template <DType T, int M>
-void DotRows(const float* x, size_t ldx, const void* wrow, int k, float* out) {
+// out[r * 4 + c] = dot(x row r, weight row c) for r < MR, c < NW: each converted weight vector
+// serves MR rows and each x vector NW weight rows (MR * NW <= 24 accumulators, FMA-bound rather
+// than load-bound). A row's arithmetic (FMA order, tail, reduction tree) is the same for every MR
+// and NW, so a row of an m-row call equals the same row computed alone, bit for bit.
+template <DType T, int MR, int NW>
+void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, int k, float* out) {
 #if defined(__AVX512F__)
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  static_assert(NW >= 1 && NW <= 4 && MR * NW <= 24);
+  __m512 acc[MR][NW];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NW; ++c) acc[r][c] = _mm512_setzero_ps();
   int i = 0;
   for (; i + 16 <= k; i += 16) {
-    const __m512 wv = Load16<T>(wrow, i);
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + i), wv, acc[r]);
+    __m512 wv[NW];
+    for (int c = 0; c < NW; ++c) wv[c] = Load16<T>(w + c * w_row_bytes, i);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * ldx + i);
+      for (int c = 0; c < NW; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
   }
   if (i < k) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (k - i)) - 1u);
-    const __m512 wv = Load16Tail<T>(wrow, i, k - i);
-    for (int r = 0; r < M; ++r) {
-      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + r * ldx + i), wv, acc[r]);
+    __m512 wv[NW];
+    for (int c = 0; c < NW; ++c) wv[c] = Load16Tail<T>(w + c * w_row_bytes, i, k - i);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + r * ldx + i);
+      for (int c = 0; c < NW; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < M; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    _mm_storeu_ps(out + r * 4, ReduceAdd4(acc[r][0], NW > 1 ? acc[r][NW > 1 ? 1 : 0] : zero,
+                                          NW > 2 ? acc[r][NW > 2 ? 2 : 0] : zero,
+                                          NW > 3 ? acc[r][NW > 3 ? 3 : 0] : zero));
+  }
 #else
-  for (int r = 0; r < M; ++r) out[r] = Dot<T>(x + r * ldx, wrow, k);
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NW; ++c) out[r * 4 + c] = Dot<T>(x + r * ldx, w + c * w_row_bytes, k);
 #endif
 }
 
-template <DType T, int M>
-void GemvRows(const MatmulParams& p) {
-  const size_t row_bytes = static_cast<size_t>(p.k) * DTypeSize(T);
-  const char* w = static_cast<const char*>(p.w);
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
-  for (int j = 0; j < p.n; ++j) {
-    float v[M];
-    if constexpr (M == 1) {
-      v[0] = Dot<T>(p.x, w + j * row_bytes, p.k);
-    } else {
-      DotRows<T, M>(p.x, p.k, w + j * row_bytes, p.k, v);
-    }
-    const float b = BiasAt(p, j);
-    for (int r = 0; r < M; ++r) {
-      float& out = p.y[static_cast<size_t>(r) * p.n + j];
-      out = p.accumulate ? out + v[r] + b : v[r] + b;
-    }
+template <DType T, int NW>
+void GemvBlockRows(int mr, const float* x, size_t ldx, const char* w, size_t w_row_bytes, int k,
+                   float* out) {
+  switch (mr) {
+    case 8: return GemvBlock<T, 8, NW>(x, ldx, w, w_row_bytes, k, out);
+    case 7: return GemvBlock<T, 7, NW>(x, ldx, w, w_row_bytes, k, out);
+    case 6: return GemvBlock<T, 6, NW>(x, ldx, w, w_row_bytes, k, out);
+    case 5: return GemvBlock<T, 5, NW>(x, ldx, w, w_row_bytes, k, out);
+    case 4: return GemvBlock<T, 4, NW>(x, ldx, w, w_row_bytes, k, out);
+    case 3: return GemvBlock<T, 3, NW>(x, ldx, w, w_row_bytes, k, out);
+    case 2: return GemvBlock<T, 2, NW>(x, ldx, w, w_row_bytes, k, out);
+    default: return GemvBlock<T, 1, NW>(x, ldx, w, w_row_bytes, k, out);
   }
 }
 
+// m <= kGemvMaxRows: OpenMP over blocks of kGemvFeatures output features; per block the x rows
+// are taken in groups of up to kGemvGroupRows, so the weight block is read from memory once and
+// from L1/L2 for the later groups.
 template <DType T>
 void Gemv(const MatmulParams& p) {
-  switch (p.m) {
-    case 1: return GemvRows<T, 1>(p);
-    case 2: return GemvRows<T, 2>(p);
-    case 3: return GemvRows<T, 3>(p);
-    default: return GemvRows<T, 4>(p);
+  const size_t row_bytes = static_cast<size_t>(p.k) * DTypeSize(T);
+  const char* w = static_cast<const char*>(p.w);
+  const int blocks = (p.n + kGemvFeatures - 1) / kGemvFeatures;
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  for (int bi = 0; bi < blocks; ++bi) {
+    const int j0 = bi * kGemvFeatures;
+    const int nb = std::min(kGemvFeatures, p.n - j0);
+    float v[kGemvGroupRows * 4];
+    for (int r0 = 0; r0 < p.m; r0 += kGemvGroupRows) {
+      const int mr = std::min(kGemvGroupRows, p.m - r0);
+      const float* x = p.x + static_cast<size_t>(r0) * p.k;
+      if (nb == kGemvFeatures) {
+        GemvBlockRows<T, kGemvFeatures>(mr, x, p.k, w + j0 * row_bytes, row_bytes, p.k, v);
+      } else {
+        for (int c = 0; c < nb; ++c) {
+          float one[kGemvGroupRows * 4];
+          GemvBlockRows<T, 1>(mr, x, p.k, w + (j0 + c) * row_bytes, row_bytes, p.k, one);
+          for (int r = 0; r < mr; ++r) v[r * 4 + c] = one[r * 4];
+        }
+      }
+      for (int c = 0; c < nb; ++c) {
+        const float b = BiasAt(p, j0 + c);
+        for (int r = 0; r < mr; ++r) {
+          float& out = p.y[static_cast<size_t>(r0 + r) * p.n + j0 + c];
+          out = p.accumulate ? out + v[r * 4 + c] + b : v[r * 4 + c] + b;
+        }
+      }
+    }
   }
 }
 

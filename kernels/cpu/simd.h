@@ -59,6 +59,33 @@ inline __m512 Load16Tail(const void* base, size_t i, int count) {
     }
   }
 }
+
+// {sum of a's lanes, b's, c's, d's}. Each input's lanes are added in the same tree whatever the
+// other inputs are, so a sum never depends on which accumulators it was reduced with.
+inline __m128 ReduceAdd4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  // Per 128-bit lane: partial sums of a, b, c, d.
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Lane i of the result is the sum of v[i]'s lanes (16 horizontal sums at the cost of ~4).
+inline __m512 ReduceAdd16(const __m512 v[16]) {
+  __m512 q[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(v[4 * j], v[4 * j + 1]),
+                                    _mm512_unpackhi_ps(v[4 * j], v[4 * j + 1]));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(v[4 * j + 2], v[4 * j + 3]),
+                                    _mm512_unpackhi_ps(v[4 * j + 2], v[4 * j + 3]));
+    q[j] = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  }
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(q[0], q[1], 0x88), _mm512_shuffle_f32x4(q[0], q[1], 0xDD));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], 0x88), _mm512_shuffle_f32x4(q[2], q[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+}
 #else
 inline constexpr bool kHaveAvx512 = false;
 #endif
