@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 
@@ -34,12 +35,14 @@ struct PrefillEngine::SeqBuild {
   std::shared_ptr<CapturedKv> kv;
   int64_t n = 0;
   std::unique_ptr<kvstore::PagePool> pool;
-  std::unique_ptr<kvstore::SequenceCache> cache;  // guarded by mu
-  std::mutex mu;
-  int ready_layers = 0;  // guarded by mu: layers whose K/V is complete
-  Status status;         // guarded by mu: first build error
-  double build_seconds = 0;                  // guarded by mu
-  Clock::time_point build_end;               // guarded by mu
+  std::atomic<int> ready_layers{0};  // layers whose K/V is complete (set by the forward pass)
+  // Held while building, so the forward pass never waits on it (it only bumps ready_layers).
+  std::mutex build_mu;
+  std::unique_ptr<kvstore::SequenceCache> cache;  // guarded by build_mu
+  Status status;                                  // guarded by build_mu: first build error
+  std::mutex time_mu;
+  double build_seconds = 0;     // guarded by time_mu
+  Clock::time_point build_end;  // guarded by time_mu
 };
 
 PrefillEngine::PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options)
@@ -153,12 +156,13 @@ StatusOr<std::shared_ptr<PrefillEngine::SeqBuild>> PrefillEngine::NewSeqBuild(co
 }
 
 void PrefillEngine::BuildReadyLayers(SeqBuild& b) {
-  std::lock_guard<std::mutex> lock(b.mu);
+  std::lock_guard<std::mutex> lock(b.build_mu);
   if (!b.status.ok()) return;
   kvstore::SequenceCache& cache = *b.cache;
   const int first = cache.built_layers();
+  const int ready = b.ready_layers.load();
   int end = first;  // one past the last layer that can be built now
-  for (int l = first; l < b.ready_layers; ++l) {
+  for (int l = first; l < ready; ++l) {
     if (cache.EndsGroup(l)) end = l + 1;
   }
   if (end == first) return;
@@ -169,8 +173,10 @@ void PrefillEngine::BuildReadyLayers(SeqBuild& b) {
   }
   const auto t0 = Clock::now();
   b.status = cache.BuildLayers(first, end - first, k.data(), v.data());
-  b.build_end = Clock::now();
-  b.build_seconds += Seconds(t0, b.build_end);
+  const auto t1 = Clock::now();
+  std::lock_guard<std::mutex> time_lock(b.time_mu);
+  b.build_end = t1;
+  b.build_seconds += Seconds(t0, t1);
 }
 
 void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
@@ -181,10 +187,8 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   auto on_layer = [&](model::SequenceId id, int layer) {
     std::shared_ptr<SeqBuild> b = builds[id];
     if (!b) return;
-    {
-      std::lock_guard<std::mutex> lock(b->mu);
-      b->ready_layers = layer + 1;
-    }
+    b->ready_layers = layer + 1;
+    // EndsGroup reads only the cache's options, which never change.
     if (b->cache->EndsGroup(layer)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
   };
   CaptureBackend backend(model_->attention_shape(),
@@ -230,16 +234,13 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     p->result.queue_seconds = Seconds(p->enqueued, start);
     p->result.compute_seconds = Seconds(start, computed);
     std::shared_ptr<SeqBuild> b = builds[i];
-    {
-      std::lock_guard<std::mutex> lock(b->mu);
-      b->ready_layers = num_layers;
-      b->build_end = std::max(b->build_end, computed);
-    }
+    b->ready_layers = num_layers;
     ship_pool_.Submit([this, b, computed] {
       BuildReadyLayers(*b);
       {
-        std::lock_guard<std::mutex> lock(b->mu);
+        std::lock_guard<std::mutex> lock(b->time_mu);
         b->p->result.tree_build_total_seconds = b->build_seconds;
+        // Builds that ended before the forward pass did were hidden entirely.
         b->p->result.tree_build_seconds = std::max(0.0, Seconds(computed, b->build_end));
       }
       FinishAndShip(b);
@@ -251,7 +252,7 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
   const std::shared_ptr<Pending>& p = b->p;
   auto fail = [&](const Status& s) { p->done.set_value(s); };
   {
-    std::lock_guard<std::mutex> lock(b->mu);
+    std::lock_guard<std::mutex> lock(b->build_mu);
     if (!b->status.ok()) return fail(b->status);
     if (Status s = b->cache->FinishBuild(); !s.ok()) return fail(s);
   }
