@@ -248,8 +248,10 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
 
 Status PrefillAttentionTiled(const PrefillAttentionParams& p) {
   const int group = p.num_q_heads / p.num_kv_heads;
-  // About 64 rows (positions x group heads) per task; tasks with the most keys go first.
-  const int positions_per_task = std::max(1, 64 / group);
+  // About 128 rows (positions x group heads) per task: each transposed key block is reused by
+  // that many rows (64 rows measured 15 % slower, 256 rows 5 % faster but with fewer tasks to
+  // balance). Tasks with the most keys go first.
+  const int positions_per_task = std::max(1, 128 / group);
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
 #if defined(__AVX512F__)
