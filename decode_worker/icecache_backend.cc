@@ -106,28 +106,58 @@ Status IceCacheBackend::BeginStep(std::span<const model::StepSegment> segments) 
 }
 
 void IceCacheBackend::SelectLeaves(const kvstore::DciTree& tree, const float* q_group, int k,
-                                   std::vector<int32_t>* picked, Sequence* s) {
+                                   std::vector<std::vector<kvstore::ScoredLeaf>>* per_head,
+                                   std::vector<int32_t>* picked) const {
   picked->clear();
   const int32_t n = tree.num_leaves();
   if (n <= k) {
     for (int32_t i = 0; i < n; ++i) picked->push_back(i);
     return;
   }
-  auto t0 = std::chrono::steady_clock::now();
   const int group = shape_.num_q_heads / shape_.num_kv_heads;
-  per_head_.resize(group);
-  for (int g = 0; g < group; ++g) tree.Query(q_group + static_cast<size_t>(g) * shape_.head_dim, k, &per_head_[g]);
+  // The group's heads share one traversal of the tree (each page scored once for all of them).
+  tree.QueryGroup(q_group, group, k, per_head);
   for (size_t rank = 0; static_cast<int>(picked->size()) < k; ++rank) {
     bool any = false;
     for (int g = 0; g < group && static_cast<int>(picked->size()) < k; ++g) {
-      if (rank >= per_head_[g].size()) continue;
+      if (rank >= (*per_head)[g].size()) continue;
       any = true;
-      int32_t leaf = per_head_[g][rank].leaf;
+      int32_t leaf = (*per_head)[g][rank].leaf;
       if (std::find(picked->begin(), picked->end(), leaf) == picked->end()) picked->push_back(leaf);
     }
     if (!any) break;
   }
-  s->stats.retrieval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void IceCacheBackend::SelectAll(int layer, const float* q) {
+  const int kvh = shape_.num_kv_heads;
+  const int group = shape_.num_q_heads / kvh;
+  const int hd = shape_.head_dim;
+  // One task per (sequence, kv head) whose leader layer is this one.
+  select_tasks_.clear();
+  for (size_t b = 0; b < step_seqs_.size(); ++b) {
+    const kvstore::SequenceCache& c = *step_seqs_[b]->cache;
+    if (c.IsDense(layer) || c.LeaderOf(layer) != layer) continue;
+    for (int g = 0; g < kvh; ++g) {
+      if (c.tree(layer, g) != nullptr) select_tasks_.push_back({static_cast<int>(b), g, 0.0});
+    }
+  }
+  const int tasks = static_cast<int>(select_tasks_.size());
+  if (tasks == 0) return;
+  // Trees are independent and Query is const: the tasks run on the kernels' OpenMP threads.
+#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
+  for (int t = 0; t < tasks; ++t) {
+    thread_local std::vector<std::vector<kvstore::ScoredLeaf>> per_head;
+    SelectTask& task = select_tasks_[t];
+    Sequence& s = *step_seqs_[task.b];
+    const kvstore::SequenceCache& c = *s.cache;
+    const auto t0 = std::chrono::steady_clock::now();
+    const int kk = s.budget_pages - c.options().sink_pages - c.options().window_pages;
+    SelectLeaves(*c.tree(layer, task.g), q + (task.b * shape_.num_q_heads + static_cast<size_t>(task.g) * group) * hd,
+                 kk, &per_head, &s.leader_pick[task.g]);
+    task.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (const SelectTask& task : select_tasks_) step_seqs_[task.b]->stats.retrieval_seconds += task.seconds;
 }
 
 Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const float* v, float* out) {
@@ -140,6 +170,7 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
   std::memcpy(step_k_[layer].data(), k, batch * kvh * hd * sizeof(float));
   std::memcpy(step_v_[layer].data(), v, batch * kvh * hd * sizeof(float));
 
+  SelectAll(layer, q);
   indptr_.assign(1, 0);
   ids_.clear();
   valid_.clear();
@@ -147,7 +178,6 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
     Sequence& s = *step_seqs_[b];
     const kvstore::SequenceCache& c = *s.cache;
     const bool dense = c.IsDense(layer);
-    const int leader = dense ? layer : c.LeaderOf(layer);
     const int payload = dense ? 0 : c.PayloadOf(layer);
     for (int g = 0; g < kvh; ++g) {
       const size_t before = ids_.size();
@@ -165,12 +195,8 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
         }
         const kvstore::DciTree* tree = c.tree(layer, g);
         if (tree != nullptr) {
-          std::vector<int32_t>& picked = s.leader_pick[g];
-          if (leader == layer) {
-            int kk = s.budget_pages - c.options().sink_pages - c.options().window_pages;
-            SelectLeaves(*tree, q + (b * nq + static_cast<size_t>(g) * group) * hd, kk, &picked, &s);
-          }
-          for (int32_t leaf : picked) {
+          // Picked by SelectAll at this layer, or at its ICE(r) leader.
+          for (int32_t leaf : s.leader_pick[g]) {
             ids_.push_back(tree->leaf_page(leaf, payload));
             valid_.push_back(tree->leaf_valid(leaf));
           }

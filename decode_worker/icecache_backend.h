@@ -11,7 +11,9 @@
 //   * sparse layers with budget B pages: sink pages + the K = B - sink_pages - window_pages best
 //     tree leaves for this token's queries (each query head of the GQA group queries the tree;
 //     their lists are merged rank by rank into K distinct leaves; every leaf when the tree has
-//     <= K) + window pages; ICE(r) followers reuse their leader layer's selection;
+//     <= K) + window pages; ICE(r) followers reuse their leader layer's selection. The heads of a
+//     group share one tree traversal (DciTree::QueryGroup), and the (sequence, kv head) queries
+//     of a layer run in parallel on OpenMP threads;
 // plus the new token itself, whose contribution is merged into the paged result by log-sum-exp
 // (so the cache is only appended to, once per step, at EndStep with all layers' K/V).
 // Attention over pages is kernels::PagedDecodeAttention.
@@ -75,8 +77,19 @@ class IceCacheBackend final : public model::AttentionBackend {
     std::vector<std::vector<int32_t>> leader_pick;  // [num_kv_heads] leaves picked at the leader layer
   };
 
-  void SelectLeaves(const kvstore::DciTree& tree, const float* q_group, int k, std::vector<int32_t>* picked,
-                    Sequence* s);
+  struct SelectTask {
+    int b = 0;               // index into step_seqs_
+    int g = 0;               // kv head
+    double seconds = 0.0;
+  };
+  // The k leaves of `tree` for the GQA group's queries q_group [group, head_dim]: the heads' ranked
+  // lists merged rank by rank into k distinct leaves (all leaves when the tree has <= k).
+  // Thread-safe (per_head is the caller's scratch).
+  void SelectLeaves(const kvstore::DciTree& tree, const float* q_group, int k,
+                    std::vector<std::vector<kvstore::ScoredLeaf>>* per_head, std::vector<int32_t>* picked) const;
+  // Fills leader_pick for every (step sequence, kv head) whose leader layer is `layer`, the tree
+  // queries spread over OpenMP threads.
+  void SelectAll(int layer, const float* q);
 
   const model::AttentionShape shape_;
   kvstore::PagePool* const pool_;
@@ -89,7 +102,7 @@ class IceCacheBackend final : public model::AttentionBackend {
   // Scratch.
   std::vector<int32_t> indptr_, ids_, valid_;
   std::vector<float> lse_;
-  std::vector<std::vector<kvstore::ScoredLeaf>> per_head_;
+  std::vector<SelectTask> select_tasks_;
 };
 
 }  // namespace icecache::decode
