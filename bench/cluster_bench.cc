@@ -58,6 +58,9 @@ struct Options {
   std::string kv_dtype = "bf16";
   bool ttft_baseline = true;  // ttft: also run the earlier shipping (f32, page segments, build after)
   int ttft_repeats = 3;       // ttft: medians over this many runs of each case
+  int dense_layers = 2;       // tpot/router: cache.dense_layers
+  int budget_pages = 16;      // tpot: the sparse budget compared with full
+  int router_repeats = 5;     // router: alternating runs of each path, medians
 };
 
 std::vector<int> ParseInts(const std::string& s) {
@@ -82,6 +85,7 @@ StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::str
   auto& cfg = c->config;
   cfg.model.dir = dir;
   cfg.cache.page_size = 16;
+  cfg.cache.dense_layers = o.dense_layers;
   cfg.cache.kv_dtype = old_shipping ? "f32" : o.kv_dtype;
   cfg.prefill.overlap_tree_build = !old_shipping;
   if (old_shipping) cfg.ucx.max_segment_bytes = 1;
@@ -111,24 +115,45 @@ std::vector<int32_t> Prompt(int n) {
   return v;
 }
 
-StatusOr<router::RemoteChunk> GenerateOnce(const std::string& router, int prompt, int max_tokens, int budget) {
+// One generation's last chunk plus the decode phase measured here: wall and process CPU time per
+// token from the first streamed token to the last. Everything (router, workers, client) runs in
+// this process and nothing else is in flight, so the CPU time is the cluster's work per token,
+// whatever else the machine runs.
+struct Generated {
+  router::RemoteChunk last;
+  double wall_per_token = 0, cpu_per_token = 0;
+};
+
+StatusOr<Generated> GenerateOnce(const std::string& router, int prompt, int max_tokens, int budget) {
   router::RemoteGenerateOptions g;
   g.router = router;
   g.prompt_ids = Prompt(prompt);
   g.max_tokens = max_tokens;
   g.ignore_eos = true;
   g.budget_pages = budget;
-  router::RemoteChunk last;
+  Generated out;
+  int tokens = 0;
+  Clock::time_point first{};
+  double cpu_first = 0;
   ICE_RETURN_IF_ERROR(router::RunRemoteGenerate(g, [&](const router::RemoteChunk& c) {
-    if (c.last) last = c;
+    if (tokens == 0 && !c.token_ids.empty()) {
+      first = Clock::now();
+      cpu_first = ProcessCpuSeconds();
+    }
+    tokens += static_cast<int>(c.token_ids.size());
+    if (c.last) out.last = c;
     return true;
   }));
-  return last;
+  if (tokens > 1) {
+    out.wall_per_token = Since(first) / (tokens - 1);
+    out.cpu_per_token = (ProcessCpuSeconds() - cpu_first) / (tokens - 1);
+  }
+  return out;
 }
 
-// Reserve -> Prefill -> Decode with the worker stubs directly; returns seconds per decoded token
-// (after the first streamed message).
-StatusOr<double> DirectTpot(Cluster& c, int prompt, int max_tokens) {
+// Reserve -> Prefill -> Decode with the worker stubs directly; wall and process CPU seconds per
+// decoded token (after the first streamed message).
+StatusOr<Generated> DirectTpot(Cluster& c, int prompt, int max_tokens) {
   namespace pb = ::icecache::v1;
   auto dstub = pb::DecodeWorker::NewStub(cluster::MakeChannel(c.decode->address()));
   auto pstub = pb::PrefillWorker::NewStub(cluster::MakeChannel(c.prefill->address()));
@@ -161,12 +186,21 @@ StatusOr<double> DirectTpot(Cluster& c, int prompt, int max_tokens) {
   pb::DecodeResponse resp;
   int tokens = 0;
   Clock::time_point first{};
+  double cpu_first = 0;
   while (reader->Read(&resp)) {
-    if (tokens == 0 && resp.token_ids_size() > 0) first = Clock::now();
+    if (tokens == 0 && resp.token_ids_size() > 0) {
+      first = Clock::now();
+      cpu_first = ProcessCpuSeconds();
+    }
     tokens += resp.token_ids_size();
   }
   ICE_RETURN_IF_ERROR(cluster::FromGrpc(reader->Finish()));
-  return tokens > 1 ? Since(first) / (tokens - 1) : 0.0;
+  Generated out;
+  if (tokens > 1) {
+    out.wall_per_token = Since(first) / (tokens - 1);
+    out.cpu_per_token = (ProcessCpuSeconds() - cpu_first) / (tokens - 1);
+  }
+  return out;
 }
 
 int RunCluster(int argc, char** argv) {
@@ -185,11 +219,15 @@ int RunCluster(int argc, char** argv) {
     else if (a == "--tls") o.tls = next();
     else if (a == "--kv-dtype") o.kv_dtype = next();
     else if (a == "--no-ttft-baseline") o.ttft_baseline = false;
+    else if (a == "--dense-layers") o.dense_layers = std::atoi(next().c_str());
+    else if (a == "--budget-pages") o.budget_pages = std::atoi(next().c_str());
+    else if (a == "--router-repeats") o.router_repeats = std::max(1, std::atoi(next().c_str()));
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench cluster [--parts ttft,tpot,router,ucx] [--ttft-prompts 256,1024]\n"
                    "       [--contexts 4096,8192] [--decode-tokens N] [--hidden H] [--layers L] [--tls T] [--json]\n"
-                   "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n");
+                   "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n"
+                   "       [--dense-layers N] [--budget-pages B] [--router-repeats R]\n");
       return 2;
     }
   }
@@ -339,12 +377,12 @@ int RunCluster(int argc, char** argv) {
             const auto after = cl->prefill->engine_stats();
             Sample& sm = samples[cl];
             sm.cpu.push_back(ProcessCpuSeconds() - cpu0);
-            sm.ttft.push_back(r->ttft_seconds);
-            sm.compute.push_back(r->prefill_compute_seconds);
-            sm.build.push_back(r->tree_build_seconds);
+            sm.ttft.push_back(r->last.ttft_seconds);
+            sm.compute.push_back(r->last.prefill_compute_seconds);
+            sm.build.push_back(r->last.tree_build_seconds);
             sm.build_total.push_back(after.tree_build_total_seconds - before.tree_build_total_seconds);
-            sm.transfer.push_back(r->transfer_seconds);
-            sm.bytes = r->transfer_bytes;
+            sm.transfer.push_back(r->last.transfer_seconds);
+            sm.bytes = r->last.transfer_bytes;
             sm.segments = after.segments_shipped - before.segments_shipped;
           }
         }
@@ -370,34 +408,59 @@ int RunCluster(int argc, char** argv) {
     }
   }
   if (has("tpot")) {
+    // Decode-phase wall and CPU time per token, full attention vs the sparse budget, per context.
     for (int ctx : o.contexts) {
       auto full = GenerateOnce(router, ctx, o.decode_tokens, 0);
-      auto sparse = GenerateOnce(router, ctx, o.decode_tokens, 16);
+      auto sparse = full.ok() ? GenerateOnce(router, ctx, o.decode_tokens, o.budget_pages) : full;
       if (!full.ok() || !sparse.ok()) {
         std::fprintf(stderr, "tpot: %s\n", (full.ok() ? sparse.status() : full.status()).ToString().c_str());
         return 1;
       }
-      out["tpot"].push_back({{"context", ctx}, {"full_s", full->tpot_seconds}, {"budget16_s", sparse->tpot_seconds},
-                             {"ratio", sparse->tpot_seconds / full->tpot_seconds}});
+      out["tpot"].push_back({{"context", ctx},
+                             {"budget_pages", o.budget_pages},
+                             {"full_wall_s", full->wall_per_token},
+                             {"full_cpu_s", full->cpu_per_token},
+                             {"sparse_wall_s", sparse->wall_per_token},
+                             {"sparse_cpu_s", sparse->cpu_per_token},
+                             {"sparse_pages_fetched", sparse->last.pages_fetched},
+                             {"ratio_cpu", sparse->cpu_per_token / full->cpu_per_token}});
       if (!o.json) {
-        std::printf("tpot  context %6d: full %.2f ms, budget 16 %.2f ms (ratio %.2f)\n", ctx, full->tpot_seconds * 1e3,
-                    sparse->tpot_seconds * 1e3, sparse->tpot_seconds / full->tpot_seconds);
+        std::printf("tpot  context %6d: full %.2f ms wall / %.2f ms CPU, budget %d %.2f ms wall / %.2f ms CPU "
+                    "(CPU ratio %.2f)\n",
+                    ctx, full->wall_per_token * 1e3, full->cpu_per_token * 1e3, o.budget_pages,
+                    sparse->wall_per_token * 1e3, sparse->cpu_per_token * 1e3,
+                    sparse->cpu_per_token / full->cpu_per_token);
       }
     }
   }
   if (has("router")) {
+    // The two paths alternate so that both see the same load; medians over the repeats.
     const int prompt = 256, tokens = std::max(64, o.decode_tokens);
-    auto via = GenerateOnce(router, prompt, tokens, 0);
-    auto direct = DirectTpot(**c, prompt, tokens);
-    if (!via.ok() || !direct.ok()) {
-      std::fprintf(stderr, "router: %s\n", (via.ok() ? direct.status() : via.status()).ToString().c_str());
-      return 1;
+    std::vector<double> via_wall, via_cpu, direct_wall, direct_cpu;
+    for (int rep = 0; rep < o.router_repeats; ++rep) {
+      auto via = GenerateOnce(router, prompt, tokens, 0);
+      auto direct = via.ok() ? DirectTpot(**c, prompt, tokens) : via;
+      if (!via.ok() || !direct.ok()) {
+        std::fprintf(stderr, "router: %s\n", (via.ok() ? direct.status() : via.status()).ToString().c_str());
+        return 1;
+      }
+      via_wall.push_back(via->wall_per_token);
+      via_cpu.push_back(via->cpu_per_token);
+      direct_wall.push_back(direct->wall_per_token);
+      direct_cpu.push_back(direct->cpu_per_token);
     }
-    out["router"] = {{"via_router_s", via->tpot_seconds}, {"direct_s", *direct},
-                     {"overhead_per_token_s", via->tpot_seconds - *direct}};
+    const double vw = Median(via_wall), dw = Median(direct_wall), vc = Median(via_cpu), dc = Median(direct_cpu);
+    out["router"] = {{"repeats", o.router_repeats},
+                     {"via_router_wall_s", vw},
+                     {"direct_wall_s", dw},
+                     {"via_router_cpu_s", vc},
+                     {"direct_cpu_s", dc},
+                     {"overhead_wall_fraction", (vw - dw) / dw},
+                     {"overhead_cpu_fraction", (vc - dc) / dc}};
     if (!o.json) {
-      std::printf("router  per token: via router %.3f ms, straight from the decode worker %.3f ms (overhead %.3f ms)\n",
-                  via->tpot_seconds * 1e3, *direct * 1e3, (via->tpot_seconds - *direct) * 1e3);
+      std::printf("router  per token (median of %d): via router %.3f ms wall / %.3f ms CPU, straight from the decode "
+                  "worker %.3f ms wall / %.3f ms CPU (overhead %+.1f %% wall, %+.1f %% CPU)\n",
+                  o.router_repeats, vw * 1e3, vc * 1e3, dw * 1e3, dc * 1e3, 100 * (vw - dw) / dw, 100 * (vc - dc) / dc);
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
