@@ -58,6 +58,7 @@ struct Options {
   std::string kv_dtype = "bf16";
   bool ttft_baseline = true;  // ttft: also run the earlier shipping (f32, page segments, build after)
   int ttft_repeats = 3;       // ttft: medians over this many runs of each case
+  bool overlap = true;        // prefill.overlap_tree_build of this build's cluster
   int dense_layers = 2;       // tpot/router: cache.dense_layers
   int budget_pages = 16;      // tpot: the sparse budget compared with full
   int router_repeats = 5;     // router: alternating runs of each path, medians
@@ -87,7 +88,7 @@ StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::str
   cfg.cache.page_size = 16;
   cfg.cache.dense_layers = o.dense_layers;
   cfg.cache.kv_dtype = old_shipping ? "f32" : o.kv_dtype;
-  cfg.prefill.overlap_tree_build = !old_shipping;
+  cfg.prefill.overlap_tree_build = !old_shipping && o.overlap;
   if (old_shipping) cfg.ucx.max_segment_bytes = 1;
   cfg.limits.max_tokens = 4096;
   cfg.limits.max_prompt_tokens = max_context + 1;
@@ -219,6 +220,7 @@ int RunCluster(int argc, char** argv) {
     else if (a == "--tls") o.tls = next();
     else if (a == "--kv-dtype") o.kv_dtype = next();
     else if (a == "--no-ttft-baseline") o.ttft_baseline = false;
+    else if (a == "--no-overlap") o.overlap = false;
     else if (a == "--dense-layers") o.dense_layers = std::atoi(next().c_str());
     else if (a == "--budget-pages") o.budget_pages = std::atoi(next().c_str());
     else if (a == "--router-repeats") o.router_repeats = std::max(1, std::atoi(next().c_str()));
