@@ -1,7 +1,8 @@
-// kv_dtype end to end: a bf16 loopback cluster (pages built, shipped and decoded in bf16) gives
-// exactly the greedy tokens of one process with a bf16 DenseKvCache; a decode worker whose pool
-// has another dtype refuses the shipped KV with an error naming kv_dtype. Also runs the old
-// schedule (no per-layer overlap, one page per segment) to check it gives the same tokens.
+// kv_dtype end to end: a bf16 / f16 loopback cluster (pages built, shipped and decoded in that
+// dtype) gives exactly the greedy tokens of one process whose DenseKvCache has the same dtype; a
+// decode worker whose pool has another dtype refuses the shipped KV with an error naming
+// kv_dtype. Also runs the old schedule (no per-layer overlap, one page per segment) to check it
+// gives the same tokens.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -74,31 +75,37 @@ Generated Generate(const std::string& router, const std::vector<int32_t>& prompt
 
 std::string ModelDir() { return ::testing::TempDir() + "/icecache_cluster_model"; }
 
-TEST(ClusterKvDtype, Bf16FullBudgetMatchesSingleProcessBf16Greedy) {
-  auto c = LoopbackCluster::Start(ModelDir(), 1, 1, "tcp,sm,self", true, 0, 60000, "reference", "bf16");
+// A bf16 (or f16) cluster with full attention equals one process whose dense cache has that dtype.
+class ClusterKvDtypeExact : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ClusterKvDtypeExact, FullBudgetMatchesSingleProcessGreedyOfTheSameDtype) {
+  const std::string name = GetParam();
+  const kernels::DType dtype = name == "f16" ? kernels::DType::kF16 : kernels::DType::kBF16;
+  auto c = LoopbackCluster::Start(ModelDir(), 1, 1, "tcp,sm,self", true, 0, 60000, "reference", name);
   ASSERT_NE(c, nullptr);
   for (int n : {1, 7, 61}) {
     std::vector<int32_t> prompt = Prompt(n, 100 + n);
     Generated r = Generate(c->router->address(), prompt, 20, 0);
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-    EXPECT_EQ(r.tokens, SingleProcessGreedy(ModelDir(), prompt, 20, kernels::DType::kBF16)) << "prompt length " << n;
+    EXPECT_EQ(r.tokens, SingleProcessGreedy(ModelDir(), prompt, 20, dtype)) << name << ", prompt length " << n;
     if (n == 61) {
-      // bf16 pages: 2 bytes per element. 61 tokens in pages of 4 = 16 pages per (layer, kv head),
-      // 4 layers x 2 heads, each page 2 * 4 * 16 (head_dim) * 2 bytes.
+      // 2-byte pages: 61 tokens in pages of 4 = 16 pages per (layer, kv head), 4 layers x 2 heads,
+      // each page 2 * 4 * 16 (head_dim) * 2 bytes; plus the metadata.
       EXPECT_GE(r.last.transfer_bytes, 16 * 8 * 256);
-      EXPECT_LT(r.last.transfer_bytes, 16 * 8 * 256 + 64 * 1024);  // + metadata
+      EXPECT_LT(r.last.transfer_bytes, 16 * 8 * 256 + 64 * 1024);
     }
   }
-  // A sparse budget completes too (trees built layer by layer in bf16).
+  // A sparse budget completes too (trees built layer by layer).
   Generated r = Generate(c->router->address(), Prompt(300, 9), 12, 6);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.tokens.size(), 12u);
   auto stats = c->prefill[0]->engine_stats();
   EXPECT_EQ(stats.completed, 4);
-  // Far fewer segments than pages: runs of consecutive pages travel together.
+  // Far fewer segments than pages (16 * 8 pages for 61 tokens alone): runs travel together.
   EXPECT_LT(stats.segments_shipped, 4 * 10);
-  EXPECT_GE(stats.tree_build_total_seconds, 0.0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ClusterKvDtypeExact, ::testing::Values("bf16", "f16"));
 
 TEST(ClusterKvDtype, OldScheduleGivesTheSameTokens) {
   // Baseline of the benchmarks: trees built after the forward pass, one page per segment.
