@@ -278,6 +278,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<int32_t> cells, head_cells;
     std::vector<float> scores;
     std::vector<float> cand;
+    std::vector<float> col;  // one head's column of best, over touched leaves
     Scratch query;
   };
   thread_local GroupScratch g;
@@ -321,21 +322,29 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   }
   std::vector<float>& sc = g.scores;
   sc.resize(static_cast<size_t>(page_size_) * nq);
-  for (int32_t c : g.cells) {
-    g.cell_mark[c] = 0;
-    ++st.cells_expanded;
-    for (int32_t leaf : cells_[c].leaves) {
-      const int v = leaf_valid_[leaf];
-      ScoreRowsMulti(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), v, dim_, qs, nq, sc.data());
-      st.tokens_scored += v;
-      ++st.leaves_scored;
-      float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
-      if (row[0] == -INFINITY) g.touched.push_back(leaf);
-      for (int j = 0; j < nq; ++j)
-        for (int s = 0; s < v; ++s) row[j] = std::max(row[j], sc[static_cast<size_t>(j) * v + s]);
+  for (int32_t c : g.cells) g.cell_mark[c] = 0;
+  Scratch* qs_plan = &g.query;
+  qs_plan->Begin();
+  PlanCells(g.cells, 0.f, 1.0, qs_plan);
+  st.cells_expanded += qs_plan->stats.cells_expanded;
+  const size_t n_order = qs_plan->order.size(), rb = pool_->row_bytes();
+  for (size_t i = 0; i < n_order; ++i) {
+    if (i + kPrefetchLeaves < n_order) {
+      const char* kp = static_cast<const char*>(qs_plan->rows[i + kPrefetchLeaves]);
+      for (size_t off = 0; off < qs_plan->valid[i + kPrefetchLeaves] * rb; off += 64) __builtin_prefetch(kp + off, 0, 1);
     }
+    const int32_t leaf = qs_plan->order[i];
+    const int v = qs_plan->valid[i];
+    ScoreRowsMulti(pool_->dtype(), qs_plan->rows[i], v, dim_, qs, nq, sc.data());
+    st.tokens_scored += v;
+    ++st.leaves_scored;
+    float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
+    if (row[0] == -INFINITY) g.touched.push_back(leaf);
+    for (int j = 0; j < nq; ++j)
+      for (int s = 0; s < v; ++s) row[j] = std::max(row[j], sc[static_cast<size_t>(j) * v + s]);
   }
-  std::vector<float> col(nl, -INFINITY);
+  std::vector<float>& col = g.col;
+  if (col.size() < nl) col.resize(nl, -INFINITY);
   for (int j = 0; j < nq; ++j) {
     for (int32_t leaf : g.touched) col[leaf] = g.best[static_cast<size_t>(leaf) * nq + j];
     TopLeaves(g.touched, col, k, &(*out)[j]);
