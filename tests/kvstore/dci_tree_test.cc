@@ -265,6 +265,41 @@ TEST(DciTreeTest, QueryGroupSharesOneTraversal) {
   }
 }
 
+TEST(DciTreeTest, FieldOfViewCountsOnlyNodesWithChildren) {
+  // Repeated content: bit-identical keys make many level-1 nodes tie; the one with the lowest
+  // index collects every copy's children, the others own no cell. The field of view must still
+  // expand fov non-empty cells (childless nodes tying at the top used to use up its slots), and
+  // a needle hidden in repeated filler must be found.
+  const int dim = 32, n = 4000, types = 10, fov = 8;
+  auto pool = MakePool(dim, 2000);
+  std::vector<float> keys = Gaussian(static_cast<size_t>(n) * dim, 21), values = Gaussian(static_cast<size_t>(n) * dim, 22);
+  const std::vector<float> type_keys = Gaussian(static_cast<size_t>(types) * dim, 23);
+  std::mt19937_64 rng(24);
+  for (int t = 0; t < n; t += 2) {  // every other token is a copy of one of `types` keys
+    const int ty = static_cast<int>(rng() % types);
+    std::copy_n(type_keys.data() + static_cast<size_t>(ty) * dim, dim, keys.data() + static_cast<size_t>(t) * dim);
+  }
+  const int needle = 2001;
+  for (int j = 0; j < dim; ++j) keys[static_cast<size_t>(needle) * dim + j] = 0.3f * type_keys[j] + ((j % 2) ? 2.f : -2.f);
+  DciParams p = DciParams::Tuned();
+  p.fov_min = fov;
+  p.fov_fraction = 0;
+  const float *kp, *vp;
+  auto tree = DciTree::Build(p, pool.get(), 1, Block(keys, values, 0, 0, n, dim, &kp, &vp)).value();
+  ASSERT_TRUE(tree->CheckInvariants().ok());
+  std::vector<ScoredLeaf> got;
+  QueryStats st;
+  for (int ty = 0; ty < types; ++ty) {  // queries whose best level-1 nodes are the tied copies of a type
+    tree->Query(type_keys.data() + static_cast<size_t>(ty) * dim, 12, &got, &st);
+    EXPECT_EQ(st.cells_expanded, fov) << "type " << ty;
+  }
+  std::vector<float> q(keys.begin() + static_cast<size_t>(needle) * dim, keys.begin() + static_cast<size_t>(needle + 1) * dim);
+  for (float& x : q) x *= 3.f;
+  tree->Query(q.data(), 12, &got);
+  const int32_t needle_leaf = tree->Locate(needle).leaf;
+  EXPECT_TRUE(std::any_of(got.begin(), got.end(), [&](const ScoredLeaf& l) { return l.leaf == needle_leaf; }));
+}
+
 TEST(DciTreeTest, DefaultQueryReturnsDistinctRankedLeaves) {
   const int dim = 64, n = 8000;
   auto pool = MakePool(dim, 2000, kernels::DType::kBF16);
