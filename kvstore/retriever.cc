@@ -9,12 +9,19 @@ namespace icecache::kvstore {
 
 std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>& lists, int k) {
   std::vector<int32_t> out;
+  out.reserve(std::max(k, 0));
   std::unordered_set<int32_t> seen;
+  // Budgets are a few dozen pages: a linear scan of `out` beats hashing until k is large.
+  const bool linear = k <= 64;
+  auto first_time = [&](int32_t leaf) {
+    if (linear) return std::find(out.begin(), out.end(), leaf) == out.end();
+    return seen.insert(leaf).second;
+  };
   size_t longest = 0;
   for (const auto& l : lists) longest = std::max(longest, l.size());
   for (size_t r = 0; r < longest && static_cast<int>(out.size()) < k; ++r) {
     for (const auto& l : lists) {
-      if (r < l.size() && seen.insert(l[r].leaf).second) {
+      if (r < l.size() && first_time(l[r].leaf)) {
         out.push_back(l[r].leaf);
         if (static_cast<int>(out.size()) == k) break;
       }
