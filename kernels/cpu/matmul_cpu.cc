@@ -19,6 +19,7 @@ namespace {
 constexpr int kGemvMaxRows = 16;
 constexpr int kGemvGroupRows = 8;
 constexpr int kGemvFeatures = 3;
+constexpr int kGemvPrefetchBytes = 4096;
 constexpr int kPanelRows = 64;
 constexpr int kPanelK = 512;
 
@@ -40,6 +41,7 @@ template <DType T, int MR, int NW>
 void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, int k, float* out) {
 #if defined(__AVX512F__)
   static_assert(NW >= 1 && NW <= 4 && MR * NW <= 24);
+  constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
   __m512 acc[MR][NW];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NW; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -47,8 +49,15 @@ void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, in
   for (; i + 16 <= k; i += 16) {
     __m512 wv[NW];
     for (int c = 0; c < NW; ++c) wv[c] = Load16<T>(w + c * w_row_bytes, i);
+    if ((i * kElem) % 64 == 0) {
+      // Into L2, kGemvPrefetchBytes ahead in each weight row (~5 % at m = 8; t0 was slower).
+      for (int c = 0; c < NW; ++c) _mm_prefetch(w + c * w_row_bytes + i * kElem + kGemvPrefetchBytes, _MM_HINT_T1);
+    }
     for (int r = 0; r < MR; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + r * ldx + i);
+      __m512 xv = _mm512_loadu_ps(x + r * ldx + i);
+      // Keeps x in a register: GCC otherwise folds the load into each of the NW FMAs (NW times
+      // the loads).
+      __asm__("" : "+v"(xv));
       for (int c = 0; c < NW; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
