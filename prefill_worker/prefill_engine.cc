@@ -198,10 +198,11 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     backend.AddSequence(i).IgnoreError();
     backend.ExpectLength(i, static_cast<int>(batch[i]->job.tokens.size())).IgnoreError();
     inputs.push_back({static_cast<model::SequenceId>(i), batch[i]->job.tokens});
+    // A sequence whose build cannot start (no memory for its pool) is answered now; it stays in
+    // the batch (its prompt must outlive the forward pass) and is skipped afterwards.
     auto b = NewSeqBuild(batch[i]);
     if (!b.ok()) {
       batch[i]->done.set_value(b.status());
-      batch[i].reset();
       continue;
     }
     (*b)->kv = backend.kv(i);
@@ -219,7 +220,7 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   for (size_t i = 0; i < batch.size(); ++i) {
     auto& p = batch[i];
-    if (!p) continue;
+    if (!builds[i]) continue;
     if (!st.ok()) {
       p->done.set_value(st);
       continue;
