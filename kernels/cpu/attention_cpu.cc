@@ -223,7 +223,10 @@ void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::ve
       for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
       for (int c = 0; c < chunks; ++c) {
         __m512 qv[G];
-        for (int h = 0; h < G; ++h) qv[h] = _mm512_loadu_ps(q + h * d + c * 16);
+        for (int h = 0; h < G; ++h) {
+          qv[h] = _mm512_loadu_ps(q + h * d + c * 16);
+          __asm__("" : "+v"(qv[h]));  // else GCC reloads q in each of the TB FMAs using it
+        }
         for (int t = 0; t < TB; ++t) {
           const __m512 kv = Load16<T>(krow[t], c * 16);
           for (int h = 0; h < G; ++h) acc[t * G + h] = _mm512_fmadd_ps(qv[h], kv, acc[t * G + h]);
