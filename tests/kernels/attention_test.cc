@@ -1,6 +1,7 @@
 #include "kernels/attention.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "tests/kernels/test_util.h"
@@ -144,6 +145,14 @@ std::vector<DecodeCase> DecodeCases() {
   cases.push_back({3, 4, 4, 72, 16, DType::kBF16, 0});   // every page list empty
   cases.push_back({1, 32, 8, 128, 16, DType::kBF16, 40});  // Llama-3 8B layout
   cases.push_back({2, 6, 3, 40, 5, DType::kF32, 4});       // odd sizes
+  // Vector path remainders: GQA 2; head_dim 80/48/144 (V column passes not a multiple of the
+  // register block); page sizes 12/5/7 (last score block of a page partly filled).
+  cases.push_back({2, 4, 2, 128, 16, DType::kBF16, 6});
+  cases.push_back({1, 8, 2, 80, 12, DType::kBF16, 9});
+  cases.push_back({2, 8, 1, 48, 5, DType::kF16, 30});
+  cases.push_back({1, 3, 3, 144, 7, DType::kF32, 20});
+  // Long lists: pages prefetched ahead, many online-softmax rescalings.
+  cases.push_back({1, 32, 8, 128, 16, DType::kBF16, 300});
   return cases;
 }
 
@@ -156,6 +165,39 @@ TEST(PagedDecodeAttentionTest, CpuMatchesNaive) {
     NaiveDecode(c, in, scale, &want, &want_lse);
     RunDecode(Backend::kCpu, c, in, scale, &got, &got_lse);
     // Outputs are convex combinations of values in [-2, 2]; fp32 softmax and dots: 2e-5 abs.
+    ExpectClose(got, want, 2e-5, 1e-5, c.Name() + " out");
+    ExpectClose(got_lse, want_lse, 1e-5, 1e-5, c.Name() + " lse");
+  }
+}
+
+// Slots past page_valid hold NaN: no output or lse may depend on them (the vector path repeats
+// the last valid row to fill a score block and masks those lanes).
+TEST(PagedDecodeAttentionTest, SlotsPastValidAreNeverUsed) {
+  const DecodeCase cases[] = {{2, 8, 2, 128, 16, DType::kBF16, 6},
+                              {1, 4, 1, 64, 12, DType::kF16, 5},
+                              {1, 16, 2, 128, 8, DType::kF32, 7},
+                              {2, 4, 4, 64, 5, DType::kBF16, 4}};
+  uint32_t seed = 501;
+  for (const DecodeCase& c : cases) {
+    DecodeInputs in = MakeDecodeInputs(c, seed += 10);
+    const size_t elem = DTypeSize(c.kv_dtype);
+    const uint32_t nan_bits = c.kv_dtype == DType::kF32 ? 0x7fc00000u
+                              : c.kv_dtype == DType::kBF16 ? 0x7fc0u : 0x7e00u;
+    for (size_t i = 0; i < in.ids.size(); ++i) {
+      for (int slot = in.valid[i]; slot < c.page_size; ++slot) {
+        for (int half = 0; half < 2; ++half) {  // K row, then V row
+          const size_t row = static_cast<size_t>(in.ids[i]) * 2 * c.page_size + half * c.page_size + slot;
+          for (int e = 0; e < c.head_dim; ++e) {
+            std::memcpy(in.pages.bytes.data() + (row * c.head_dim + e) * elem, &nan_bits, elem);
+          }
+        }
+      }
+    }
+    const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> want, want_lse, got, got_lse;
+    NaiveDecode(c, in, scale, &want, &want_lse);
+    RunDecode(Backend::kCpu, c, in, scale, &got, &got_lse);
+    // Same bounds as CpuMatchesNaive; a NaN anywhere fails them.
     ExpectClose(got, want, 2e-5, 1e-5, c.Name() + " out");
     ExpectClose(got_lse, want_lse, 1e-5, 1e-5, c.Name() + " lse");
   }

@@ -25,7 +25,9 @@ struct MatmulCase {
 std::vector<MatmulCase> Cases() {
   std::vector<MatmulCase> cases;
   const int shapes[][3] = {{1, 1, 1},   {1, 7, 15},   {1, 130, 1024}, {2, 33, 100}, {3, 64, 515},
-                           {4, 17, 16}, {5, 70, 33},  {8, 64, 512},   {17, 129, 1030}, {33, 5, 7}};
+                           {4, 17, 16}, {5, 70, 33},  {8, 64, 512},   {17, 129, 1030}, {33, 5, 7},
+                           // multi-row GEMV: row groups of 8 + rest, n % 3 != 0, k % 16 != 0
+                           {9, 31, 47}, {12, 64, 300}, {16, 100, 4100}};
   int i = 0;
   for (auto& s : shapes) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -78,6 +80,33 @@ TEST(MatmulTest, CpuMatchesNaive) {
     const auto got = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
     // fp32 accumulation of k products of magnitude <= 1: error grows ~ sqrt(k) ulps of the sum.
     ExpectClose(got, want, 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name());
+  }
+}
+
+// Up to 16 rows the CPU kernel streams the weights once for all rows, and a row's arithmetic
+// (FMA order, tails, reduction tree) does not depend on how many rows share the call: each row of
+// a batch equals that row computed alone exactly (tolerance 0). Batched decode relies on it.
+TEST(MatmulTest, EachRowOfABatchEqualsTheRowAlone) {
+  uint32_t seed = 300;
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int m : {2, 3, 5, 8, 9, 13, 16}) {
+      const MatmulCase c{m, 35, 530, t, true, false};
+      const auto x = RandomVector(static_cast<size_t>(m) * c.k, seed++);
+      const auto w = ToTyped(t, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+      const auto bias = RandomVector(c.n, seed++);
+      const std::vector<float> y0(static_cast<size_t>(m) * c.n, 0.f);
+      const auto batch = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
+      for (int r = 0; r < m; ++r) {
+        const MatmulCase one{1, c.n, c.k, t, true, false};
+        const std::vector<float> xr(x.begin() + static_cast<size_t>(r) * c.k,
+                                    x.begin() + static_cast<size_t>(r + 1) * c.k);
+        const auto alone = RunMatmul(Backend::kCpu, one, xr, w, bias, std::vector<float>(c.n, 0.f));
+        for (int j = 0; j < c.n; ++j) {
+          ASSERT_EQ(batch[static_cast<size_t>(r) * c.n + j], alone[j])
+              << c.Name() << " row " << r << " feature " << j;
+        }
+      }
+    }
   }
 }
 
