@@ -181,6 +181,28 @@ TEST_F(KvShippingTest, PagesOfAnotherDtypeAreRefused) {
   EXPECT_EQ(dst_pool->used_pages(), 0);
 }
 
+TEST_F(KvShippingTest, SameSizePagesOfAnotherDtypeAreRefusedOnImport) {
+  // bf16 and f16 pages have the same size: only the header tells them apart.
+  const int layers = 3, nkv = 1, dim = 16;
+  auto m = kvstore::testing::RandomKv(layers, nkv, dim, 200, 7);
+  auto src_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
+  auto src = SequenceCache::Create(Opts(layers, nkv, 1), src_pool.get()).value();
+  ASSERT_TRUE(src->Build(m.kp.data(), m.vp.data(), m.n).ok());
+  auto wire = src->Serialize().value();
+  auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kF16);
+  KvReceiver rx(dst_pool.get());
+  ASSERT_TRUE(receiver_->ExpectScatter(3, rx.Sink()).ok());
+  ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 3, wire, *src_pool, 4 << 20, Clock::now() + 30s).ok());
+  ASSERT_TRUE(receiver_->Wait(3, Clock::now() + 30s).ok());
+  auto cache = rx.Import();
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(cache.status().message().find("bytes of bf16, this pool holds"), std::string::npos) << cache.status().message();
+  EXPECT_NE(cache.status().message().find("pages of f16"), std::string::npos) << cache.status().message();
+  rx.Release();
+  EXPECT_EQ(dst_pool->used_pages(), 0);
+}
+
 TEST(KvDtype, Parses) {
   EXPECT_EQ(ParseKvDtype("bf16").value(), kernels::DType::kBF16);
   EXPECT_EQ(ParseKvDtype("f16").value(), kernels::DType::kF16);
