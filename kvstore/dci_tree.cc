@@ -153,15 +153,9 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     const auto& upper = level_nodes_[l + 1];
     const int nu = static_cast<int>(upper.size());
     if (nu <= params_.exact_parent_max_nodes && params_.bf16_parent_search) {
-      const int pairs = (d + 1) / 2, ld = (nu + 31) / 32 * 32;
-      std::vector<uint32_t> rows_p(static_cast<size_t>(pairs) * ld, 0);
-      std::vector<float> row_extra(ld, -INFINITY);
-      std::vector<uint16_t> tmp(2 * pairs, 0);
-      for (int r = 0; r < nu; ++r) {
-        RowFromF32(kernels::DType::kBF16, level_keys_[l + 1].data() + static_cast<size_t>(r) * d, tmp.data(), d);
-        for (int j = 0; j < pairs; ++j) rows_p[static_cast<size_t>(j) * ld + r] = tmp[2 * j] | uint32_t{tmp[2 * j + 1]} << 16;
-        row_extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[upper[r]]));
-      }
+      const int pairs = (d + 1) / 2;
+      LevelMatrix mat;
+      RefreshLevelMatrix(l + 1, &mat, /*bf16=*/true);
       constexpr int kChunk = 256;
       std::vector<uint32_t> xs(static_cast<size_t>(kChunk) * pairs, 0);  // bf16 pairs, an odd dim's pad stays 0
       extra.resize(kChunk);
@@ -173,8 +167,8 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
           RowFromF32(kernels::DType::kBF16, keys + t * stride, xs.data() + static_cast<size_t>(i) * pairs, d);
           extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
         }
-        ArgmaxAugDotBf16(xs.data(), extra.data(), cnt, rows_p.data(), ld,
-                         row_extra.data(), nu, pairs, best.data());
+        ArgmaxAugDotBf16(xs.data(), extra.data(), cnt, mat.rows_p.data(), mat.ld, mat.extra.data(), nu, pairs,
+                         best.data());
         for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
       }
     } else if (nu <= params_.exact_parent_max_nodes) {
@@ -280,22 +274,36 @@ void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i)
   }
 }
 
-void DciTree::RefreshLevelMatrix(int level, LevelMatrix* m) const {
+void DciTree::RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16) const {
   const auto& nodes = level_nodes_[level];
   const int nu = static_cast<int>(nodes.size());
-  const int d = dim_;
-  if (m->epoch == epoch_ && nu == m->rows) return;
-  if (m->epoch != epoch_ || nu > m->ld) {
+  const int d = dim_, pairs = (d + 1) / 2;
+  if (m->epoch == epoch_ && nu == m->rows && m->bf16 == bf16) return;
+  if (m->epoch != epoch_ || nu > m->ld || m->bf16 != bf16) {
     // Re-layout with headroom so that nodes added by insertions only fill columns.
     m->ld = (nu + nu / 4 + 32 + 31) / 32 * 32;
-    m->rows_t.assign(static_cast<size_t>(d) * m->ld, 0.f);
+    m->bf16 = bf16;
+    if (bf16) {
+      m->rows_t.clear();
+      m->rows_p.assign(static_cast<size_t>(pairs) * m->ld, 0);
+    } else {
+      m->rows_p.clear();
+      m->rows_t.assign(static_cast<size_t>(d) * m->ld, 0.f);
+    }
     m->extra.assign(m->ld, -INFINITY);
     m->rows = 0;
     m->epoch = epoch_;
   }
+  std::vector<uint32_t> packed(bf16 ? pairs : 0);
   for (int r = m->rows; r < nu; ++r) {
     const float* k = level_keys_[level].data() + static_cast<size_t>(r) * d;
-    for (int j = 0; j < d; ++j) m->rows_t[static_cast<size_t>(j) * m->ld + r] = k[j];
+    if (bf16) {
+      packed[pairs - 1] = 0;  // an odd dim's pad half stays 0
+      RowFromF32(kernels::DType::kBF16, k, packed.data(), d);
+      for (int j = 0; j < pairs; ++j) m->rows_p[static_cast<size_t>(j) * m->ld + r] = packed[j];
+    } else {
+      for (int j = 0; j < d; ++j) m->rows_t[static_cast<size_t>(j) * m->ld + r] = k[j];
+    }
     m->extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
   }
   m->rows = nu;

@@ -190,17 +190,20 @@ class DciTree {
     std::vector<int32_t> leaves;      // in projection order
   };
   class Scratch;
-  // Level l's keys transposed for batched exact parent search ([head_dim, ld]; extra [ld]).
+  // Level l's keys transposed for batched exact parent search ([head_dim, ld]; extra [ld]); with
+  // bf16 set, as bf16 pairs in rows_p ([ceil(head_dim / 2), ld]) instead of rows_t.
   struct LevelMatrix {
     std::vector<float> rows_t, extra;
+    std::vector<uint32_t> rows_p;
     int ld = 0, rows = 0;
+    bool bf16 = false;
     uint32_t epoch = ~0u;
   };
 
   DciTree(const DciParams& params, PagePool* pool, int num_payloads);
   Status BuildFrom(const TokenBlock& block);
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
-  void RefreshLevelMatrix(int level, LevelMatrix* m) const;
+  void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
   void SetDirections();
   float OrderProjection(int32_t t) const;
   void Rekey(float new_max_norm2);

@@ -53,10 +53,20 @@ Status DciTree::Insert(const TokenBlock& block) {
   std::vector<int32_t> parents(rest, -1);
   const int nu = static_cast<int>(level_nodes_[1].size());
   if (nu > 0 && nu <= params_.exact_parent_max_nodes) {
-    RefreshLevelMatrix(1, &level1_matrix_);
+    const bool bf16 = params_.bf16_parent_search;
+    RefreshLevelMatrix(1, &level1_matrix_, bf16);
     for (int j = 0; j < rest; ++j) extra[j] = std::sqrt(std::max(0.f, max_norm2_ - n2[j]));
-    ArgmaxAugDot(keys, stride, extra.data(), rest, level1_matrix_.rows_t.data(), level1_matrix_.ld,
-                 level1_matrix_.extra.data(), nu, dim_, parents.data());
+    if (bf16) {
+      const int pairs = (dim_ + 1) / 2;
+      std::vector<uint32_t> xs(static_cast<size_t>(rest) * pairs, 0);
+      for (int j = 0; j < rest; ++j)
+        RowFromF32(kernels::DType::kBF16, keys + j * stride, xs.data() + static_cast<size_t>(j) * pairs, dim_);
+      ArgmaxAugDotBf16(xs.data(), extra.data(), rest, level1_matrix_.rows_p.data(), level1_matrix_.ld,
+                       level1_matrix_.extra.data(), nu, pairs, parents.data());
+    } else {
+      ArgmaxAugDot(keys, stride, extra.data(), rest, level1_matrix_.rows_t.data(), level1_matrix_.ld,
+                   level1_matrix_.extra.data(), nu, dim_, parents.data());
+    }
     for (int j = 0; j < rest; ++j) parents[j] = level_nodes_[1][parents[j]];
   } else {
     std::vector<float> aug(dim_ + 1);

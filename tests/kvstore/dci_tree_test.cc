@@ -8,6 +8,8 @@
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "kvstore/synthetic_keys.h"
 #include "kvstore/vector_ops.h"
@@ -98,14 +100,17 @@ TEST(DciTreeTest, LevelSizesFollowP1AndP2) {
 }
 
 TEST(DciTreeTest, InsertKeepsInvariantsThroughSplitsAndRekeys) {
-  const int dim = 32, n0 = 3000, extra = 2500;
+  // Reference parameters (fp32 parent search) and Tuned() (bf16 parent search, also at an odd dim).
+  for (const auto& [params, dim] : {std::pair{DciParams{}, 32}, std::pair{DciParams::Tuned(), 32}, std::pair{DciParams::Tuned(), 33}}) {
+  SCOPED_TRACE("dim " + std::to_string(dim) + (params.bf16_parent_search ? " bf16" : " fp32"));
+  const int n0 = 3000, extra = 2500;
   auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
   auto k = Gaussian(static_cast<size_t>(n0 + extra) * dim, 4), v = Gaussian(static_cast<size_t>(n0 + extra) * dim, 5);
   // Some inserted keys have a new maximum norm: the tree re-keys.
   for (int t : {n0 + 10, n0 + 700, n0 + 2000})
     for (int i = 0; i < dim; ++i) k[static_cast<size_t>(t) * dim + i] *= 3.f + t % 7;
   const float *kp, *vp;
-  auto tree = DciTree::Build(DciParams{}, pool.get(), 1, Block(k, v, 50, 0, n0, dim, &kp, &vp)).value();
+  auto tree = DciTree::Build(params, pool.get(), 1, Block(k, v, 50, 0, n0, dim, &kp, &vp)).value();
   const int32_t leaves_before = tree->num_leaves();
   const float m_before = tree->max_norm2();
   for (int off = n0; off < n0 + extra; off += 16) {
@@ -123,6 +128,7 @@ TEST(DciTreeTest, InsertKeepsInvariantsThroughSplitsAndRekeys) {
   EXPECT_EQ(tree->Insert(Block(k, v, 0, 0, 1, dim, &kp, &vp)).code(), StatusCode::kInvalidArgument);
   tree->Release();
   EXPECT_EQ(pool->used_pages(), 0);
+  }
 }
 
 TEST(DciTreeTest, GrowsFromEmptyAndUsesDciParentSearch) {
