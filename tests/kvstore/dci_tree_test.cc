@@ -102,32 +102,32 @@ TEST(DciTreeTest, LevelSizesFollowP1AndP2) {
 TEST(DciTreeTest, InsertKeepsInvariantsThroughSplitsAndRekeys) {
   // Reference parameters (fp32 parent search) and Tuned() (bf16 parent search, also at an odd dim).
   for (const auto& [params, dim] : {std::pair{DciParams{}, 32}, std::pair{DciParams::Tuned(), 32}, std::pair{DciParams::Tuned(), 33}}) {
-  SCOPED_TRACE("dim " + std::to_string(dim) + (params.bf16_parent_search ? " bf16" : " fp32"));
-  const int n0 = 3000, extra = 2500;
-  auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
-  auto k = Gaussian(static_cast<size_t>(n0 + extra) * dim, 4), v = Gaussian(static_cast<size_t>(n0 + extra) * dim, 5);
-  // Some inserted keys have a new maximum norm: the tree re-keys.
-  for (int t : {n0 + 10, n0 + 700, n0 + 2000})
-    for (int i = 0; i < dim; ++i) k[static_cast<size_t>(t) * dim + i] *= 3.f + t % 7;
-  const float *kp, *vp;
-  auto tree = DciTree::Build(params, pool.get(), 1, Block(k, v, 50, 0, n0, dim, &kp, &vp)).value();
-  const int32_t leaves_before = tree->num_leaves();
-  const float m_before = tree->max_norm2();
-  for (int off = n0; off < n0 + extra; off += 16) {
-    const int cnt = std::min(16, n0 + extra - off);
-    ASSERT_TRUE(tree->Insert(Block(k, v, 50, off, cnt, dim, &kp, &vp)).ok());
-  }
-  EXPECT_GT(tree->max_norm2(), m_before);
-  EXPECT_GT(tree->num_leaves(), leaves_before);  // splits happened
-  Status inv = tree->CheckInvariants();
-  ASSERT_TRUE(inv.ok()) << inv.ToString();
-  EXPECT_EQ(tree->size(), n0 + extra);
-  EXPECT_EQ(pool->used_pages(), tree->num_leaves());
-  ExpectContents(*tree, *pool, k, v, 50, dim);
-  // Wrong position is rejected.
-  EXPECT_EQ(tree->Insert(Block(k, v, 0, 0, 1, dim, &kp, &vp)).code(), StatusCode::kInvalidArgument);
-  tree->Release();
-  EXPECT_EQ(pool->used_pages(), 0);
+    SCOPED_TRACE("dim " + std::to_string(dim) + (params.bf16_parent_search ? " bf16" : " fp32"));
+    const int n0 = 3000, extra = 2500;
+    auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
+    auto k = Gaussian(static_cast<size_t>(n0 + extra) * dim, 4), v = Gaussian(static_cast<size_t>(n0 + extra) * dim, 5);
+    // Some inserted keys have a new maximum norm: the tree re-keys.
+    for (int t : {n0 + 10, n0 + 700, n0 + 2000})
+      for (int i = 0; i < dim; ++i) k[static_cast<size_t>(t) * dim + i] *= 3.f + t % 7;
+    const float *kp, *vp;
+    auto tree = DciTree::Build(params, pool.get(), 1, Block(k, v, 50, 0, n0, dim, &kp, &vp)).value();
+    const int32_t leaves_before = tree->num_leaves();
+    const float m_before = tree->max_norm2();
+    for (int off = n0; off < n0 + extra; off += 16) {
+      const int cnt = std::min(16, n0 + extra - off);
+      ASSERT_TRUE(tree->Insert(Block(k, v, 50, off, cnt, dim, &kp, &vp)).ok());
+    }
+    EXPECT_GT(tree->max_norm2(), m_before);
+    EXPECT_GT(tree->num_leaves(), leaves_before);  // splits happened
+    Status inv = tree->CheckInvariants();
+    ASSERT_TRUE(inv.ok()) << inv.ToString();
+    EXPECT_EQ(tree->size(), n0 + extra);
+    EXPECT_EQ(pool->used_pages(), tree->num_leaves());
+    ExpectContents(*tree, *pool, k, v, 50, dim);
+    // Wrong position is rejected.
+    EXPECT_EQ(tree->Insert(Block(k, v, 0, 0, 1, dim, &kp, &vp)).code(), StatusCode::kInvalidArgument);
+    tree->Release();
+    EXPECT_EQ(pool->used_pages(), 0);
   }
 }
 
