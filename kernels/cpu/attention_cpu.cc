@@ -3,6 +3,7 @@
 // softmax is exact (two passes over the pages: K, then V).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -129,7 +130,17 @@ void AccumulateV(const char* vbase, size_t row_bytes, int n, int c0, const float
   }
   for (int t = 0; t < n; ++t) {
     __m512 v[CC];
-    for (int c = 0; c < CC; ++c) v[c] = Load16<T>(vbase + t * row_bytes, (c0 + c) * 16);
+    if constexpr (T == DType::kBF16 && CC % 2 == 0) {
+      // Pairs of chunks widened as in the score loop: out holds those columns permuted alike.
+      const __m512i zero = _mm512_setzero_si512();
+      for (int c = 0; c < CC; c += 2) {
+        const __m512i raw = _mm512_loadu_si512(vbase + t * row_bytes + (c0 + c) * 32);
+        v[c] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+        v[c + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+      }
+    } else {
+      for (int c = 0; c < CC; ++c) v[c] = Load16<T>(vbase + t * row_bytes, (c0 + c) * 16);
+    }
     for (int h = 0; h < G; ++h) {
       const __m512 pe = _mm512_set1_ps(e[t * G + h]);
       for (int c = 0; c < CC; ++c) o[h][c] = _mm512_fmadd_ps(pe, v[c], o[h][c]);
@@ -139,20 +150,27 @@ void AccumulateV(const char* vbase, size_t row_bytes, int n, int c0, const float
     for (int c = 0; c < CC; ++c) _mm512_storeu_ps(out + h * d + (c0 + c) * 16, o[h][c]);
 }
 
+// Passes of CP chunks, then CP / 2, then pairs, then the last chunk of an odd count: every pass
+// but that last one starts at an even chunk, so bf16 pairs never straddle a 32-column block.
 template <DType T, int G, int CP>
 void AccumulateVColumns(const char* vbase, size_t row_bytes, int n, int chunks, const float* e,
                         const float* alpha, int d, float* out) {
+  static_assert(CP % 2 == 0);
   int c0 = 0;
   for (; c0 + CP <= chunks; c0 += CP) AccumulateV<T, G, CP>(vbase, row_bytes, n, c0, e, alpha, d, out);
-  if constexpr (CP > 1) {
-    const int rest = chunks - c0;
-    if (rest >= CP / 2) {
+  if constexpr (CP >= 4) {
+    if (c0 + CP / 2 <= chunks) {
       AccumulateV<T, G, CP / 2>(vbase, row_bytes, n, c0, e, alpha, d, out);
       c0 += CP / 2;
     }
-    for (; c0 < chunks; ++c0) AccumulateV<T, G, 1>(vbase, row_bytes, n, c0, e, alpha, d, out);
   }
+  for (; c0 + 2 <= chunks; c0 += 2) AccumulateV<T, G, 2>(vbase, row_bytes, n, c0, e, alpha, d, out);
+  if (c0 < chunks) AccumulateV<T, G, 1>(vbase, row_bytes, n, c0, e, alpha, d, out);
 }
+
+// Position j of 32-column block [b32, b32 + 32) of a bf16-permuted row (see the score loop) holds
+// column b32 + UnpackedColumn(j - b32).
+inline int UnpackedColumn(int j) { return (j % 16) / 4 * 8 + j / 16 * 4 + j % 4; }
 
 // Fast path for head_dim % 16 == 0 and a GQA group of G heads. One pass over the pages with an
 // online softmax (running max and sum per head), so each page's K and V (contiguous) are read
@@ -163,7 +181,8 @@ void AccumulateVColumns(const char* vbase, size_t row_bytes, int n, int chunks, 
 //  * softmax statistics vectorised over those score vectors;
 //  * V: G heads x CP column chunks of the output in registers while the page's V rows stream by.
 template <DType T, int G>
-void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores) {
+void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores,
+                      std::vector<float>& qperm) {
   constexpr int TB = 16 / G;
   constexpr int CP = G >= 2 ? 16 / G : 8;
   const int d = p.head_dim, chunks = d / 16, P = p.page_size;
@@ -176,6 +195,18 @@ void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::ve
   scores.resize(static_cast<size_t>(max_blocks) * 16);
   float* sc = scores.data();
   const float* q = p.q + head0 * d;
+  // bf16: q with each 32-column block in the order the unpacked K vectors come in.
+  const float* qp = q;
+  if constexpr (T == DType::kBF16) {
+    qperm.resize(static_cast<size_t>(G) * d);
+    for (int h = 0; h < G; ++h) {
+      for (int b32 = 0; b32 + 32 <= d; b32 += 32) {
+        for (int j = 0; j < 32; ++j) qperm[h * d + b32 + j] = q[h * d + b32 + UnpackedColumn(j)];
+      }
+      for (int j = d / 32 * 32; j < d; ++j) qperm[h * d + j] = q[h * d + j];
+    }
+    qp = qperm.data();
+  }
   const char* pages = static_cast<const char*>(p.pages);
   const size_t elem = DTypeSize(T);
   const size_t row_bytes = static_cast<size_t>(d) * elem;
@@ -221,7 +252,28 @@ void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::ve
       for (int t = 0; t < TB; ++t) krow[t] = kbase + std::min(blk * TB + t, n - 1) * row_bytes;
       __m512 acc[16];
       for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
-      for (int c = 0; c < chunks; ++c) {
+      int c = 0;
+      if constexpr (T == DType::kBF16) {
+        // 32 bf16 of a K row per load, widened by interleaving with zeros: elements 0-3 of each
+        // 128-bit lane (low vector), then 4-7 (high vector), matched by the permuted q.
+        const __m512i zero = _mm512_setzero_si512();
+        for (; c + 2 <= chunks; c += 2) {
+          for (int half = 0; half < 2; ++half) {
+            __m512 qv[G];
+            for (int h = 0; h < G; ++h) {
+              qv[h] = _mm512_loadu_ps(qp + h * d + c * 16 + half * 16);
+              __asm__("" : "+v"(qv[h]));
+            }
+            for (int t = 0; t < TB; ++t) {
+              const __m512i raw = _mm512_loadu_si512(krow[t] + c * 32);
+              const __m512 kv = _mm512_castsi512_ps(half == 0 ? _mm512_unpacklo_epi16(zero, raw)
+                                                              : _mm512_unpackhi_epi16(zero, raw));
+              for (int h = 0; h < G; ++h) acc[t * G + h] = _mm512_fmadd_ps(qv[h], kv, acc[t * G + h]);
+            }
+          }
+        }
+      }
+      for (; c < chunks; ++c) {
         __m512 qv[G];
         for (int h = 0; h < G; ++h) {
           qv[h] = _mm512_loadu_ps(q + h * d + c * 16);
@@ -260,6 +312,13 @@ void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::ve
   _mm512_store_ps(m_s, m);
   _mm512_store_ps(l_s, l);
   for (int h = 0; h < G; ++h) {
+    if constexpr (T == DType::kBF16) {
+      for (int b32 = 0; b32 + 32 <= d; b32 += 32) {
+        float block[32];
+        std::copy_n(out + h * d + b32, 32, block);
+        for (int j = 0; j < 32; ++j) out[h * d + b32 + UnpackedColumn(j)] = block[j];
+      }
+    }
     if (l_s[h] > 0.f) {
       const float inv = 1.f / l_s[h];
       for (int e = 0; e < d; ++e) out[h * d + e] *= inv;
@@ -276,10 +335,10 @@ void DecodeList(const PagedDecodeAttentionParams& p, int b, int g, std::vector<f
 #if defined(__AVX512F__)
   if (p.head_dim % 16 == 0) {
     switch (p.num_q_heads / p.num_kv_heads) {
-      case 1: return DecodeOneListVec<T, 1>(p, b, g, scores);
-      case 2: return DecodeOneListVec<T, 2>(p, b, g, scores);
-      case 4: return DecodeOneListVec<T, 4>(p, b, g, scores);
-      case 8: return DecodeOneListVec<T, 8>(p, b, g, scores);
+      case 1: return DecodeOneListVec<T, 1>(p, b, g, scores, row);
+      case 2: return DecodeOneListVec<T, 2>(p, b, g, scores, row);
+      case 4: return DecodeOneListVec<T, 4>(p, b, g, scores, row);
+      case 8: return DecodeOneListVec<T, 8>(p, b, g, scores, row);
       default: break;
     }
   }
