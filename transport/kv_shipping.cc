@@ -46,7 +46,9 @@ StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer
   segments.push_back({0, first.data(), first.size()});
   for (size_t s = 0; s < wire.pages.size();) {
     size_t k = 1;
-    while (s + k < wire.pages.size() && k < max_run && wire.pages[s + k] == wire.pages[s] + static_cast<int32_t>(k)) ++k;
+    while (s + k < wire.pages.size() && k < max_run && wire.pages[s + k] == wire.pages[s] + static_cast<int32_t>(k)) {
+      ++k;
+    }
     segments.push_back({static_cast<uint32_t>(1 + s), pool.PageK(wire.pages[s]), k * page_bytes});
     s += k;
   }
@@ -69,7 +71,9 @@ StatusOr<std::vector<Destination>> KvReceiver::Receive(uint32_t index, size_t by
                            std::string(kernels::DTypeName(pool_->dtype())) + ")";
   if (index == 0) {
     if (!metadata_.empty()) return InvalidArgumentError("sequence metadata sent twice");
-    if (bytes < sizeof(KvShipHeader)) return InvalidArgumentError("sequence metadata of " + std::to_string(bytes) + " bytes has no header");
+    if (bytes < sizeof(KvShipHeader)) {
+      return InvalidArgumentError("sequence metadata of " + std::to_string(bytes) + " bytes has no header");
+    }
     if (bytes > (64u << 20)) return InvalidArgumentError("sequence metadata larger than 64 MiB");
     metadata_.resize(bytes);
     return std::vector<Destination>{{metadata_.data(), bytes}};
