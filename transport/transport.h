@@ -9,8 +9,8 @@
 // number of segments (indices are the sender's labels, passed to the sink; any order, possibly in
 // several calls) and then Finish()es with the number of segments it sent. Wait() returns once
 // every segment has landed, or reports why not; after Wait() returns nothing more is written into
-// the sink's memory, so the caller may free it. A transfer that stalls (no Finish, a segment missing) ends with DEADLINE_EXCEEDED at the
-// caller's deadline.
+// the sink's memory, so the caller may free it. A transfer that stalls (no Finish, a segment
+// missing) ends with DEADLINE_EXCEEDED at the caller's deadline.
 //
 // Thread safety: all methods may be called from any thread concurrently.
 #pragma once
