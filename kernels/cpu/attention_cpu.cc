@@ -1,6 +1,7 @@
-// CPU attention. Decode: per (sequence, kv head) one task; each K/V row is converted to fp32 once
-// and used by every query head of the GQA group. Scores are kept for the whole selected set, so the
-// softmax is exact (two passes over the pages: K, then V).
+// CPU attention. Paged decode: per (sequence, kv head) one task; each K/V vector is converted to
+// fp32 once and used by every query head of the GQA group. AVX-512 fast path (head_dim % 16 == 0,
+// GQA 1/2/4/8): one pass with an online softmax, see DecodeOneListVec. Otherwise: scores kept for
+// the whole selected set, exact softmax (two passes over the pages: K, then V).
 #include <omp.h>
 
 #include <algorithm>

@@ -83,29 +83,37 @@ TEST(MatmulTest, CpuMatchesNaive) {
   }
 }
 
-// Up to 16 rows the CPU kernel streams the weights once for all rows, and a row's arithmetic
-// (FMA order, tails, reduction tree) does not depend on how many rows share the call: each row of
-// a batch equals that row computed alone exactly (tolerance 0). Batched decode relies on it.
-TEST(MatmulTest, EachRowOfABatchEqualsTheRowAlone) {
+// Up to 16 rows the CPU kernel streams the weights once for all rows. Batched decode relies on a
+// row of a batch matching the row computed alone. Rows of 2..16-row calls are computed alike (the
+// arithmetic of a row does not depend on m): exactly equal. m = 1 sums in another order: each
+// result is within the CpuMatchesNaive bound of the exact value, so they differ by at most twice it.
+TEST(MatmulTest, EachRowOfABatchMatchesTheRowAlone) {
   uint32_t seed = 300;
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
-    for (int m : {2, 3, 5, 8, 9, 13, 16}) {
-      const MatmulCase c{m, 35, 530, t, true, false};
-      const auto x = RandomVector(static_cast<size_t>(m) * c.k, seed++);
-      const auto w = ToTyped(t, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
-      const auto bias = RandomVector(c.n, seed++);
-      const std::vector<float> y0(static_cast<size_t>(m) * c.n, 0.f);
-      const auto batch = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
-      for (int r = 0; r < m; ++r) {
-        const MatmulCase one{1, c.n, c.k, t, true, false};
-        const std::vector<float> xr(x.begin() + static_cast<size_t>(r) * c.k,
-                                    x.begin() + static_cast<size_t>(r + 1) * c.k);
-        const auto alone = RunMatmul(Backend::kCpu, one, xr, w, bias, std::vector<float>(c.n, 0.f));
-        for (int j = 0; j < c.n; ++j) {
-          ASSERT_EQ(batch[static_cast<size_t>(r) * c.n + j], alone[j])
-              << c.Name() << " row " << r << " feature " << j;
-        }
+    const int n = 35, k = 530;
+    const int max_m = 16;
+    const auto x = RandomVector(static_cast<size_t>(max_m) * k, seed++);
+    const auto w = ToTyped(t, RandomVector(static_cast<size_t>(n) * k, seed++));
+    const auto bias = RandomVector(n, seed++);
+    auto run = [&](int m, int first_row) {
+      const MatmulCase c{m, n, k, t, true, false};
+      const std::vector<float> xs(x.begin() + static_cast<size_t>(first_row) * k,
+                                  x.begin() + static_cast<size_t>(first_row + m) * k);
+      return RunMatmul(Backend::kCpu, c, xs, w, bias, std::vector<float>(static_cast<size_t>(m) * n, 0.f));
+    };
+    const auto full = run(max_m, 0);
+    for (int m : {2, 3, 5, 8, 9, 13}) {
+      const auto batch = run(m, 0);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        ASSERT_EQ(batch[i], full[i]) << DTypeName(t) << " m=" << m << " element " << i;
       }
+    }
+    for (int r = 0; r < max_m; ++r) {
+      const auto alone = run(1, r);
+      const std::vector<float> row(full.begin() + static_cast<size_t>(r) * n,
+                                   full.begin() + static_cast<size_t>(r + 1) * n);
+      ExpectClose(alone, row, 2 * (2e-6 * std::sqrt(k) + 1e-6), 2e-5,
+                  std::string(DTypeName(t)) + " row " + std::to_string(r));
     }
   }
 }
