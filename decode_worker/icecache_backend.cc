@@ -13,6 +13,10 @@ namespace icecache::decode {
 
 using model::SequenceId;
 
+namespace {
+constexpr int64_t kParallelSelectTokens = 32768;  // tree tokens of a layer's queries, summed
+}  // namespace
+
 IceCacheBackend::IceCacheBackend(const model::AttentionShape& shape, kvstore::PagePool* pool)
     : shape_(shape), pool_(pool) {}
 
@@ -144,8 +148,13 @@ void IceCacheBackend::SelectAll(int layer, const float* q) {
   }
   const int tasks = static_cast<int>(select_tasks_.size());
   if (tasks == 0) return;
-  // Trees are independent and Query is const: the tasks run on the kernels' OpenMP threads.
-#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
+  // Trees are independent and Query is const: the tasks run on the kernels' OpenMP threads, when
+  // there is enough work to pay for waking them (a query over a few thousand tokens takes tens of
+  // microseconds, about what a parallel region costs on a loaded host).
+  int64_t tokens = 0;
+  for (const SelectTask& task : select_tasks_) tokens += step_seqs_[task.b]->cache->tree(layer, task.g)->size();
+  const bool parallel = tasks > 1 && tokens >= kParallelSelectTokens;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int t = 0; t < tasks; ++t) {
     thread_local std::vector<std::vector<kvstore::ScoredLeaf>> per_head;
     SelectTask& task = select_tasks_[t];
