@@ -18,6 +18,7 @@
 
 #include "bench/workload.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/prefill_attention_cpu.h"
 
 namespace icecache::bench {
@@ -88,7 +89,7 @@ int Run(int argc, char** argv) {
   p.scale = 1.f / std::sqrt(static_cast<float>(d));
   const double flops = 4.0 * d * hq * (static_cast<double>(len) * (len + 1) / 2);
   p.out = out_tiled.data();
-  const Timing tiled = Time(reps, [&] { (void)kernels::cpu::PrefillAttentionTiled(p); });
+  const Timing tiled = Time(reps, [&] { (void)kernels::cpu::PrefillAttention(p); });
   Timing rows;
   double max_diff = 0;
   if (!skip_baseline) {

@@ -81,23 +81,6 @@ void DecodeOneList(const PagedDecodeAttentionParams& p, int b, int g, std::vecto
 }
 
 #if defined(__AVX512F__)
-// exp(x) for x <= 0 (softmax arguments), Cephes expf polynomial with Cody-Waite reduction:
-// about 1 ulp; inputs below -87 flush towards 0.
-inline __m512 ExpNonPositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 constexpr int kPrefetchPages = 4;
 
@@ -359,42 +342,6 @@ Status PagedDecodeAttention(const PagedDecodeAttentionParams& p) {
       for (int l = 0; l < lists; ++l) DecodeList<T>(p, l / p.num_kv_heads, l % p.num_kv_heads, scores, row);
     }
   });
-  return Status::Ok();
-}
-
-Status PrefillAttention(const PrefillAttentionParams& p) {
-  const int group = p.num_q_heads / p.num_kv_heads;
-  const int d = p.head_dim;
-  const int offset = p.kv_len - p.q_len;
-  const size_t kv_stride = static_cast<size_t>(p.num_kv_heads) * d;
-#pragma omp parallel num_threads(CpuThreads())
-  {
-    std::vector<float> sc(p.kv_len);
-#pragma omp for collapse(2) schedule(dynamic, 4)
-    for (int i = 0; i < p.q_len; ++i) {
-      for (int h = 0; h < p.num_q_heads; ++h) {
-        const int kvh = h / group;
-        const float* q = p.q + (static_cast<size_t>(i) * p.num_q_heads + h) * d;
-        float* o = p.out + (static_cast<size_t>(i) * p.num_q_heads + h) * d;
-        const int n = i + offset + 1;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < n; ++j) {
-          sc[j] = Dot<DType::kF32>(q, p.k + j * kv_stride + static_cast<size_t>(kvh) * d, d) * p.scale;
-          mx = std::max(mx, sc[j]);
-        }
-        float sum = 0.f;
-        for (int j = 0; j < n; ++j) {
-          sc[j] = std::exp(sc[j] - mx);
-          sum += sc[j];
-        }
-        const float inv = 1.f / sum;
-        for (int e = 0; e < d; ++e) o[e] = 0.f;
-        for (int j = 0; j < n; ++j) {
-          Axpy<DType::kF32>(sc[j] * inv, p.v + j * kv_stride + static_cast<size_t>(kvh) * d, o, d);
-        }
-      }
-    }
-  }
   return Status::Ok();
 }
 

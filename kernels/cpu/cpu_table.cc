@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/prefill_attention_cpu.h"
 
 namespace icecache::kernels {
 
@@ -47,7 +46,7 @@ Status NoSync() { return Status::Ok(); }
 const OpTable& CpuOpTable() {
   static const OpTable table = {
       Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
-      cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttentionTiled,
+      cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
       cpu::PagedDecodeAttention, cpu::Argmax, cpu::TopLogits, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,
       HostCopyPages,        NoSync,

@@ -1,5 +1,6 @@
-// CPU causal prefill attention (declared in kernels/attention.h as PrefillAttention): tiled over
-// (kv head, block of query positions) x key blocks with an online softmax; see the .cc.
+// CPU causal prefill attention. The op itself, cpu::PrefillAttention (declared in cpu_ops.h next
+// to the other CPU ops), is tiled over (kv head, block of query positions) x key blocks with an
+// online softmax; see the .cc. This header adds its row-by-row twin.
 #pragma once
 
 #include "common/status.h"
@@ -7,11 +8,9 @@
 
 namespace icecache::kernels::cpu {
 
-// Same contract as kernels::PrefillAttention on host pointers.
-Status PrefillAttentionTiled(const PrefillAttentionParams& p);
-
-// The same, one query row at a time with an exact two-pass softmax (the kernel before tiling):
-// the fallback's shape, and the baseline of `icecache-bench prefill-attention`.
+// Same contract as kernels::PrefillAttention on host pointers, one query row at a time with an
+// exact two-pass softmax (the kernel before tiling): the shape of the tiled kernel's fallback
+// without AVX-512, and the baseline of `icecache-bench prefill-attention`.
 Status PrefillAttentionRowwise(const PrefillAttentionParams& p);
 
 }  // namespace icecache::kernels::cpu

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/prefill_attention_cpu.h"
 #include "tests/kernels/test_util.h"
 
@@ -76,7 +77,7 @@ TEST(PrefillAttentionCpuTest, TiledAndRowwiseMatchNaive) {
     p.scale = scale;
     std::vector<float> tiled(q.size(), 55.f), rows(q.size(), 55.f);
     p.out = tiled.data();
-    ASSERT_TRUE(cpu::PrefillAttentionTiled(p).ok());
+    ASSERT_TRUE(cpu::PrefillAttention(p).ok());
     p.out = rows.data();
     ASSERT_TRUE(cpu::PrefillAttentionRowwise(p).ok());
     // fp32 accumulation over up to 300 keys of convex combinations of values in [-1, 1]: 2e-5 abs.
