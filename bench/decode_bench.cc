@@ -19,6 +19,7 @@
 
 #include "bench/workload.h"
 #include "kernels/backend.h"
+#include "kernels/dtype.h"
 #include "model/dense_kv_cache.h"
 #include "model/model.h"
 
@@ -65,9 +66,13 @@ struct DecodeResult {
   double cpu_ms_per_step = 0;  // process CPU time per step, all threads
 };
 
-// Prefills `batch` random prompts, runs `warmup` untimed steps, then times `steps` batched steps.
-StatusOr<DecodeResult> TimeDecode(model::Model& m, int batch, int prompt_len, int steps, int warmup) {
-  model::DenseKvCache cache(m.attention_shape());
+// Prefills `batch` random prompts into a dense KV cache of `kv_dtype`, runs `warmup` untimed
+// steps, then times `steps` batched steps.
+StatusOr<DecodeResult> TimeDecode(model::Model& m, int batch, int prompt_len, int steps, int warmup,
+                                  kernels::DType kv_dtype) {
+  model::DenseKvCacheOptions kv_options;
+  kv_options.kv_dtype = kv_dtype;
+  model::DenseKvCache cache(m.attention_shape(), kv_options);
   std::mt19937 rng(batch);
   const int vocab = m.config().vocab_size;
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(prompt_len));
@@ -100,8 +105,10 @@ StatusOr<DecodeResult> TimeDecode(model::Model& m, int batch, int prompt_len, in
   return r;
 }
 
-StatusOr<double> TimePrefill(model::Model& m, int len) {
-  model::DenseKvCache cache(m.attention_shape());
+StatusOr<double> TimePrefill(model::Model& m, int len, kernels::DType kv_dtype) {
+  model::DenseKvCacheOptions kv_options;
+  kv_options.kv_dtype = kv_dtype;
+  model::DenseKvCache cache(m.attention_shape(), kv_options);
   std::mt19937 rng(7);
   std::vector<int32_t> ids(len);
   for (int32_t& t : ids) t = static_cast<int32_t>(rng() % (m.config().vocab_size - 2));
@@ -115,12 +122,24 @@ StatusOr<double> TimePrefill(model::Model& m, int len) {
 
 constexpr const char* kUsage =
     "usage: icecache-bench decode --model DIR [--batch B (8)] [--prompt-len N (128)] [--steps S (32)]\n"
-    "                             [--prefill-len P (2048; 0 = skip)] [--threads T] [--json]\n";
+    "                             [--prefill-len P (2048; 0 = skip)] [--threads T]\n"
+    "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)] [--json]\n";
+
+bool ParseKvDtype(const std::string& s, kernels::DType* out) {
+  for (kernels::DType t : {kernels::DType::kBF16, kernels::DType::kF16, kernels::DType::kF32}) {
+    if (s == kernels::DTypeName(t)) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
 
 int RunDecode(int argc, char** argv) {
   std::string dir;
   int batch = 8, prompt_len = 128, steps = 32, prefill_len = 2048, threads = 0;
   bool json = false;
+  kernels::DType kv_dtype = kernels::DType::kBF16;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto next_int = [&](int* v) {
@@ -135,6 +154,7 @@ int RunDecode(int argc, char** argv) {
     else if (f == "--steps") ok = next_int(&steps) && steps >= 1;
     else if (f == "--prefill-len") ok = next_int(&prefill_len) && prefill_len >= 0;
     else if (f == "--threads") ok = next_int(&threads) && threads >= 0;
+    else if (f == "--kv-dtype") ok = i + 1 < argc && ParseKvDtype(argv[++i], &kv_dtype);
     else if (f == "--json") json = true;
     else ok = false;
     if (!ok) {
@@ -157,15 +177,15 @@ int RunDecode(int argc, char** argv) {
   const double weight_bytes = static_cast<double>(m.decode_weight_bytes());
   const double roofline = bw / weight_bytes;
   const int warmup = 3;
-  auto one = TimeDecode(m, 1, prompt_len, steps, warmup);
-  auto many = batch > 1 ? TimeDecode(m, batch, prompt_len, steps, warmup) : one;
+  auto one = TimeDecode(m, 1, prompt_len, steps, warmup, kv_dtype);
+  auto many = batch > 1 ? TimeDecode(m, batch, prompt_len, steps, warmup, kv_dtype) : one;
   if (!one.ok() || !many.ok()) {
     std::fprintf(stderr, "icecache-bench decode: %s\n", (!one.ok() ? one.status() : many.status()).ToString().c_str());
     return 1;
   }
   double prefill_tps = 0;
   if (prefill_len > 0) {
-    auto p = TimePrefill(m, prefill_len);
+    auto p = TimePrefill(m, prefill_len, kv_dtype);
     if (!p.ok()) {
       std::fprintf(stderr, "icecache-bench decode: prefill: %s\n", p.status().ToString().c_str());
       return 1;
@@ -173,6 +193,9 @@ int RunDecode(int argc, char** argv) {
     prefill_tps = *p;
   }
   const auto& c = m.config();
+  // K and V of one cached token, all layers: what decode attention reads per context token.
+  const double kv_bytes_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim *
+                                    static_cast<double>(kernels::DTypeSize(kv_dtype));
   nlohmann::json r = {
       {"workload", "decode"},
       {"model", dir},
@@ -181,6 +204,8 @@ int RunDecode(int argc, char** argv) {
       {"layers", c.num_layers},
       {"weight_dtype", c.torch_dtype},
       {"threads", kernels::CpuThreads()},
+      {"kv_dtype", std::string(kernels::DTypeName(kv_dtype))},
+      {"kv_bytes_per_token", kv_bytes_per_token},
       {"decode_weight_bytes", weight_bytes},
       {"read_bandwidth_gb_s", bw / 1e9},
       {"roofline_tokens_per_s", roofline},
@@ -202,8 +227,12 @@ int RunDecode(int argc, char** argv) {
     std::printf("%s\n", r.dump().c_str());
     return 0;
   }
-  std::printf("decode: %s, hidden %d, %d layers, %s weights, %d threads\n", dir.c_str(), c.hidden_size, c.num_layers,
-              c.torch_dtype.c_str(), kernels::CpuThreads());
+  std::printf("decode: %s, hidden %d, %d layers, %s weights, %s KV cache, %d threads\n", dir.c_str(), c.hidden_size,
+              c.num_layers, c.torch_dtype.c_str(), std::string(kernels::DTypeName(kv_dtype)).c_str(),
+              kernels::CpuThreads());
+  std::printf("  KV read per context token %.1f KB (batch %d at %d tokens: %.1f MB per step)\n",
+              kv_bytes_per_token / 1e3, batch, prompt_len + warmup + steps,
+              kv_bytes_per_token * batch * (prompt_len + warmup + steps) / 1e6);
   std::printf("  weights read per token   %.1f MB; read bandwidth %.1f GB/s -> roofline %.1f tok/s\n",
               weight_bytes / 1e6, bw / 1e9, roofline);
   std::printf("  batch 1  decode          %.1f tok/s (%.2f ms/step, %.1f CPU-ms/step) = %.0f %% of roofline\n",
