@@ -6,10 +6,21 @@
 #include "kernels/cpu/simd.h"
 
 namespace icecache::kernels::cpu {
+namespace {
+
+// Below this many elements an op is a few microseconds of work, less than waking the OpenMP
+// team (a futex wake per thread under OMP_WAIT_POLICY=passive), so it runs on the caller's
+// thread. Decode steps (rows = batch <= 16) stay serial; prefill stays parallel.
+constexpr long kMinParallelElements = 1L << 16;
+
+int ThreadsFor(long elements) { return elements < kMinParallelElements ? 1 : CpuThreads(); }
+
+}  // namespace
 
 Status RmsNorm(const RmsNormParams& p) {
+  const int threads = ThreadsFor(static_cast<long>(p.rows) * p.dim);
   DispatchDType(p.weight_dtype, [&]<DType T>() {
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int r = 0; r < p.rows; ++r) {
       const float* x = p.x + static_cast<size_t>(r) * p.dim;
       float* y = p.y + static_cast<size_t>(r) * p.dim;
@@ -26,7 +37,8 @@ Status RmsNorm(const RmsNormParams& p) {
 
 Status ApplyRope(const RopeParams& p) {
   const int half = p.rotary_dim / 2;
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  const int threads = ThreadsFor(static_cast<long>(p.tokens) * p.heads * p.rotary_dim);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int t = 0; t < p.tokens; ++t) {
     const float pos = static_cast<float>(p.positions[t]);
     float cs[512], sn[512];  // rotary_dim / 2 <= head_dim / 2; larger dims use the slow path
@@ -60,7 +72,8 @@ Status ApplyRope(const RopeParams& p) {
 }
 
 Status SwiGlu(const SwiGluParams& p) {
-#pragma omp parallel for simd schedule(static) num_threads(CpuThreads())
+  const int threads = ThreadsFor(p.n);
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
   for (long i = 0; i < p.n; ++i) {
     const float g = p.gate[i];
     p.out[i] = g / (1.f + std::exp(-g)) * p.up[i];
@@ -69,7 +82,8 @@ Status SwiGlu(const SwiGluParams& p) {
 }
 
 Status Add(const AddParams& p) {
-#pragma omp parallel for simd schedule(static) num_threads(CpuThreads())
+  const int threads = ThreadsFor(p.n);
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
   for (long i = 0; i < p.n; ++i) p.y[i] += p.x[i];
   return Status::Ok();
 }
@@ -83,7 +97,8 @@ Status Embedding(const EmbeddingParams& p) {
   }
   DispatchDType(p.table_dtype, [&]<DType T>() {
     const size_t row_bytes = static_cast<size_t>(p.dim) * DTypeSize(T);
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+    const int threads = ThreadsFor(static_cast<long>(p.n) * p.dim);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int i = 0; i < p.n; ++i) {
       ToF32<T>(static_cast<const char*>(p.table) + p.ids[i] * row_bytes,
                p.out + static_cast<size_t>(i) * p.dim, p.dim);

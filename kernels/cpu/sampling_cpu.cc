@@ -8,7 +8,9 @@
 namespace icecache::kernels::cpu {
 
 Status Argmax(const ArgmaxParams& p) {
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  // One row (the sampler's call) is ~10 us of scanning: not worth waking the OpenMP team.
+  const int threads = p.rows > 1 ? CpuThreads() : 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int r = 0; r < p.rows; ++r) {
     const float* x = p.logits + static_cast<size_t>(r) * p.vocab;
     int best = -1;
