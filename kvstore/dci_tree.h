@@ -90,6 +90,11 @@ struct DciParams {
 // Checks ranges; INVALID_ARGUMENT naming the field.
 Status ValidateDciParams(const DciParams& p);
 
+// Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
+// truncated or a flag is not 0/1 (ranges are the caller's ValidateDciParams).
+void SerializeDciParams(const DciParams& p, WireWriter* w);
+Status DeserializeDciParams(WireReader* r, DciParams* p);
+
 // Keys and values of `count` consecutive tokens for each payload.
 // keys[p] / values[p]: [count, row_stride] fp32, the first head_dim values of each row used.
 struct TokenBlock {

@@ -9,9 +9,58 @@ constexpr uint32_t kTreeMagic = 0x45455254;  // "TREE"
 constexpr uint64_t kMaxElems = uint64_t{1} << 34;
 }  // namespace
 
+// Field by field (a raw struct would carry its padding bytes, which are indeterminate).
+void SerializeDciParams(const DciParams& p, WireWriter* w) {
+  w->Put<int32_t>(p.num_simple);
+  w->Put<int32_t>(p.num_composite);
+  w->Put(p.p1);
+  w->Put(p.p2);
+  w->Put<int32_t>(p.top_level_max_nodes);
+  w->Put<int32_t>(p.exact_parent_max_nodes);
+  w->Put<int32_t>(p.dci_parent_candidates);
+  w->Put<int32_t>(p.fov_min);
+  w->Put(p.fov_fraction);
+  w->Put(p.cell_score_fraction);
+  w->Put<uint8_t>(p.exhaustive_upper ? 1 : 0);
+  w->Put<uint8_t>(p.bf16_parent_search ? 1 : 0);
+  w->Put(p.promote_fraction);
+  w->Put(p.norm_headroom);
+  w->Put<uint64_t>(p.seed);
+}
+
+Status DeserializeDciParams(WireReader* r, DciParams* p) {
+  int32_t i32[6];
+  uint8_t flags[2];
+  ICE_RETURN_IF_ERROR(r->Get(&i32[0], "tree params num_simple"));
+  ICE_RETURN_IF_ERROR(r->Get(&i32[1], "tree params num_composite"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->p1, "tree params p1"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->p2, "tree params p2"));
+  ICE_RETURN_IF_ERROR(r->Get(&i32[2], "tree params top_level_max_nodes"));
+  ICE_RETURN_IF_ERROR(r->Get(&i32[3], "tree params exact_parent_max_nodes"));
+  ICE_RETURN_IF_ERROR(r->Get(&i32[4], "tree params dci_parent_candidates"));
+  ICE_RETURN_IF_ERROR(r->Get(&i32[5], "tree params fov_min"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->fov_fraction, "tree params fov_fraction"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->cell_score_fraction, "tree params cell_score_fraction"));
+  ICE_RETURN_IF_ERROR(r->Get(&flags[0], "tree params exhaustive_upper"));
+  ICE_RETURN_IF_ERROR(r->Get(&flags[1], "tree params bf16_parent_search"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->promote_fraction, "tree params promote_fraction"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->norm_headroom, "tree params norm_headroom"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->seed, "tree params seed"));
+  if (flags[0] > 1 || flags[1] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
+  p->num_simple = i32[0];
+  p->num_composite = i32[1];
+  p->top_level_max_nodes = i32[2];
+  p->exact_parent_max_nodes = i32[3];
+  p->dci_parent_candidates = i32[4];
+  p->fov_min = i32[5];
+  p->exhaustive_upper = flags[0] != 0;
+  p->bf16_parent_search = flags[1] != 0;
+  return Status::Ok();
+}
+
 void DciTree::Serialize(WireWriter* w) const {
   w->Put(kTreeMagic);
-  w->Put(params_);
+  SerializeDciParams(params_, w);
   w->Put<int32_t>(num_payloads_);
   w->Put<int32_t>(dim_);
   w->Put<int32_t>(page_size_);
@@ -53,7 +102,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (magic != kTreeMagic) return DataLossError("sequence wire form: bad tree magic");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
-  ICE_RETURN_IF_ERROR(r->Get(&params, "tree params"));
+  ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));
   ICE_RETURN_IF_ERROR(ValidateDciParams(params).WithContext("sequence wire form"));
   ICE_RETURN_IF_ERROR(r->Get(&num_payloads, "tree num_payloads"));
   ICE_RETURN_IF_ERROR(r->Get(&dim, "tree head_dim"));

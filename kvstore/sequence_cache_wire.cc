@@ -25,7 +25,7 @@ StatusOr<SequenceWire> SequenceCache::Serialize() const {
   w.Put<int32_t>(options_.sink_pages);
   w.Put<int32_t>(options_.window_pages);
   w.Put<int32_t>(options_.ice_group);
-  w.Put(options_.dci);
+  SerializeDciParams(options_.dci, &w);
   w.Put<int32_t>(page_size_);
   w.Put<int32_t>(head_dim_);
   w.Put<int32_t>(static_cast<int32_t>(pool_->dtype()));
@@ -70,7 +70,7 @@ StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Deserialize(const uint8_
   ICE_RETURN_IF_ERROR(r.Get(&o.sink_pages, "sink_pages"));
   ICE_RETURN_IF_ERROR(r.Get(&o.window_pages, "window_pages"));
   ICE_RETURN_IF_ERROR(r.Get(&o.ice_group, "ice_group"));
-  ICE_RETURN_IF_ERROR(r.Get(&o.dci, "dci params"));
+  ICE_RETURN_IF_ERROR(DeserializeDciParams(&r, &o.dci));
   ICE_RETURN_IF_ERROR(r.Get(&ps, "page_size"));
   ICE_RETURN_IF_ERROR(r.Get(&hd, "head_dim"));
   ICE_RETURN_IF_ERROR(r.Get(&dt, "dtype"));

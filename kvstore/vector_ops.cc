@@ -398,6 +398,7 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
 }
 
 void RowToF32(DType dtype, const void* src, float* dst, int n) {
+  if (n <= 0) return;  // src/dst may be null (empty vectors)
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, sizeof(float) * n);
@@ -412,6 +413,7 @@ void RowToF32(DType dtype, const void* src, float* dst, int n) {
 }
 
 void RowFromF32(DType dtype, const float* src, void* dst, int n) {
+  if (n <= 0) return;  // src/dst may be null (empty vectors)
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, sizeof(float) * n);
