@@ -69,9 +69,7 @@ struct DecodeResult {
 // Prefills `batch` random prompts into a dense KV cache of `kv_dtype`, runs `warmup` untimed
 // steps, then times `steps` batched steps.
 StatusOr<DecodeResult> TimeDecode(model::Model& m, int batch, int prompt_len, int steps, int warmup,
-                                  kernels::DType kv_dtype) {
-  model::DenseKvCacheOptions kv_options;
-  kv_options.kv_dtype = kv_dtype;
+                                  const model::DenseKvCacheOptions& kv_options) {
   model::DenseKvCache cache(m.attention_shape(), kv_options);
   std::mt19937 rng(batch);
   const int vocab = m.config().vocab_size;
@@ -105,9 +103,7 @@ StatusOr<DecodeResult> TimeDecode(model::Model& m, int batch, int prompt_len, in
   return r;
 }
 
-StatusOr<double> TimePrefill(model::Model& m, int len, kernels::DType kv_dtype) {
-  model::DenseKvCacheOptions kv_options;
-  kv_options.kv_dtype = kv_dtype;
+StatusOr<double> TimePrefill(model::Model& m, int len, const model::DenseKvCacheOptions& kv_options) {
   model::DenseKvCache cache(m.attention_shape(), kv_options);
   std::mt19937 rng(7);
   std::vector<int32_t> ids(len);
@@ -123,7 +119,8 @@ StatusOr<double> TimePrefill(model::Model& m, int len, kernels::DType kv_dtype) 
 constexpr const char* kUsage =
     "usage: icecache-bench decode --model DIR [--batch B (8)] [--prompt-len N (128)] [--steps S (32)]\n"
     "                             [--prefill-len P (2048; 0 = skip)] [--threads T]\n"
-    "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)] [--json]\n";
+    "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)]\n"
+    "                             [--page-size N (DenseKvCache default)] [--json]\n";
 
 bool ParseKvDtype(const std::string& s, kernels::DType* out) {
   for (kernels::DType t : {kernels::DType::kBF16, kernels::DType::kF16, kernels::DType::kF32}) {
@@ -140,6 +137,7 @@ int RunDecode(int argc, char** argv) {
   int batch = 8, prompt_len = 128, steps = 32, prefill_len = 2048, threads = 0;
   bool json = false;
   kernels::DType kv_dtype = kernels::DType::kBF16;
+  int page_size = model::DenseKvCacheOptions().page_size;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto next_int = [&](int* v) {
@@ -155,6 +153,7 @@ int RunDecode(int argc, char** argv) {
     else if (f == "--prefill-len") ok = next_int(&prefill_len) && prefill_len >= 0;
     else if (f == "--threads") ok = next_int(&threads) && threads >= 0;
     else if (f == "--kv-dtype") ok = i + 1 < argc && ParseKvDtype(argv[++i], &kv_dtype);
+    else if (f == "--page-size") ok = next_int(&page_size) && page_size >= 1;
     else if (f == "--json") json = true;
     else ok = false;
     if (!ok) {
@@ -177,15 +176,18 @@ int RunDecode(int argc, char** argv) {
   const double weight_bytes = static_cast<double>(m.decode_weight_bytes());
   const double roofline = bw / weight_bytes;
   const int warmup = 3;
-  auto one = TimeDecode(m, 1, prompt_len, steps, warmup, kv_dtype);
-  auto many = batch > 1 ? TimeDecode(m, batch, prompt_len, steps, warmup, kv_dtype) : one;
+  model::DenseKvCacheOptions kv_options;
+  kv_options.kv_dtype = kv_dtype;
+  kv_options.page_size = page_size;
+  auto one = TimeDecode(m, 1, prompt_len, steps, warmup, kv_options);
+  auto many = batch > 1 ? TimeDecode(m, batch, prompt_len, steps, warmup, kv_options) : one;
   if (!one.ok() || !many.ok()) {
     std::fprintf(stderr, "icecache-bench decode: %s\n", (!one.ok() ? one.status() : many.status()).ToString().c_str());
     return 1;
   }
   double prefill_tps = 0;
   if (prefill_len > 0) {
-    auto p = TimePrefill(m, prefill_len, kv_dtype);
+    auto p = TimePrefill(m, prefill_len, kv_options);
     if (!p.ok()) {
       std::fprintf(stderr, "icecache-bench decode: prefill: %s\n", p.status().ToString().c_str());
       return 1;
@@ -205,6 +207,7 @@ int RunDecode(int argc, char** argv) {
       {"weight_dtype", c.torch_dtype},
       {"threads", kernels::CpuThreads()},
       {"kv_dtype", std::string(kernels::DTypeName(kv_dtype))},
+      {"kv_page_size", page_size},
       {"kv_bytes_per_token", kv_bytes_per_token},
       {"decode_weight_bytes", weight_bytes},
       {"read_bandwidth_gb_s", bw / 1e9},
@@ -227,9 +230,9 @@ int RunDecode(int argc, char** argv) {
     std::printf("%s\n", r.dump().c_str());
     return 0;
   }
-  std::printf("decode: %s, hidden %d, %d layers, %s weights, %s KV cache, %d threads\n", dir.c_str(), c.hidden_size,
-              c.num_layers, c.torch_dtype.c_str(), std::string(kernels::DTypeName(kv_dtype)).c_str(),
-              kernels::CpuThreads());
+  std::printf("decode: %s, hidden %d, %d layers, %s weights, %s KV cache (pages of %d), %d threads\n", dir.c_str(),
+              c.hidden_size, c.num_layers, c.torch_dtype.c_str(), std::string(kernels::DTypeName(kv_dtype)).c_str(),
+              page_size, kernels::CpuThreads());
   std::printf("  KV read per context token %.1f KB (batch %d at %d tokens: %.1f MB per step)\n",
               kv_bytes_per_token / 1e3, batch, prompt_len + warmup + steps,
               kv_bytes_per_token * batch * (prompt_len + warmup + steps) / 1e6);
