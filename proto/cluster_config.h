@@ -22,7 +22,7 @@ struct CacheSection {
   int dense_layers = 2;           // first layers that always attend fully
   int sink_pages = 2;
   int window_pages = 2;
-  // DCI-tree parameters: "tuned" (kvstore::DciParams::Tuned(): higher recall, ~2x slower build;
+  // DCI-tree parameters: "tuned" (kvstore::DciParams::Tuned(): higher recall, about the same build time;
   // the default, chosen by measurement in docs/BENCHMARKS.md) or "reference" (the paper's
   // code defaults, DESIGN §3).
   std::string dci_preset = "tuned";
