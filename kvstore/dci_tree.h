@@ -71,7 +71,7 @@ struct DciParams {
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling
 
-  // The setting chosen by measurement (docs/bench_kvstore.md): smaller cells (p1 = 0.02), whole
+  // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys. At
   // 32k tokens it reaches 0.96 attention-mass recall where the reference defaults reach 0.87,
   // scoring ~half the tokens; fov_min 32 (not 16) finds the 8k passkey 15/15 (13/15 at 16).
