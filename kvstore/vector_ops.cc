@@ -154,24 +154,26 @@ void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int 
   for (int j = 0; j < nq; ++j) ScoreRowsT<T>(rows, count, dim, qs + static_cast<size_t>(j) * dim, out + static_cast<size_t>(j) * count);
 }
 
-}  // namespace
-
-void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
-                  const float* row_extra, int nr, int dim, int32_t* best) {
-  int i = 0;
 #if defined(__AVX512F__)
-  // Eight queries against 32 rows per pass: 2 loads + 8 broadcasts feed 16 FMAs, no horizontal
-  // sums; the running arg-max is kept per lane in vectors. A ragged tail repeats the last query.
-  constexpr int kT = 8;
+// The AVX-512 kernels of ArgmaxAugDot (fp32) and ArgmaxAugDotBf16: kArgmaxQueries queries against
+// 32 rows per pass, the running arg-max kept per lane in vectors (no horizontal sums until the
+// end). block(src, rb, a) sets a[t][0..1] to the plain dot products of query src[t] with rows
+// rb..rb+31; the augmented extras are added here. A ragged tail repeats the last query.
+constexpr int kArgmaxQueries = 8;
+using ArgmaxAcc = __m512[kArgmaxQueries][2];
+
+template <typename Block>
+void ArgmaxAugBlocks(int nx, const float* x_extra, int ld, const float* row_extra, Block&& block, int32_t* best) {
+  constexpr int kT = kArgmaxQueries;
   alignas(64) float bval[kT][32];
   alignas(64) int32_t bidx[kT][32];
-  for (; i < nx; i += kT) {
-    const float* xs[kT];
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int i = 0; i < nx; i += kT) {
+    int src[kT];
     float xe[kT];
     for (int t = 0; t < kT; ++t) {
-      const int src = std::min(i + t, nx - 1);
-      xs[t] = x + static_cast<size_t>(src) * x_stride;
-      xe[t] = x_extra[src];
+      src[t] = std::min(i + t, nx - 1);
+      xe[t] = x_extra[src[t]];
     }
     __m512 bv[kT][2];
     __m512i bi[kT][2];
@@ -179,19 +181,9 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
       bv[t][0] = bv[t][1] = _mm512_set1_ps(-INFINITY);
       bi[t][0] = bi[t][1] = _mm512_setzero_si512();
     }
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int rb = 0; rb < ld; rb += 32) {
-      __m512 a[kT][2];
-      for (int t = 0; t < kT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
-      const float* r = rows_t + rb;
-      for (int j = 0; j < dim; ++j, r += ld) {
-        const __m512 r0 = _mm512_loadu_ps(r), r1 = _mm512_loadu_ps(r + 16);
-        for (int t = 0; t < kT; ++t) {
-          const __m512 u = _mm512_set1_ps(xs[t][j]);
-          a[t][0] = _mm512_fmadd_ps(u, r0, a[t][0]);
-          a[t][1] = _mm512_fmadd_ps(u, r1, a[t][1]);
-        }
-      }
+      ArgmaxAcc a;
+      block(src, rb, a);
       const __m512 e0 = _mm512_loadu_ps(row_extra + rb), e1 = _mm512_loadu_ps(row_extra + rb + 16);
       const __m512i i0 = _mm512_add_epi32(lane, _mm512_set1_epi32(rb)), i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
       for (int t = 0; t < kT; ++t) {
@@ -218,6 +210,33 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
       best[i + t] = arg;
     }
   }
+}
+#endif
+
+}  // namespace
+
+void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
+                  const float* row_extra, int nr, int dim, int32_t* best) {
+  int i = 0;
+#if defined(__AVX512F__)
+  // Eight queries against 32 rows per pass: 2 loads + 8 broadcasts feed 16 FMAs.
+  ArgmaxAugBlocks(nx, x_extra, ld, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
+    const float* xs[kArgmaxQueries];
+    for (int t = 0; t < kArgmaxQueries; ++t) {
+      xs[t] = x + static_cast<size_t>(src[t]) * x_stride;
+      a[t][0] = a[t][1] = _mm512_setzero_ps();
+    }
+    const float* r = rows_t + rb;
+    for (int j = 0; j < dim; ++j, r += ld) {
+      const __m512 r0 = _mm512_loadu_ps(r), r1 = _mm512_loadu_ps(r + 16);
+      for (int t = 0; t < kArgmaxQueries; ++t) {
+        const __m512 u = _mm512_set1_ps(xs[t][j]);
+        a[t][0] = _mm512_fmadd_ps(u, r0, a[t][0]);
+        a[t][1] = _mm512_fmadd_ps(u, r1, a[t][1]);
+      }
+    }
+  }, best);
+  i = nx;
 #elif ICE_KV_AVX2
   // Two queries against 32 rows per pass: 4 loads + 2 broadcasts feed 8 FMAs.
   alignas(32) float sc[2][32];
@@ -282,62 +301,24 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
                       const float* row_extra, int nr, int pairs, int32_t* best) {
   int i = 0;
 #if defined(__AVX512BF16__)
-  // As ArgmaxAugDot's fp32 kernel: eight queries against 32 rows per pass, one dpbf16 per pair.
-  constexpr int kT = 8;
-  alignas(64) float bval[kT][32];
-  alignas(64) int32_t bidx[kT][32];
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (; i < nx; i += kT) {
-    const uint32_t* xs[kT];
-    float xe[kT];
-    for (int t = 0; t < kT; ++t) {
-      const int src = std::min(i + t, nx - 1);
-      xs[t] = x + static_cast<size_t>(src) * pairs;
-      xe[t] = x_extra[src];
+  // As the fp32 kernel, one dpbf16 (two products per lane) per pair of dimensions.
+  ArgmaxAugBlocks(nx, x_extra, ld, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
+    const uint32_t* xs[kArgmaxQueries];
+    for (int t = 0; t < kArgmaxQueries; ++t) {
+      xs[t] = x + static_cast<size_t>(src[t]) * pairs;
+      a[t][0] = a[t][1] = _mm512_setzero_ps();
     }
-    __m512 bv[kT][2];
-    __m512i bi[kT][2];
-    for (int t = 0; t < kT; ++t) {
-      bv[t][0] = bv[t][1] = _mm512_set1_ps(-INFINITY);
-      bi[t][0] = bi[t][1] = _mm512_setzero_si512();
-    }
-    for (int rb = 0; rb < ld; rb += 32) {
-      __m512 a[kT][2];
-      for (int t = 0; t < kT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
-      const uint32_t* r = rows_t + rb;
-      for (int j = 0; j < pairs; ++j, r += ld) {
-        const __m512bh r0 = (__m512bh)_mm512_loadu_si512(r), r1 = (__m512bh)_mm512_loadu_si512(r + 16);
-        for (int t = 0; t < kT; ++t) {
-          const __m512bh u = (__m512bh)_mm512_set1_epi32(static_cast<int>(xs[t][j]));
-          a[t][0] = _mm512_dpbf16_ps(a[t][0], u, r0);
-          a[t][1] = _mm512_dpbf16_ps(a[t][1], u, r1);
-        }
-      }
-      const __m512 e0 = _mm512_loadu_ps(row_extra + rb), e1 = _mm512_loadu_ps(row_extra + rb + 16);
-      const __m512i i0 = _mm512_add_epi32(lane, _mm512_set1_epi32(rb)), i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
-      for (int t = 0; t < kT; ++t) {
-        const __m512 u = _mm512_set1_ps(xe[t]);
-        const __m512 s0 = _mm512_fmadd_ps(u, e0, a[t][0]), s1 = _mm512_fmadd_ps(u, e1, a[t][1]);
-        const __mmask16 m0 = _mm512_cmp_ps_mask(s0, bv[t][0], _CMP_GT_OQ);
-        const __mmask16 m1 = _mm512_cmp_ps_mask(s1, bv[t][1], _CMP_GT_OQ);
-        bv[t][0] = _mm512_mask_mov_ps(bv[t][0], m0, s0);
-        bv[t][1] = _mm512_mask_mov_ps(bv[t][1], m1, s1);
-        bi[t][0] = _mm512_mask_mov_epi32(bi[t][0], m0, i0);
-        bi[t][1] = _mm512_mask_mov_epi32(bi[t][1], m1, i1);
+    const uint32_t* r = rows_t + rb;
+    for (int j = 0; j < pairs; ++j, r += ld) {
+      const __m512bh r0 = (__m512bh)_mm512_loadu_si512(r), r1 = (__m512bh)_mm512_loadu_si512(r + 16);
+      for (int t = 0; t < kArgmaxQueries; ++t) {
+        const __m512bh u = (__m512bh)_mm512_set1_epi32(static_cast<int>(xs[t][j]));
+        a[t][0] = _mm512_dpbf16_ps(a[t][0], u, r0);
+        a[t][1] = _mm512_dpbf16_ps(a[t][1], u, r1);
       }
     }
-    for (int t = 0; t < kT && i + t < nx; ++t) {
-      _mm512_store_ps(bval[t], bv[t][0]);
-      _mm512_store_ps(bval[t] + 16, bv[t][1]);
-      _mm512_store_si512(bidx[t], bi[t][0]);
-      _mm512_store_si512(bidx[t] + 16, bi[t][1]);
-      float bs = -INFINITY;
-      int32_t arg = 0;
-      for (int k = 0; k < 32; ++k)
-        if (bval[t][k] > bs || (bval[t][k] == bs && bidx[t][k] < arg)) { bs = bval[t][k]; arg = bidx[t][k]; }
-      best[i + t] = arg;
-    }
-  }
+  }, best);
+  i = nx;
 #endif
   for (; i < nx; ++i) {
     const uint32_t* xi = x + static_cast<size_t>(i) * pairs;
