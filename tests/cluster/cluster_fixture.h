@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "decode_worker/decode_server.h"
+#include "model/dense_kv_cache.h"
+#include "model/generator.h"
+#include "model/model.h"
 #include "model/random_checkpoint.h"
 #include "prefill_worker/prefill_server.h"
 #include "proto/cluster_config.h"
@@ -106,5 +109,32 @@ struct LoopbackCluster {
     for (auto& d : decode) d->Shutdown();
   }
 };
+
+// Greedy tokens of one process (the reference the cluster must reproduce with budget full): a
+// dense KV cache of page size 4 holding `dtype`.
+inline std::vector<int32_t> SingleProcessGreedy(const std::string& dir, const std::vector<int32_t>& prompt, int max_tokens,
+                                                kernels::DType dtype = kernels::DType::kF32) {
+  auto m = model::Model::Load(dir);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  model::DenseKvCacheOptions o;
+  o.page_size = 4;
+  o.kv_dtype = dtype;
+  model::DenseKvCache cache((*m)->attention_shape(), o);
+  model::Generator gen(**m, cache);
+  model::SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  auto id = gen.Add(prompt, p);
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  std::vector<int32_t> out;
+  while (!gen.idle()) {
+    std::vector<model::GenerationEvent> ev;
+    Status s = gen.Step(&ev);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) break;
+    for (auto& e : ev) out.push_back(e.token);
+  }
+  return out;
+}
 
 }  // namespace icecache::testing

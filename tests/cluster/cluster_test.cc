@@ -52,28 +52,6 @@ Result Generate(const std::string& router, RemoteGenerateOptions o) {
 }
 
 // Greedy tokens from the engine in one process (dense KV cache, same page size).
-std::vector<int32_t> SingleProcessGreedy(const std::string& dir, const std::vector<int32_t>& prompt, int max_tokens) {
-  auto m = model::Model::Load(dir);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  model::DenseKvCacheOptions o;
-  o.page_size = 4;
-  model::DenseKvCache cache((*m)->attention_shape(), o);
-  model::Generator gen(**m, cache);
-  model::SamplingParams p;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  auto id = gen.Add(prompt, p);
-  EXPECT_TRUE(id.ok()) << id.status().ToString();
-  std::vector<int32_t> out;
-  while (!gen.idle()) {
-    std::vector<model::GenerationEvent> ev;
-    Status s = gen.Step(&ev);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    if (!s.ok()) break;
-    for (auto& e : ev) out.push_back(e.token);
-  }
-  return out;
-}
 
 class ClusterTest : public ::testing::Test {
  protected:
