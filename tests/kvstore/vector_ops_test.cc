@@ -53,27 +53,30 @@ TEST_P(ScoreRowsTest, MatchesNaive) {
   const auto [dt, dim] = GetParam();
   std::mt19937 rng(3);
   std::normal_distribution<float> g;
-  const int rows = 13;
-  std::vector<float> x(rows * dim), q(2 * dim);
+  const int rows = 13;  // odd: the fused multi-query kernel's two-row loop and its tail
+  std::vector<float> x(rows * dim), q(8 * dim);
   for (auto& v : x) v = g(rng);
   for (auto& v : q) v = g(rng);
   std::vector<uint8_t> stored(rows * dim * kernels::DTypeSize(dt));
   RowFromF32(dt, x.data(), stored.data(), rows * dim);
   std::vector<float> back(rows * dim);
   RowToF32(dt, stored.data(), back.data(), rows * dim);
-  std::vector<float> out(rows), multi(2 * rows);
+  auto ref = [&](int r, int j) {
+    double s = 0;
+    for (int i = 0; i < dim; ++i) s += double(back[r * dim + i]) * q[j * dim + i];
+    return s;
+  };
+  // fp32 accumulation of dim products of O(1) values: a few ulps times sqrt(dim).
+  auto tol = [&](double v) { return 1e-4 * (1 + std::fabs(v)) * std::sqrt(dim); };
+  std::vector<float> out(rows);
   ScoreRows(dt, stored.data(), rows, dim, q.data(), out.data());
-  ScoreRowsMulti(dt, stored.data(), rows, dim, q.data(), 2, multi.data());
-  for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < 2; ++j) {
-      double ref = 0;
-      for (int i = 0; i < dim; ++i) ref += double(back[r * dim + i]) * q[j * dim + i];
-      // fp32 accumulation of dim products of O(1) values: a few ulps times sqrt(dim).
-      if (j == 0) {
-        EXPECT_NEAR(out[r], ref, 1e-4 * (1 + std::fabs(ref)) * std::sqrt(dim));
-      }
-      EXPECT_NEAR(multi[j * rows + r], ref, 1e-4 * (1 + std::fabs(ref)) * std::sqrt(dim));
-    }
+  for (int r = 0; r < rows; ++r) EXPECT_NEAR(out[r], ref(r, 0), tol(ref(r, 0)));
+  // nq 2, 4, 8 take the fused kernel (dim % 16 == 0), 1 and 3 the per-query loop.
+  for (int nq : {1, 2, 3, 4, 8}) {
+    std::vector<float> multi(static_cast<size_t>(nq) * rows, 99.f);
+    ScoreRowsMulti(dt, stored.data(), rows, dim, q.data(), nq, multi.data());
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < nq; ++j) EXPECT_NEAR(multi[j * rows + r], ref(r, j), tol(ref(r, j))) << "nq " << nq;
   }
 }
 

@@ -1,0 +1,233 @@
+// Workload "sparse-layer" of icecache-bench: the decode cost of ONE attention layer with the
+// Llama-3.1-8B head layout (32 query heads, 8 KV heads, head_dim 128, bf16 pages of 16 tokens)
+// against context length, IceCache (page selection through the DCI trees + sparse attention over
+// the selected pages) next to dense attention over every page, in the same run.
+//
+// Per context: one SequenceCache with a single sparse layer is built from synthetic keys
+// (kvstore/synthetic_keys.h, one independent stream per KV head); then, per decode step, the step's
+// 32 queries (the synthetic queries of each head's GQA group) go through Retriever::Select
+// (budget pages: sink + retrieved + window, the GQA group's heads sharing one tree traversal, the
+// 8 KV heads spread over a thread pool as the decode worker does) and
+// kernels::PagedDecodeAttention; dense = Retriever kFull + the same kernel. Caches are flushed
+// (a 64 MiB read, untimed) before every timed call: in a real decode step the other layers'
+// weights and pages pass through the caches in between. Times are process CPU time per call
+// (all threads) and wall time, medians over the steps.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/workload.h"
+#include "common/thread_pool.h"
+#include "kernels/attention.h"
+#include "kvstore/page_pool.h"
+#include "kvstore/retriever.h"
+#include "kvstore/sequence_cache.h"
+#include "kvstore/synthetic_keys.h"
+
+namespace icecache::bench {
+namespace {
+
+constexpr int kQHeads = 32, kKvHeads = 8, kDim = 128, kPageSize = 16;
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Sample {
+  std::vector<double> wall, cpu;
+};
+
+template <typename F>
+void Timed(Sample* s, F&& f) {
+  const auto w0 = std::chrono::steady_clock::now();
+  const double c0 = CpuSeconds();
+  f();
+  s->cpu.push_back(CpuSeconds() - c0);
+  s->wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
+}
+
+std::vector<int> ParseInts(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+int Run(int argc, char** argv) {
+  std::vector<int> contexts = {4096, 16384, 32768, 65536};
+  int steps = 20, budget = 16, threads = 2;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--contexts") contexts = ParseInts(next());
+    else if (a == "--steps") steps = std::atoi(next().c_str());
+    else if (a == "--budget-pages") budget = std::atoi(next().c_str());
+    else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--json") json = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: icecache-bench sparse-layer [--contexts 4096,16384,32768,65536] [--steps 20]\n"
+                   "       [--budget-pages 16] [--threads 2] [--json]\n");
+      return 2;
+    }
+  }
+  if (steps < 1 || budget < 5 || threads < 1 || contexts.empty()) {
+    std::fprintf(stderr, "sparse-layer: need steps >= 1, budget >= 5 pages (2 sink + 2 window + 1), threads >= 1\n");
+    return 2;
+  }
+  const int group = kQHeads / kKvHeads;
+  ThreadPool pool_threads(static_cast<size_t>(threads));
+  std::vector<char> flush(64u << 20, 1);
+  volatile long sink = 0;
+  auto flush_caches = [&] {
+    long acc = 0;
+    for (size_t i = 0; i < flush.size(); i += 64) acc += flush[i];
+    sink = sink + acc;
+  };
+  nlohmann::json out = nlohmann::json::array();
+  if (!json) {
+    std::printf("sparse-layer: one decode step of one layer, %d q / %d kv heads, d %d, bf16 pages of %d, budget %d pages,"
+                " %d threads, medians of %d steps (CPU = process CPU time)\n",
+                kQHeads, kKvHeads, kDim, kPageSize, budget, threads, steps);
+  }
+  double sparse_base = 0;
+  for (int n : contexts) {
+    // Keys, values and queries of each KV head from its own synthetic stream.
+    std::vector<float> k(static_cast<size_t>(n) * kKvHeads * kDim), v(k.size());
+    std::vector<std::vector<float>> queries(kKvHeads);  // [steps * group, dim] per head
+    for (int g = 0; g < kKvHeads; ++g) {
+      kvstore::SyntheticOptions so;
+      so.seed = 1000 + static_cast<uint64_t>(g);
+      const auto d = kvstore::MakeSyntheticData(n, kDim, steps * group, so);
+      for (int t = 0; t < n; ++t) {
+        std::copy_n(&d.keys[static_cast<size_t>(t) * kDim], kDim, &k[(static_cast<size_t>(t) * kKvHeads + g) * kDim]);
+        std::copy_n(&d.values[static_cast<size_t>(t) * kDim], kDim, &v[(static_cast<size_t>(t) * kKvHeads + g) * kDim]);
+      }
+      queries[g] = d.queries;
+    }
+    kvstore::PagePoolOptions po;
+    po.page_size = kPageSize;
+    po.head_dim = kDim;
+    po.dtype = kernels::DType::kBF16;
+    po.num_pages = static_cast<int64_t>(kKvHeads) * (2 * ((n + kPageSize - 1) / kPageSize) + 16);
+    auto pool = kvstore::PagePool::Create(po);
+    if (!pool.ok()) {
+      std::fprintf(stderr, "sparse-layer: %s\n", pool.status().ToString().c_str());
+      return 1;
+    }
+    kvstore::SequenceCacheOptions co;
+    co.num_layers = 1;
+    co.num_kv_heads = kKvHeads;
+    co.dense_layers = 0;
+    co.dci = kvstore::DciParams::Tuned();
+    auto cache = kvstore::SequenceCache::Create(co, pool->get());
+    if (!cache.ok()) {
+      std::fprintf(stderr, "sparse-layer: %s\n", cache.status().ToString().c_str());
+      return 1;
+    }
+    const float* kp[1] = {k.data()};
+    const float* vp[1] = {v.data()};
+    const auto b0 = std::chrono::steady_clock::now();
+    if (Status s = (*cache)->Build(kp, vp, n, &pool_threads); !s.ok()) {
+      std::fprintf(stderr, "sparse-layer: build: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
+    k.clear();
+    k.shrink_to_fit();
+    v.clear();
+    v.shrink_to_fit();
+
+    kvstore::Retriever sparse_r({budget, kvstore::RetrievalMode::kSparse}, &pool_threads);
+    kvstore::Retriever full_r({budget, kvstore::RetrievalMode::kFull}, &pool_threads);
+    const std::vector<const kvstore::SequenceCache*> seqs = {cache->get()};
+    std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
+    Sample select, sparse_attn, sparse_total, dense;
+    int64_t pages_sparse = 0;
+    kvstore::PageSelection sel, all;
+    if (Status s = full_r.Select(seqs, 0, nullptr, kQHeads, &all); !s.ok()) {
+      std::fprintf(stderr, "sparse-layer: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    auto attend = [&](const kvstore::PageSelection& ps) {
+      kernels::PagedDecodeAttentionParams a;
+      a.q = q.data();
+      a.pages = (*pool)->base();
+      a.kv_dtype = (*pool)->dtype();
+      a.page_indptr = ps.page_indptr.data();
+      a.page_ids = ps.page_ids.data();
+      a.page_valid = ps.page_valid.data();
+      a.out = o.data();
+      a.lse = lse.data();
+      a.batch = 1;
+      a.num_q_heads = kQHeads;
+      a.num_kv_heads = kKvHeads;
+      a.head_dim = kDim;
+      a.page_size = kPageSize;
+      a.scale = 1.f / std::sqrt(static_cast<float>(kDim));
+      (void)kernels::PagedDecodeAttention(a);
+    };
+    for (int step = 0; step < steps; ++step) {
+      for (int g = 0; g < kKvHeads; ++g)
+        std::copy_n(&queries[g][static_cast<size_t>(step) * group * kDim], group * kDim, &q[static_cast<size_t>(g) * group * kDim]);
+      flush_caches();
+      const double c0 = CpuSeconds();
+      const auto w0 = std::chrono::steady_clock::now();
+      Timed(&select, [&] { (void)sparse_r.Select(seqs, 0, q.data(), kQHeads, &sel); });
+      Timed(&sparse_attn, [&] { attend(sel); });
+      sparse_total.cpu.push_back(CpuSeconds() - c0);
+      sparse_total.wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
+      pages_sparse = sel.page_indptr.back();
+      flush_caches();
+      Timed(&dense, [&] { attend(all); });
+    }
+    const double st = Median(sparse_total.cpu), dn = Median(dense.cpu);
+    if (sparse_base == 0) sparse_base = st;
+    nlohmann::json row = {{"context", n},
+                          {"build_s", build_s},
+                          {"pages_sparse", pages_sparse},
+                          {"pages_dense", all.page_indptr.back()},
+                          {"select_cpu_us", Median(select.cpu) * 1e6},
+                          {"sparse_attention_cpu_us", Median(sparse_attn.cpu) * 1e6},
+                          {"sparse_cpu_us", st * 1e6},
+                          {"sparse_wall_us", Median(sparse_total.wall) * 1e6},
+                          {"dense_cpu_us", dn * 1e6},
+                          {"dense_wall_us", Median(dense.wall) * 1e6},
+                          {"dense_over_sparse_cpu", dn / st},
+                          {"sparse_vs_first_context_cpu", st / sparse_base}};
+    out.push_back(row);
+    if (!json) {
+      std::printf("  context %7d: sparse %7.0f us CPU (select %6.0f + attention %5.0f; %lld pages), dense %8.0f us CPU"
+                  " (%.1fx sparse); sparse vs first context %.2fx; build %.1f s\n",
+                  n, st * 1e6, Median(select.cpu) * 1e6, Median(sparse_attn.cpu) * 1e6,
+                  static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base, build_s);
+    }
+  }
+  if (json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+ICE_BENCH_WORKLOAD("sparse-layer",
+                   "one decode layer (Llama-3.1-8B heads): IceCache selection + sparse attention vs dense, per context",
+                   Run);
+
+}  // namespace icecache::bench
