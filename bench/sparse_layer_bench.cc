@@ -11,7 +11,9 @@
 // kernels::PagedDecodeAttention; dense = Retriever kFull + the same kernel. Caches are flushed
 // (a 64 MiB read, untimed) before every timed call: in a real decode step the other layers'
 // weights and pages pass through the caches in between. Times are process CPU time per call
-// (all threads) and wall time, medians over the steps.
+// (all threads) and wall time, medians over the steps. Untimed, per step and query head: the
+// share of the exact softmax attention mass (over all n keys) that the selected pages cover, for
+// the IceCache selection and for the exact oracle of the same budget (Retriever kOracle).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -37,6 +39,7 @@ namespace icecache::bench {
 namespace {
 
 constexpr int kQHeads = 32, kKvHeads = 8, kDim = 128, kPageSize = 16;
+constexpr int kCoverageSteps = 5;  // steps whose selections are also scored against exact attention
 
 double CpuSeconds() {
   rusage u{};
@@ -150,15 +153,44 @@ int Run(int argc, char** argv) {
       return 1;
     }
     const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
-    k.clear();
-    k.shrink_to_fit();
     v.clear();
     v.shrink_to_fit();
 
+    std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
     kvstore::Retriever sparse_r({budget, kvstore::RetrievalMode::kSparse}, &pool_threads);
     kvstore::Retriever full_r({budget, kvstore::RetrievalMode::kFull}, &pool_threads);
+    kvstore::Retriever oracle_r({budget, kvstore::RetrievalMode::kOracle}, &pool_threads);
+    // Attention mass of query head h covered by the pages of `ps` (exact softmax over all keys).
+    std::vector<float> probs(n);
+    std::vector<uint8_t> covered(n);
+    auto coverage = [&](const kvstore::PageSelection& ps, int h) {
+      const int g = h / group;
+      const float* qh = &q[static_cast<size_t>(h) * kDim];
+      float mx = -INFINITY;
+      for (int t = 0; t < n; ++t) {
+        const float* kt = &k[(static_cast<size_t>(t) * kKvHeads + g) * kDim];
+        float dot = 0.f;
+        for (int e = 0; e < kDim; ++e) dot += qh[e] * kt[e];
+        probs[t] = dot / std::sqrt(static_cast<float>(kDim));
+        mx = std::max(mx, probs[t]);
+      }
+      double total = 0;
+      for (int t = 0; t < n; ++t) total += (probs[t] = std::exp(probs[t] - mx));
+      std::fill(covered.begin(), covered.end(), 0);
+      const kvstore::DciTree* tree = (*cache)->tree(0, g);
+      for (int64_t t = 0; t < tree->first_position(); ++t) covered[t] = 1;  // sink pages
+      for (int64_t t = tree->end_position(); t < n; ++t) covered[t] = 1;    // window pages
+      for (int i = ps.page_indptr[g]; i < ps.page_indptr[g + 1]; ++i) {
+        if (ps.tree_leaf[i] < 0) continue;
+        for (int64_t pos : tree->LeafPositions(ps.tree_leaf[i])) covered[pos] = 1;
+      }
+      double got = 0;
+      for (int t = 0; t < n; ++t) got += covered[t] ? probs[t] : 0.0;
+      return got / total;
+    };
+    double cover_sparse = 0, cover_oracle = 0;
+    int cover_count = 0;
     const std::vector<const kvstore::SequenceCache*> seqs = {cache->get()};
-    std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
     Sample select, sparse_attn, sparse_total, dense;
     int64_t pages_sparse = 0;
     kvstore::PageSelection sel, all;
@@ -197,6 +229,18 @@ int Run(int argc, char** argv) {
       pages_sparse = sel.page_indptr.back();
       flush_caches();
       Timed(&dense, [&] { attend(all); });
+      if (step < kCoverageSteps) {
+        kvstore::PageSelection best;
+        if (Status st = oracle_r.Select(seqs, 0, q.data(), kQHeads, &best); !st.ok()) {
+          std::fprintf(stderr, "sparse-layer: oracle: %s\n", st.ToString().c_str());
+          return 1;
+        }
+        for (int h = 0; h < kQHeads; ++h) {
+          cover_sparse += coverage(sel, h);
+          cover_oracle += coverage(best, h);
+          ++cover_count;
+        }
+      }
     }
     const double st = Median(sparse_total.cpu), dn = Median(dense.cpu);
     if (sparse_base == 0) sparse_base = st;
@@ -211,13 +255,16 @@ int Run(int argc, char** argv) {
                           {"dense_cpu_us", dn * 1e6},
                           {"dense_wall_us", Median(dense.wall) * 1e6},
                           {"dense_over_sparse_cpu", dn / st},
+                          {"mass_covered", cover_sparse / cover_count},
+                          {"oracle_mass_covered", cover_oracle / cover_count},
                           {"sparse_vs_first_context_cpu", st / sparse_base}};
     out.push_back(row);
     if (!json) {
       std::printf("  context %7d: sparse %7.0f us CPU (select %6.0f + attention %5.0f; %lld pages), dense %8.0f us CPU"
-                  " (%.1fx sparse); sparse vs first context %.2fx; build %.1f s\n",
+                  " (%.1fx sparse); sparse vs first context %.2fx; attention mass covered %.3f (oracle %.3f); build %.1f s\n",
                   n, st * 1e6, Median(select.cpu) * 1e6, Median(sparse_attn.cpu) * 1e6,
-                  static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base, build_s);
+                  static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base, cover_sparse / cover_count,
+                  cover_oracle / cover_count, build_s);
     }
   }
   if (json) std::printf("%s\n", out.dump(2).c_str());
