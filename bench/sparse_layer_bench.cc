@@ -75,6 +75,7 @@ std::vector<int> ParseInts(const std::string& s) {
 int Run(int argc, char** argv) {
   std::vector<int> contexts = {4096, 16384, 32768, 65536};
   int steps = 20, budget = 16, threads = 2;
+  kvstore::DciParams dci = kvstore::DciParams::Tuned();
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -83,13 +84,20 @@ int Run(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(next().c_str());
     else if (a == "--budget-pages") budget = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--fov-min") dci.fov_min = std::atoi(next().c_str());
+    else if (a == "--fov-fraction") dci.fov_fraction = std::atof(next().c_str());
     else if (a == "--json") json = true;
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench sparse-layer [--contexts 4096,16384,32768,65536] [--steps 20]\n"
-                   "       [--budget-pages 16] [--threads 2] [--json]\n");
+                   "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--json]\n"
+                   "  (trees use DciParams::Tuned(); --fov-* override its field of view)\n");
       return 2;
     }
+  }
+  if (Status s = kvstore::ValidateDciParams(dci); !s.ok()) {
+    std::fprintf(stderr, "sparse-layer: %s\n", s.ToString().c_str());
+    return 2;
   }
   if (steps < 1 || budget < 5 || threads < 1 || contexts.empty()) {
     std::fprintf(stderr, "sparse-layer: need steps >= 1, budget >= 5 pages (2 sink + 2 window + 1), threads >= 1\n");
@@ -139,7 +147,7 @@ int Run(int argc, char** argv) {
     co.num_layers = 1;
     co.num_kv_heads = kKvHeads;
     co.dense_layers = 0;
-    co.dci = kvstore::DciParams::Tuned();
+    co.dci = dci;
     auto cache = kvstore::SequenceCache::Create(co, pool->get());
     if (!cache.ok()) {
       std::fprintf(stderr, "sparse-layer: %s\n", cache.status().ToString().c_str());

@@ -26,6 +26,10 @@ struct CacheSection {
   // the default, chosen by measurement in docs/BENCHMARKS.md) or "reference" (the paper's
   // code defaults, DESIGN §3).
   std::string dci_preset = "tuned";
+  // > 0: overrides the preset's field-of-view fraction (a query expands max(fov_min, f * tokens)
+  // level-1 cells). Smaller = cheaper decode steps at long context for a little recall
+  // (docs/BENCHMARKS.md, sparse-layer). 0 = the preset's (tuned: 1e-3, reference: 1.5e-3).
+  double dci_fov_fraction = 0;
   // Element type of KV pages in the prefill worker's build pool, on the wire and in the decode
   // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both
   // workers must agree: a decode worker refuses pages of another size.

@@ -72,6 +72,10 @@ TEST(ClusterConfig, ErrorsNameFileAndKey) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("cache.dci_preset: must be reference or tuned"), std::string::npos);
 
+  c = ParseClusterConfig("cache: {dci_fov_fraction: 2}", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cache.dci_fov_fraction"), std::string::npos) << c.status().ToString();
+
   c = ParseClusterConfig("router: [1, 2", "x.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("x.yaml: invalid YAML at line"), std::string::npos);
@@ -167,6 +171,18 @@ TEST(ClusterConfig, KvDtypeAndShippingKeys) {
 TEST(ClusterConfig, ExampleConfigIsValid) {
   auto c = LoadClusterConfig(std::string(ICECACHE_SOURCE_DIR) + "/config/cluster.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+}
+
+TEST(ClusterConfig, DciFieldOfViewOverride) {
+  auto c = ParseClusterConfig("", "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cache.dci_fov_fraction, 0.0);  // the preset's
+  c = ParseClusterConfig("cache: {dci_fov_fraction: 2.5e-4}", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->cache.dci_fov_fraction, 2.5e-4);
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_DOUBLE_EQ(again->cache.dci_fov_fraction, 2.5e-4);
 }
 
 }  // namespace
