@@ -1,4 +1,4 @@
-// UTF-8 and Unicode character properties used by the tokenizer (tables in unicode_tables.cc).
+// UTF-8 and Unicode character properties used by the tokenizer (generated tables: unicode_tables.h).
 // All functions are pure and thread-safe.
 #pragma once
 
