@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "kernels/attention.h"
+#include "kvstore/retriever.h"
 
 namespace icecache::decode {
 
@@ -121,16 +122,7 @@ void IceCacheBackend::SelectLeaves(const kvstore::DciTree& tree, const float* q_
   const int group = shape_.num_q_heads / shape_.num_kv_heads;
   // The group's heads share one traversal of the tree (each page scored once for all of them).
   tree.QueryGroup(q_group, group, k, per_head);
-  for (size_t rank = 0; static_cast<int>(picked->size()) < k; ++rank) {
-    bool any = false;
-    for (int g = 0; g < group && static_cast<int>(picked->size()) < k; ++g) {
-      if (rank >= (*per_head)[g].size()) continue;
-      any = true;
-      int32_t leaf = (*per_head)[g][rank].leaf;
-      if (std::find(picked->begin(), picked->end(), leaf) == picked->end()) picked->push_back(leaf);
-    }
-    if (!any) break;
-  }
+  *picked = kvstore::MergeRankByRank(*per_head, k);
 }
 
 void IceCacheBackend::SelectAll(int layer, const float* q) {
