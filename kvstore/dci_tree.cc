@@ -152,41 +152,35 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     if (members.empty()) continue;
     const auto& upper = level_nodes_[l + 1];
     const int nu = static_cast<int>(upper.size());
-    if (nu <= params_.exact_parent_max_nodes && params_.bf16_parent_search) {
+    if (nu <= params_.exact_parent_max_nodes) {
+      // Exact batched search: members gathered in chunks into a contiguous block (level 0 is
+      // almost every token), fp32 or bf16 pairs (an odd dim's pad stays 0).
+      const bool bf16 = params_.bf16_parent_search;
       const int pairs = (d + 1) / 2;
       LevelMatrix mat;
-      RefreshLevelMatrix(l + 1, &mat, /*bf16=*/true);
+      RefreshLevelMatrix(l + 1, &mat, bf16);
       constexpr int kChunk = 256;
-      std::vector<uint32_t> xs(static_cast<size_t>(kChunk) * pairs, 0);  // bf16 pairs, an odd dim's pad stays 0
+      std::vector<float> xs(bf16 ? 0 : static_cast<size_t>(kChunk) * d);
+      std::vector<uint32_t> xs_bf16(bf16 ? static_cast<size_t>(kChunk) * pairs : 0, 0);
       extra.resize(kChunk);
       best.resize(kChunk);
       for (size_t b = 0; b < members.size(); b += kChunk) {
         const int cnt = static_cast<int>(std::min<size_t>(kChunk, members.size() - b));
         for (int i = 0; i < cnt; ++i) {
           const int32_t t = members[b + i];
-          RowFromF32(kernels::DType::kBF16, keys + t * stride, xs.data() + static_cast<size_t>(i) * pairs, d);
+          if (bf16) {
+            RowFromF32(kernels::DType::kBF16, keys + t * stride, xs_bf16.data() + static_cast<size_t>(i) * pairs, d);
+          } else {
+            std::copy_n(keys + t * stride, d, xs.data() + static_cast<size_t>(i) * d);
+          }
           extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
         }
-        ArgmaxAugDotBf16(xs.data(), extra.data(), cnt, mat.rows_p.data(), mat.ld, mat.extra.data(), nu, pairs,
-                         best.data());
-        for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
-      }
-    } else if (nu <= params_.exact_parent_max_nodes) {
-      LevelMatrix mat;
-      RefreshLevelMatrix(l + 1, &mat);
-      // Members are gathered into a contiguous block (level 0 is almost every token).
-      constexpr int kChunk = 256;
-      std::vector<float> xs(static_cast<size_t>(kChunk) * d);
-      extra.resize(kChunk);
-      best.resize(kChunk);
-      for (size_t b = 0; b < members.size(); b += kChunk) {
-        const int cnt = static_cast<int>(std::min<size_t>(kChunk, members.size() - b));
-        for (int i = 0; i < cnt; ++i) {
-          const int32_t t = members[b + i];
-          std::copy_n(keys + t * stride, d, xs.data() + static_cast<size_t>(i) * d);
-          extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+        if (bf16) {
+          ArgmaxAugDotBf16(xs_bf16.data(), extra.data(), cnt, mat.rows_p.data(), mat.ld, mat.extra.data(), nu, pairs,
+                           best.data());
+        } else {
+          ArgmaxAugDot(xs.data(), d, extra.data(), cnt, mat.rows_t.data(), mat.ld, mat.extra.data(), nu, d, best.data());
         }
-        ArgmaxAugDot(xs.data(), d, extra.data(), cnt, mat.rows_t.data(), mat.ld, mat.extra.data(), nu, d, best.data());
         for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
       }
     } else {
