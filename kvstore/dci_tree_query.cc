@@ -30,6 +30,11 @@ class DciTree::Scratch {
   std::vector<int32_t> order;  // leaves to score, in scoring order
   std::vector<const void*> rows;  // K block of each leaf of `order`
   std::vector<int> valid;
+  // Prefetches (into L2) the K rows of planned leaf i.
+  void PrefetchLeaf(size_t i, size_t row_bytes) const {
+    const char* k = static_cast<const char*>(rows[i]);
+    for (size_t off = 0; off < valid[i] * row_bytes; off += 64) __builtin_prefetch(k + off, 0, 1);
+  }
   std::vector<float> scores;
   std::vector<uint8_t> mark;   // per leaf, 1 while it is in the output
   QueryStats stats;
@@ -145,19 +150,13 @@ void DciTree::PlanCells(const std::vector<int32_t>& cells, float qproj, double f
     s->valid[i] = leaf_valid_[order[i]];
   }
   const size_t rb = pool_->row_bytes();
-  for (size_t i = 0; i < std::min(n, kPrefetchLeaves); ++i) {
-    const char* k = static_cast<const char*>(s->rows[i]);
-    for (size_t off = 0; off < s->valid[i] * rb; off += 64) __builtin_prefetch(k + off, 0, 1);
-  }
+  for (size_t i = 0; i < std::min(n, kPrefetchLeaves); ++i) s->PrefetchLeaf(i, rb);
 }
 
 void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
   const size_t n = s->order.size(), rb = pool_->row_bytes();
   for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchLeaves < n) {
-      const char* k = static_cast<const char*>(s->rows[i + kPrefetchLeaves]);
-      for (size_t off = 0; off < s->valid[i + kPrefetchLeaves] * rb; off += 64) __builtin_prefetch(k + off, 0, 1);
-    }
+    if (i + kPrefetchLeaves < n) s->PrefetchLeaf(i + kPrefetchLeaves, rb);
     const int32_t leaf = s->order[i];
     const int v = s->valid[i];
     ScoreRows(pool_->dtype(), s->rows[i], v, dim_, q, s->scores.data());
@@ -329,10 +328,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   st.cells_expanded += qs_plan->stats.cells_expanded;
   const size_t n_order = qs_plan->order.size(), rb = pool_->row_bytes();
   for (size_t i = 0; i < n_order; ++i) {
-    if (i + kPrefetchLeaves < n_order) {
-      const char* kp = static_cast<const char*>(qs_plan->rows[i + kPrefetchLeaves]);
-      for (size_t off = 0; off < qs_plan->valid[i + kPrefetchLeaves] * rb; off += 64) __builtin_prefetch(kp + off, 0, 1);
-    }
+    if (i + kPrefetchLeaves < n_order) qs_plan->PrefetchLeaf(i + kPrefetchLeaves, rb);
     const int32_t leaf = qs_plan->order[i];
     const int v = qs_plan->valid[i];
     ScoreRowsMulti(pool_->dtype(), qs_plan->rows[i], v, dim_, qs, nq, sc.data());
