@@ -46,14 +46,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-bool ParseDType(const std::string& s, DType* t) {
-  if (s == "bf16") *t = DType::kBF16;
-  else if (s == "f16") *t = DType::kF16;
-  else if (s == "f32") *t = DType::kF32;
-  else return false;
-  return true;
-}
-
 bool ParseBackend(const std::string& s, Backend* b) {
   if (s == "cpu") *b = Backend::kCpu;
   else if (s == "cuda") *b = Backend::kCuda;
@@ -231,7 +223,7 @@ int RunAttention(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--json") json = true;
     else if (a == "--dtype") {
-      if (!ParseDType(next(), &dtype)) return std::fprintf(stderr, "attention: --dtype bf16|f16|f32\n"), 2;
+      if (auto t = kernels::ParseDType(next()); t.ok()) dtype = *t; else return std::fprintf(stderr, "attention: --dtype bf16|f16|f32\n"), 2;
     } else if (a == "--backend") {
       if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "attention: --backend cpu|cuda|auto\n"), 2;
     } else {
@@ -418,7 +410,7 @@ int RunGemv(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--json") json = true;
     else if (a == "--dtype") {
-      if (!ParseDType(next(), &dtype)) return std::fprintf(stderr, "gemv: --dtype bf16|f16|f32\n"), 2;
+      if (auto t = kernels::ParseDType(next()); t.ok()) dtype = *t; else return std::fprintf(stderr, "gemv: --dtype bf16|f16|f32\n"), 2;
     } else if (a == "--backend") {
       if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "gemv: --backend cpu|cuda|auto\n"), 2;
     } else {

@@ -122,15 +122,6 @@ constexpr const char* kUsage =
     "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)]\n"
     "                             [--page-size N (DenseKvCache default)] [--json]\n";
 
-bool ParseKvDtype(const std::string& s, kernels::DType* out) {
-  for (kernels::DType t : {kernels::DType::kBF16, kernels::DType::kF16, kernels::DType::kF32}) {
-    if (s == kernels::DTypeName(t)) {
-      *out = t;
-      return true;
-    }
-  }
-  return false;
-}
 
 int RunDecode(int argc, char** argv) {
   std::string dir;
@@ -152,7 +143,11 @@ int RunDecode(int argc, char** argv) {
     else if (f == "--steps") ok = next_int(&steps) && steps >= 1;
     else if (f == "--prefill-len") ok = next_int(&prefill_len) && prefill_len >= 0;
     else if (f == "--threads") ok = next_int(&threads) && threads >= 0;
-    else if (f == "--kv-dtype") ok = i + 1 < argc && ParseKvDtype(argv[++i], &kv_dtype);
+    else if (f == "--kv-dtype") {
+      auto t = i + 1 < argc ? kernels::ParseDType(argv[++i]) : StatusOr<kernels::DType>(InvalidArgumentError(""));
+      ok = t.ok();
+      if (ok) kv_dtype = *t;
+    }
     else if (f == "--page-size") ok = next_int(&page_size) && page_size >= 1;
     else if (f == "--json") json = true;
     else ok = false;

@@ -198,7 +198,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   eo.pool_pages = config.decode.pool_pages;
   eo.max_sequences = config.decode.max_sequences;
   eo.reservation_timeout_seconds = std::max(60.0, 4 * config.ucx.transfer_timeout_seconds);
-  ICE_ASSIGN_OR_RETURN(eo.kv_dtype, transport::ParseKvDtype(config.cache.kv_dtype));
+  ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
   impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->model->config());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.decode.listen, {impl->service.get()},

@@ -11,6 +11,13 @@ std::string_view DTypeName(DType t) {
   return "unknown";
 }
 
+StatusOr<DType> ParseDType(std::string_view name) {
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    if (name == DTypeName(t)) return t;
+  }
+  return InvalidArgumentError("element type must be bf16, f16 or f32, got '" + std::string(name) + "'");
+}
+
 float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;

@@ -6,12 +6,16 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace icecache::kernels {
 
 enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 std::string_view DTypeName(DType t);  // "f32", "f16", "bf16"
+// DTypeName's inverse; INVALID_ARGUMENT naming the accepted names otherwise.
+StatusOr<DType> ParseDType(std::string_view name);
 
 inline float Bf16ToF32(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

@@ -122,7 +122,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   if (config.cache.dci_fov_fraction > 0) eo.dci.fov_fraction = config.cache.dci_fov_fraction;
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
-  ICE_ASSIGN_OR_RETURN(eo.kv_dtype, transport::ParseKvDtype(config.cache.kv_dtype));
+  ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   eo.overlap_tree_build = config.prefill.overlap_tree_build;
   eo.max_segment_bytes = static_cast<size_t>(config.ucx.max_segment_bytes);
   impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);

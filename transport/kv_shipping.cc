@@ -25,13 +25,6 @@ std::string DTypeLabel(uint32_t d) {
 
 }  // namespace
 
-StatusOr<kernels::DType> ParseKvDtype(const std::string& name) {
-  if (name == "bf16") return kernels::DType::kBF16;
-  if (name == "f16") return kernels::DType::kF16;
-  if (name == "f32") return kernels::DType::kF32;
-  return InvalidArgumentError("kv_dtype must be bf16, f16 or f32, got '" + name + "'");
-}
-
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
                                    const kvstore::SequenceWire& wire, const kvstore::PagePool& pool,
                                    size_t max_segment_bytes, Clock::time_point deadline) {
@@ -67,8 +60,6 @@ ScatterSink KvReceiver::Sink() {
 
 StatusOr<std::vector<Destination>> KvReceiver::Receive(uint32_t index, size_t bytes) {
   const size_t page_bytes = pool_->page_bytes();
-  const std::string mine = std::to_string(page_bytes) + "-byte pages (" +
-                           std::string(kernels::DTypeName(pool_->dtype())) + ")";
   if (index == 0) {
     if (!metadata_.empty()) return InvalidArgumentError("sequence metadata sent twice");
     if (bytes < sizeof(KvShipHeader)) {
@@ -80,7 +71,9 @@ StatusOr<std::vector<Destination>> KvReceiver::Receive(uint32_t index, size_t by
   }
   if (bytes == 0 || bytes % page_bytes != 0) {
     return FailedPreconditionError("a run of " + std::to_string(bytes) + " bytes is not a whole number of this pool's " +
-                                   mine + ": kv_dtype/page_size differ between the prefill and decode workers");
+                                   std::to_string(page_bytes) + "-byte pages (" +
+                                   std::string(kernels::DTypeName(pool_->dtype())) +
+                                   "): kv_dtype/page_size differ between the prefill and decode workers");
   }
   const size_t first = index - 1;
   const size_t count = bytes / page_bytes;

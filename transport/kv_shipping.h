@@ -31,9 +31,6 @@
 
 namespace icecache::transport {
 
-// "bf16" | "f16" | "f32" (cluster config cache.kv_dtype); INVALID_ARGUMENT otherwise.
-StatusOr<kernels::DType> ParseKvDtype(const std::string& name);
-
 struct KvShipStats {
   int64_t segments = 0;  // including the metadata segment
   int64_t pages = 0;

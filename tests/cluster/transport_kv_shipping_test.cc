@@ -204,10 +204,10 @@ TEST_F(KvShippingTest, SameSizePagesOfAnotherDtypeAreRefusedOnImport) {
 }
 
 TEST(KvDtype, Parses) {
-  EXPECT_EQ(ParseKvDtype("bf16").value(), kernels::DType::kBF16);
-  EXPECT_EQ(ParseKvDtype("f16").value(), kernels::DType::kF16);
-  EXPECT_EQ(ParseKvDtype("f32").value(), kernels::DType::kF32);
-  EXPECT_EQ(ParseKvDtype("fp8").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(kernels::ParseDType("bf16").value(), kernels::DType::kBF16);
+  EXPECT_EQ(kernels::ParseDType("f16").value(), kernels::DType::kF16);
+  EXPECT_EQ(kernels::ParseDType("f32").value(), kernels::DType::kF32);
+  EXPECT_EQ(kernels::ParseDType("fp8").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
