@@ -52,6 +52,7 @@ struct Options {
   std::vector<int> contexts = {4096, 8192, 16384};
   int decode_tokens = 32;
   int hidden = 256, layers = 4, heads = 4, kv_heads = 2;
+  int head_dim = 0, intermediate = 0;  // 0: the random checkpoint's defaults (hidden / heads, 8/3 hidden)
   std::string parts = "ttft,tpot,router,ucx";
   bool json = false;
   std::string tls = "tcp,sm,self";
@@ -217,6 +218,10 @@ int RunCluster(int argc, char** argv) {
     else if (a == "--decode-tokens") o.decode_tokens = std::atoi(next().c_str());
     else if (a == "--hidden") o.hidden = std::atoi(next().c_str());
     else if (a == "--layers") o.layers = std::atoi(next().c_str());
+    else if (a == "--heads") o.heads = std::atoi(next().c_str());
+    else if (a == "--kv-heads") o.kv_heads = std::atoi(next().c_str());
+    else if (a == "--head-dim") o.head_dim = std::atoi(next().c_str());
+    else if (a == "--intermediate") o.intermediate = std::atoi(next().c_str());
     else if (a == "--tls") o.tls = next();
     else if (a == "--kv-dtype") o.kv_dtype = next();
     else if (a == "--no-ttft-baseline") o.ttft_baseline = false;
@@ -228,6 +233,7 @@ int RunCluster(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: icecache-bench cluster [--parts ttft,tpot,router,ucx] [--ttft-prompts 256,1024]\n"
                    "       [--contexts 4096,8192] [--decode-tokens N] [--hidden H] [--layers L] [--tls T] [--json]\n"
+                   "       [--heads Q] [--kv-heads KV] [--head-dim D] [--intermediate I]\n"
                    "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n"
                    "       [--dense-layers N] [--budget-pages B] [--router-repeats R]\n");
       return 2;
@@ -235,7 +241,8 @@ int RunCluster(int argc, char** argv) {
   }
   auto has = [&](const char* p) { return o.parts.find(p) != std::string::npos; };
   nlohmann::json out;
-  out["model"] = {{"hidden", o.hidden}, {"layers", o.layers}, {"heads", o.heads}, {"kv_heads", o.kv_heads}};
+  out["model"] = {{"hidden", o.hidden},     {"layers", o.layers},         {"heads", o.heads},
+                  {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},     {"intermediate", o.intermediate}};
 
   if (has("ucx")) {
     auto rx = transport::CreateUcxTransport({o.tls, "lo"});
@@ -330,6 +337,8 @@ int RunCluster(int argc, char** argv) {
   spec.layers = o.layers;
   spec.heads = o.heads;
   spec.kv_heads = o.kv_heads;
+  spec.head_dim = o.head_dim;
+  spec.intermediate = o.intermediate;
   spec.vocab = 512;
   spec.max_position = max_context + 4096;
   spec.write_tokenizer = false;
