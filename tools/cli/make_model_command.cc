@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/dtype.h"
 #include "model/random_checkpoint.h"
 #include "tools/cli/command.h"
 
@@ -89,10 +90,8 @@ int RunMakeModel(int argc, char** argv) {
       spec.rope_theta = std::strtod(v, &end);
       ok = end != v && *end == '\0' && spec.rope_theta > 1.0;
     } else if (flag == "--dtype") {
-      const std::string d = v;
-      if (d == "bf16") spec.dtype = kernels::DType::kBF16;
-      else if (d == "f16") spec.dtype = kernels::DType::kF16;
-      else if (d == "f32") spec.dtype = kernels::DType::kF32;
+      auto d = kernels::ParseDType(v);
+      if (d.ok()) spec.dtype = *d;
       else ok = false;
     } else if (flag == "--seed") {
       ok = ParseInt(v, 0, INT64_MAX, &n);
