@@ -15,8 +15,16 @@
 // Budget B tokens = B/16 pages: oracle/icecache use 1 sink + 1 window + (B/16 - 2) retrieved pages,
 // window uses 1 sink + (B/16 - 1) window pages. A trial is correct when the greedy tokens equal
 // the answer ids exactly. Prompts come from eval_prompts.jsonl (tools/train/passkey_lib.py).
+// The DCI field of view (fov = max(fov_min, ceil(fov_fraction * tree tokens)) level-1 cells) can be
+// swept: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists, over the
+// same prefill, so fov settings are compared on the same prompts in one run.
+#include <time.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -129,8 +137,26 @@ StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path) {
 
 struct Method {
   std::string name;
-  int budget = 0;  // tokens; 0 for full
+  int budget = 0;         // tokens; 0 for full
+  bool fov_swept = false;  // icecache/retriever: dci carries one point of the fov sweep
+  kvstore::DciParams dci;
 };
+
+struct TrialResult {
+  bool correct = false;
+  int64_t fov = 0;        // level-1 cells the query expands at this prompt's tree size
+  double seconds = 0;     // wall: cache/tree build + decode
+};
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // Greedy decode of `p.answer.size()` tokens after feeding the last prompt token; true when exact.
 StatusOr<bool> Decode(model::Model& m, model::AttentionBackend& be, const Prompt& p) {
@@ -146,16 +172,16 @@ StatusOr<bool> Decode(model::Model& m, model::AttentionBackend& be, const Prompt
   return true;
 }
 
-StatusOr<bool> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
-                        const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p, const Method& meth,
-                        const kvstore::DciParams& dci) {
+StatusOr<bool> RunMethod(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
+                         const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p, const Method& meth,
+                         int64_t* fov) {
   const auto shape = m.attention_shape();
   kvstore::SequenceCacheOptions o;
   o.num_layers = shape.num_layers;
   o.num_kv_heads = shape.num_kv_heads;
   o.dense_layers = 2;
   o.sink_pages = 1;
-  o.dci = dci;
+  o.dci = meth.dci;
   const int pages = meth.budget / pool->page_size();
   o.window_pages = meth.name == "window" ? pages - 1 : 1;
   ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(o, pool));
@@ -165,6 +191,9 @@ StatusOr<bool> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vec
     vp.push_back(v[l].data());
   }
   ICE_RETURN_IF_ERROR(cache->Build(kp.data(), vp.data(), n));
+  if (const kvstore::DciTree* t = cache->tree(o.dense_layers, 0)) {
+    *fov = std::max<int64_t>(meth.dci.fov_min, static_cast<int64_t>(std::ceil(meth.dci.fov_fraction * t->size())));
+  }
   if (meth.name == "icecache") {
     decode::IceCacheBackend be(shape, pool);
     ICE_RETURN_IF_ERROR(be.Import(0, std::move(cache), pages));
@@ -179,6 +208,16 @@ StatusOr<bool> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vec
   return Decode(m, be, p);
 }
 
+StatusOr<TrialResult> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
+                               const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p,
+                               const Method& meth) {
+  TrialResult r;
+  const double t0 = WallSeconds();
+  ICE_ASSIGN_OR_RETURN(r.correct, RunMethod(m, pool, k, v, n, p, meth, &r.fov));
+  r.seconds = WallSeconds() - t0;
+  return r;
+}
+
 std::vector<std::string> Split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -191,8 +230,86 @@ int ParseContext(const std::string& s) {
   return std::atoi(s.c_str());
 }
 
+// A comma list of numbers, every item parsed whole; INVALID_ARGUMENT naming the flag and the item.
+StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& s) {
+  std::vector<int> out;
+  for (const std::string& t : Split(s)) {
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(t.c_str(), &end, 10);
+    if (end == t.c_str() || *end != '\0' || errno != 0 || x < std::numeric_limits<int>::min() ||
+        x > std::numeric_limits<int>::max()) {
+      return InvalidArgumentError(flag + ": '" + t + "' is not an integer");
+    }
+    out.push_back(static_cast<int>(x));
+  }
+  if (out.empty()) return InvalidArgumentError(flag + ": empty list");
+  return out;
+}
+
+StatusOr<std::vector<double>> ParseDoubleList(const std::string& flag, const std::string& s) {
+  std::vector<double> out;
+  for (const std::string& t : Split(s)) {
+    char* end = nullptr;
+    errno = 0;
+    const double x = std::strtod(t.c_str(), &end);
+    if (end == t.c_str() || *end != '\0' || errno != 0 || !std::isfinite(x)) {
+      return InvalidArgumentError(flag + ": '" + t + "' is not a finite number");
+    }
+    out.push_back(x);
+  }
+  if (out.empty()) return InvalidArgumentError(flag + ": empty list");
+  return out;
+}
+
+// The DciParams of every (fov_min, fov_fraction) pair of the two lists (an empty list keeps the
+// preset's value), each checked by kvstore::ValidateDciParams.
+StatusOr<std::vector<kvstore::DciParams>> FovSweep(const kvstore::DciParams& base, const std::string& mins_s,
+                                                   const std::string& fractions_s) {
+  std::vector<int> mins{base.fov_min};
+  std::vector<double> fractions{base.fov_fraction};
+  if (!mins_s.empty()) {
+    ICE_ASSIGN_OR_RETURN(mins, ParseIntList("--dci-fov-min", mins_s));
+  }
+  if (!fractions_s.empty()) {
+    ICE_ASSIGN_OR_RETURN(fractions, ParseDoubleList("--dci-fov-fraction", fractions_s));
+  }
+  std::vector<kvstore::DciParams> out;
+  for (int mn : mins) {
+    for (double fr : fractions) {
+      kvstore::DciParams d = base;
+      d.fov_min = mn;
+      d.fov_fraction = fr;
+      Status st = kvstore::ValidateDciParams(d);
+      if (!st.ok()) {
+        char what[96];
+        std::snprintf(what, sizeof(what), "--dci-fov-min %d / --dci-fov-fraction %g: ", mn, fr);
+        return InvalidArgumentError(what + st.message());
+      }
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+// The text output's name of a method, e.g. "icecache b256 fov_min 32 frac 0.001".
+std::string Label(const Method& m) {
+  char buf[96];
+  if (m.fov_swept) {
+    std::snprintf(buf, sizeof(buf), "%s b%d fov_min %d frac %g", m.name.c_str(), m.budget, m.dci.fov_min,
+                  m.dci.fov_fraction);
+  } else if (m.budget > 0) {
+    std::snprintf(buf, sizeof(buf), "%s b%d", m.name.c_str(), m.budget);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%s", m.name.c_str());
+  }
+  return buf;
+}
+
 struct Cell {
   int correct = 0, trials = 0;
+  int64_t fov = 0;       // of the last trial (the same within a context up to a cell or two)
+  double seconds = 0;    // summed over trials
 };
 
 // Grid of heatmaps: one panel per (method, budget), panels left to right in the order given;
@@ -233,9 +350,12 @@ constexpr const char* kUsage =
     "usage: icecache-bench accuracy --model DIR [--prompts FILE (DIR/eval_prompts.jsonl)] [--task passkey|needle]\n"
     "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,window]\n"
     "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned (DciParams::Tuned())]\n"
-    "         [--dci-fov-min N (override the field of view's minimum)]\n"
+    "         [--dci-fov-min N[,N..] (field of view minimum, >= 1)]\n"
+    "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
     "         [--json] [--plot FILE.png]\n"
-    "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n";
+    "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n"
+    "fov: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
+    "     the query expands max(fov_min, ceil(fov_fraction * tree tokens)) level-1 cells\n";
 
 int RunAccuracy(int argc, char** argv) {
   std::string dir, prompts_path, task = "passkey", plot;
@@ -244,7 +364,7 @@ int RunAccuracy(int argc, char** argv) {
   int max_trials = 1 << 30;
   bool json = false;
   kvstore::DciParams dci;
-  int fov_min_override = -1;
+  std::string fov_mins_s, fov_fractions_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -260,7 +380,8 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--json") json = true;
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "default") ++i;
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "tuned") dci = kvstore::DciParams::Tuned(), ++i;
-    else if (f == "--dci-fov-min" && has) fov_min_override = std::atoi(argv[++i]);
+    else if (f == "--dci-fov-min" && has) fov_mins_s = argv[++i];
+    else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
@@ -270,7 +391,11 @@ int RunAccuracy(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
-  if (fov_min_override >= 0) dci.fov_min = fov_min_override;
+  auto sweep = FovSweep(dci, fov_mins_s, fov_fractions_s);
+  if (!sweep.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", sweep.status().ToString().c_str());
+    return 2;
+  }
   if (prompts_path.empty()) prompts_path = dir + "/eval_prompts.jsonl";
   std::vector<int> contexts, depths, budgets;
   for (auto& s : Split(contexts_s)) contexts.push_back(ParseContext(s));
@@ -279,7 +404,7 @@ int RunAccuracy(int argc, char** argv) {
   std::vector<Method> methods;
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
-      methods.push_back({name, 0});
+      methods.push_back({name, 0, false, dci});
     } else if (name == "oracle" || name == "icecache" || name == "retriever" || name == "window") {
       for (int b : budgets) {
         const int min_pages = name == "window" ? 2 : 3;
@@ -288,7 +413,11 @@ int RunAccuracy(int argc, char** argv) {
                        name.c_str(), min_pages);
           return 2;
         }
-        methods.push_back({name, b});
+        if (name == "icecache" || name == "retriever") {
+          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, true, d});
+        } else {
+          methods.push_back({name, b, false, dci});
+        }
       }
     } else {
       std::fprintf(stderr, "accuracy: unknown method '%s'\n", name.c_str());
@@ -309,13 +438,36 @@ int RunAccuracy(int argc, char** argv) {
   const auto shape = m.attention_shape();
   std::map<std::tuple<int, int, int>, Cell> cells;  // (method index, context, depth)
   std::map<std::pair<int, int>, int> used;
+  std::vector<const Prompt*> chosen;
   for (const Prompt& p : *prompts) {
     if (p.task != task || std::find(contexts.begin(), contexts.end(), p.context) == contexts.end() ||
         std::find(depths.begin(), depths.end(), p.depth) == depths.end() || used[{p.context, p.depth}] >= max_trials) {
       continue;
     }
     ++used[{p.context, p.depth}];
+    // The last answer token is never fed back, so positions 0 .. ids + answer - 2 are used.
+    const int64_t last_pos = static_cast<int64_t>(p.ids.size() + p.answer.size()) - 2;
+    if (last_pos >= m.config().max_position) {
+      std::fprintf(stderr,
+                   "accuracy: %s: a %s prompt of context %d has %zu tokens + %zu answer tokens, reaching position "
+                   "%lld; %s/config.json max_position_embeddings is %d\n",
+                   prompts_path.c_str(), p.task.c_str(), p.context, p.ids.size(), p.answer.size(),
+                   static_cast<long long>(last_pos), dir.c_str(), m.config().max_position);
+      return 1;
+    }
+    chosen.push_back(&p);
+  }
+  if (chosen.empty()) {
+    std::fprintf(stderr, "accuracy: no %s prompt in %s matches --contexts/--depths\n", task.c_str(),
+                 prompts_path.c_str());
+    return 1;
+  }
+  double prefill_wall = 0, prefill_cpu = 0;
+  const double run_wall0 = WallSeconds(), run_cpu0 = ProcessCpuSeconds();
+  for (const Prompt* pp : chosen) {
+    const Prompt& p = *pp;
     const int64_t n = static_cast<int64_t>(p.ids.size()) - 1;
+    const double pw0 = WallSeconds(), pc0 = ProcessCpuSeconds();
     std::vector<std::vector<float>> k(shape.num_layers), v(shape.num_layers);
     {
       model::DenseKvCache dense(shape);
@@ -341,6 +493,9 @@ int RunAccuracy(int argc, char** argv) {
         return 1;
       }
     }
+    const double pw = WallSeconds() - pw0, pc = ProcessCpuSeconds() - pc0;
+    prefill_wall += pw;
+    prefill_cpu += pc;
     kvstore::PagePoolOptions po;
     po.page_size = 16;
     po.head_dim = shape.head_dim;
@@ -352,18 +507,24 @@ int RunAccuracy(int argc, char** argv) {
       std::fprintf(stderr, "accuracy: %s\n", pool.status().ToString().c_str());
       return 1;
     }
+    const double mw0 = WallSeconds();
+    std::string misses;
     for (size_t mi = 0; mi < methods.size(); ++mi) {
-      auto ok = RunTrial(m, pool->get(), k, v, n, p, methods[mi], dci);
-      if (!ok.ok()) {
-        std::fprintf(stderr, "accuracy: %s budget %d: %s\n", methods[mi].name.c_str(), methods[mi].budget,
-                     ok.status().ToString().c_str());
+      auto r = RunTrial(m, pool->get(), k, v, n, p, methods[mi]);
+      if (!r.ok()) {
+        std::fprintf(stderr, "accuracy: %s: %s\n", Label(methods[mi]).c_str(), r.status().ToString().c_str());
         return 1;
       }
       Cell& c = cells[{static_cast<int>(mi), p.context, p.depth}];
-      c.correct += *ok ? 1 : 0;
+      c.correct += r->correct ? 1 : 0;
       ++c.trials;
+      c.fov = r->fov;
+      c.seconds += r->seconds;
+      if (!r->correct) misses += " [" + Label(methods[mi]) + "]";
     }
-    std::fprintf(stderr, "accuracy: %s context %d depth %d done\n", p.task.c_str(), p.context, p.depth);
+    std::fprintf(stderr, "accuracy: %s context %d (%lld tokens) depth %d: prefill %.1f s (cpu %.1f s), methods %.1f s; wrong:%s\n",
+                 p.task.c_str(), p.context, static_cast<long long>(n), p.depth, pw, pc, WallSeconds() - mw0,
+                 misses.empty() ? " none" : misses.c_str());
   }
   nlohmann::json results = nlohmann::json::array();
   for (size_t mi = 0; mi < methods.size(); ++mi) {
@@ -371,20 +532,41 @@ int RunAccuracy(int argc, char** argv) {
       for (int d : depths) {
         auto it = cells.find({static_cast<int>(mi), c, d});
         if (it == cells.end()) continue;
+        const Cell& cell = it->second;
         nlohmann::json r = {{"task", task}, {"context", c}, {"depth", d}, {"method", methods[mi].name}};
         if (methods[mi].budget > 0) r["budget"] = methods[mi].budget;
-        r["accuracy"] = static_cast<double>(it->second.correct) / it->second.trials;
-        r["trials"] = it->second.trials;
+        if (methods[mi].fov_swept) {
+          r["fov_min"] = methods[mi].dci.fov_min;
+          r["fov_fraction"] = methods[mi].dci.fov_fraction;
+          r["fov"] = cell.fov;
+        }
+        r["correct"] = cell.correct;
+        r["accuracy"] = static_cast<double>(cell.correct) / cell.trials;
+        r["trials"] = cell.trials;
+        r["seconds"] = cell.seconds;
         results.push_back(r);
         if (!json) {
-          std::printf("%-8s budget %4d  context %5d  depth %3d  accuracy %.2f (%d trials)\n",
-                      methods[mi].name.c_str(), methods[mi].budget, c, d, r["accuracy"].get<double>(),
-                      it->second.trials);
+          const std::string fov = methods[mi].fov_swept ? " (fov " + std::to_string(cell.fov) + ")" : "";
+          std::printf("%-40s context %5d  depth %3d  %d/%d  accuracy %.2f  %.1f s\n",
+                      (Label(methods[mi]) + fov).c_str(), c, d, cell.correct, cell.trials,
+                      r["accuracy"].get<double>(), cell.seconds);
         }
       }
     }
   }
-  if (json) std::printf("%s\n", nlohmann::json{{"results", results}}.dump().c_str());
+  const double run_wall = WallSeconds() - run_wall0, run_cpu = ProcessCpuSeconds() - run_cpu0;
+  if (json) {
+    nlohmann::json out = {{"results", results},
+                          {"prompts", chosen.size()},
+                          {"prefill_seconds", prefill_wall},
+                          {"prefill_cpu_seconds", prefill_cpu},
+                          {"wall_seconds", run_wall},
+                          {"cpu_seconds", run_cpu}};
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("%zu prompts: wall %.1f s (prefill %.1f s), process cpu %.1f s (prefill %.1f s)\n", chosen.size(),
+                run_wall, prefill_wall, run_cpu, prefill_cpu);
+  }
   if (!plot.empty()) {
     Status st = WritePlot(plot, methods, contexts, depths, cells);
     if (!st.ok()) {
