@@ -101,7 +101,8 @@ void Usage() {
   std::fprintf(stderr,
                "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q]\n"
                "  [--page-size 16] [--budget-pages 16] [--sink-pages 2] [--window-pages 2] [--dtype f32|bf16|f16]\n"
-               "  [--fov-min 30] [--fov-fraction 1.5e-3] [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
+               "  [--fov-min 30] [--fov-fraction 1.5e-3] [--fov-sqrt 0] [--group-fov 0 (GQA groups only)]\n"
+               "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned (DciParams::Tuned(); give it before other tree options)] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1]\n"
@@ -136,6 +137,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--profile-evict-mb") a->profile_evict_mb = std::atoi(v);
     else if (k == "--fov-min") a->dci.fov_min = std::atoi(v);
     else if (k == "--fov-fraction") a->dci.fov_fraction = std::atof(v);
+    else if (k == "--fov-sqrt") a->dci.fov_sqrt = std::atof(v);
+    else if (k == "--group-fov") a->dci.group_fov = std::atof(v);
     else if (k == "--cell-fraction") a->dci.cell_score_fraction = std::atof(v);
     else if (k == "--p1") a->dci.p1 = std::atof(v);
     else if (k == "--p2") a->dci.p2 = std::atof(v);
@@ -385,7 +388,7 @@ int RunRetrieval(int argc, char** argv) {
       {"oracle_cpu_us_median", Median(oracle_cpu_us)}, {"query_back_to_back_cpu_us_median", Median(b2b_cpu_us)},
       {"build_ms", build_ms}, {"build_cpu_ms", build_cpu_ms}, {"insert_us_per_token", insert_us},
       {"insert_cpu_us_per_token", insert_cpu_us},
-      {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction},
+      {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction}, {"fov_sqrt", a.dci.fov_sqrt},
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},

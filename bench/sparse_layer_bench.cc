@@ -65,6 +65,32 @@ void Timed(Sample* s, F&& f) {
   s->wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
 }
 
+// A named DciParams: Tuned() with "key=value,..." overrides (fov_min, fov_fraction, fov_sqrt, group_fov).
+struct Variant {
+  std::string name;
+  kvstore::DciParams dci;
+};
+
+bool ParseVariant(const std::string& spec, Variant* v) {
+  const size_t colon = spec.find(':');
+  v->name = spec.substr(0, colon);
+  v->dci = kvstore::DciParams::Tuned();
+  if (colon == std::string::npos) return !v->name.empty();
+  std::stringstream ss(spec.substr(colon + 1));
+  for (std::string kv; std::getline(ss, kv, ',');) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string key = kv.substr(0, eq);
+    const double val = std::atof(kv.c_str() + eq + 1);
+    if (key == "fov_min") v->dci.fov_min = static_cast<int>(val);
+    else if (key == "fov_fraction") v->dci.fov_fraction = val;
+    else if (key == "fov_sqrt") v->dci.fov_sqrt = val;
+    else if (key == "group_fov") v->dci.group_fov = val;
+    else return false;
+  }
+  return !v->name.empty();
+}
+
 std::vector<int> ParseInts(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
@@ -76,6 +102,7 @@ int Run(int argc, char** argv) {
   std::vector<int> contexts = {4096, 16384, 32768, 65536};
   int steps = 20, budget = 16, threads = 2;
   kvstore::DciParams dci = kvstore::DciParams::Tuned();
+  std::vector<Variant> variants;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -86,18 +113,32 @@ int Run(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--fov-min") dci.fov_min = std::atoi(next().c_str());
     else if (a == "--fov-fraction") dci.fov_fraction = std::atof(next().c_str());
-    else if (a == "--json") json = true;
+    else if (a == "--fov-sqrt") dci.fov_sqrt = std::atof(next().c_str());
+    else if (a == "--group-fov") dci.group_fov = std::atof(next().c_str());
+    else if (a == "--variant") {
+      Variant v;
+      if (!ParseVariant(next(), &v)) {
+        std::fprintf(stderr, "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt, group_fov)\n");
+        return 2;
+      }
+      variants.push_back(v);
+    } else if (a == "--json") json = true;
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench sparse-layer [--contexts 4096,16384,32768,65536] [--steps 20]\n"
-                   "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--json]\n"
-                   "  (trees use DciParams::Tuned(); --fov-* override its field of view)\n");
+                   "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--fov-sqrt C]\n"
+                   "       [--group-fov G] [--variant NAME[:key=value,...]]... [--json]\n"
+                   "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
+                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov), all measured in this run)\n");
       return 2;
     }
   }
-  if (Status s = kvstore::ValidateDciParams(dci); !s.ok()) {
-    std::fprintf(stderr, "sparse-layer: %s\n", s.ToString().c_str());
-    return 2;
+  if (variants.empty()) variants.push_back(Variant{"tuned", dci});
+  for (const Variant& var : variants) {
+    if (Status s = kvstore::ValidateDciParams(var.dci); !s.ok()) {
+      std::fprintf(stderr, "sparse-layer: variant %s: %s\n", var.name.c_str(), s.ToString().c_str());
+      return 2;
+    }
   }
   if (steps < 1 || budget < 5 || threads < 1 || contexts.empty()) {
     std::fprintf(stderr, "sparse-layer: need steps >= 1, budget >= 5 pages (2 sink + 2 window + 1), threads >= 1\n");
@@ -118,7 +159,7 @@ int Run(int argc, char** argv) {
                 " %d threads, medians of %d steps (CPU = process CPU time)\n",
                 kQHeads, kKvHeads, kDim, kPageSize, budget, threads, steps);
   }
-  double sparse_base = 0;
+  std::vector<double> sparse_base(variants.size(), 0.0);
   for (int n : contexts) {
     // Keys, values and queries of each KV head from its own synthetic stream.
     std::vector<float> k(static_cast<size_t>(n) * kKvHeads * kDim), v(k.size());
@@ -133,6 +174,8 @@ int Run(int argc, char** argv) {
       }
       queries[g] = d.queries;
     }
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+    const Variant& var = variants[vi];
     kvstore::PagePoolOptions po;
     po.page_size = kPageSize;
     po.head_dim = kDim;
@@ -147,7 +190,7 @@ int Run(int argc, char** argv) {
     co.num_layers = 1;
     co.num_kv_heads = kKvHeads;
     co.dense_layers = 0;
-    co.dci = dci;
+    co.dci = var.dci;
     auto cache = kvstore::SequenceCache::Create(co, pool->get());
     if (!cache.ok()) {
       std::fprintf(stderr, "sparse-layer: %s\n", cache.status().ToString().c_str());
@@ -161,8 +204,6 @@ int Run(int argc, char** argv) {
       return 1;
     }
     const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
-    v.clear();
-    v.shrink_to_fit();
 
     std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
     kvstore::Retriever sparse_r({budget, kvstore::RetrievalMode::kSparse}, &pool_threads);
@@ -197,7 +238,8 @@ int Run(int argc, char** argv) {
       return got / total;
     };
     double cover_sparse = 0, cover_oracle = 0;
-    int cover_count = 0;
+    int cover_count = 0, scored_groups = 0;
+    double tokens_scored = 0, cells_expanded = 0;
     const std::vector<const kvstore::SequenceCache*> seqs = {cache->get()};
     Sample select, sparse_attn, sparse_total, dense;
     int64_t pages_sparse = 0;
@@ -243,6 +285,15 @@ int Run(int argc, char** argv) {
           std::fprintf(stderr, "sparse-layer: oracle: %s\n", st.ToString().c_str());
           return 1;
         }
+        for (int g = 0; g < kKvHeads; ++g) {  // the work of each group's query (untimed repeat)
+          const kvstore::DciTree* tree = (*cache)->tree(0, g);
+          std::vector<std::vector<kvstore::ScoredLeaf>> lists;
+          kvstore::QueryStats qs;
+          tree->QueryGroup(&q[static_cast<size_t>(g) * group * kDim], group, budget, &lists, &qs);
+          tokens_scored += static_cast<double>(qs.tokens_scored);
+          cells_expanded += static_cast<double>(qs.cells_expanded);
+          ++scored_groups;
+        }
         for (int h = 0; h < kQHeads; ++h) {
           cover_sparse += coverage(sel, h);
           cover_oracle += coverage(best, h);
@@ -251,8 +302,9 @@ int Run(int argc, char** argv) {
       }
     }
     const double st = Median(sparse_total.cpu), dn = Median(dense.cpu);
-    if (sparse_base == 0) sparse_base = st;
-    nlohmann::json row = {{"context", n},
+    if (sparse_base[vi] == 0) sparse_base[vi] = st;
+    nlohmann::json row = {{"variant", var.name},
+                          {"context", n},
                           {"build_s", build_s},
                           {"pages_sparse", pages_sparse},
                           {"pages_dense", all.page_indptr.back()},
@@ -265,14 +317,19 @@ int Run(int argc, char** argv) {
                           {"dense_over_sparse_cpu", dn / st},
                           {"mass_covered", cover_sparse / cover_count},
                           {"oracle_mass_covered", cover_oracle / cover_count},
-                          {"sparse_vs_first_context_cpu", st / sparse_base}};
+                          {"tokens_scored_per_group", tokens_scored / std::max(1, scored_groups)},
+                          {"cells_expanded_per_group", cells_expanded / std::max(1, scored_groups)},
+                          {"sparse_vs_first_context_cpu", st / sparse_base[vi]}};
     out.push_back(row);
     if (!json) {
-      std::printf("  context %7d: sparse %7.0f us CPU (select %6.0f + attention %5.0f; %lld pages), dense %8.0f us CPU"
-                  " (%.1fx sparse); sparse vs first context %.2fx; attention mass covered %.3f (oracle %.3f); build %.1f s\n",
-                  n, st * 1e6, Median(select.cpu) * 1e6, Median(sparse_attn.cpu) * 1e6,
-                  static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base, cover_sparse / cover_count,
-                  cover_oracle / cover_count, build_s);
+      std::printf("  %s context %7d: sparse %7.0f us CPU (select %6.0f + attention %5.0f; %lld pages), dense %8.0f us CPU"
+                  " (%.1fx sparse); sparse vs first context %.2fx; attention mass covered %.3f (oracle %.3f);"
+                  " %.0f tokens in %.0f cells per group; build %.1f s\n",
+                  var.name.c_str(), n, st * 1e6, Median(select.cpu) * 1e6, Median(sparse_attn.cpu) * 1e6,
+                  static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base[vi], cover_sparse / cover_count,
+                  cover_oracle / cover_count, tokens_scored / std::max(1, scored_groups),
+                  cells_expanded / std::max(1, scored_groups), build_s);
+    }
     }
   }
   if (json) std::printf("%s\n", out.dump(2).c_str());

@@ -29,6 +29,10 @@ Status ValidateDciParams(const DciParams& p) {
   if (p.fov_min < 1) return InvalidArgumentError("DciParams.fov_min must be >= 1");
   if (!(p.fov_fraction >= 0 && p.fov_fraction <= 1))
     return InvalidArgumentError("DciParams.fov_fraction must be in [0, 1], got " + Num(p.fov_fraction));
+  if (!(p.fov_sqrt >= 0 && p.fov_sqrt <= 1e6))
+    return InvalidArgumentError("DciParams.fov_sqrt must be in [0, 1e6], got " + Num(p.fov_sqrt));
+  if (!(p.group_fov >= 0 && p.group_fov <= 64))
+    return InvalidArgumentError("DciParams.group_fov must be in [0, 64], got " + Num(p.group_fov));
   if (!(p.cell_score_fraction > 0 && p.cell_score_fraction <= 1))
     return InvalidArgumentError("DciParams.cell_score_fraction must be in (0, 1], got " + Num(p.cell_score_fraction));
   if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))

@@ -17,7 +17,7 @@
 //    [0, valid). A cell of c children is spread evenly over ceil(c / page_size) leaves at build;
 //    on insertion a full leaf splits half/half into a new page.
 //  * Query: start from the root cell; on each level keep the field of view
-//    fov = max(fov_min, fov_fraction * n) best nodes (exact q.k) and expand their cells, scoring
+//    fov = max(fov_min, fov_fraction * n, fov_sqrt * sqrt(n)) best nodes (exact q.k) and expand their cells, scoring
 //    about cell_score_fraction of each cell's children exactly (the leaves nearest the query in
 //    projection order). Result: the K best distinct leaves, ranked by the best scored token score.
 //    With exhaustive_upper, every node of level >= 1 is scored (they are ~p1 of the tokens) from
@@ -62,8 +62,13 @@ struct DciParams {
   int top_level_max_nodes = 5;         // a level this small is the top (>= 1)
   int exact_parent_max_nodes = 3000;   // exact parent search up to this many upper nodes
   int dci_parent_candidates = 64;      // nodes scored exactly by a DCI parent search
-  int fov_min = 30;                    // field of view: max(fov_min, fov_fraction * n) nodes
+  int fov_min = 30;                    // field of view: max(fov_min, fov_fraction * n, fov_sqrt * sqrt(n)) nodes
   double fov_fraction = 1.5e-3;
+  double fov_sqrt = 0;                 // >= 0; sub-linear growth of the field of view (0: off)
+  // GQA groups (QueryGroup's shared traversal): > 0 caps the cells the group expands at
+  // ceil(group_fov * fov), taken rank by rank over the heads' own best-fov lists (rank 0 of every
+  // head, then rank 1, ...); 0: every head expands its own fov cells (union up to nq * fov).
+  double group_fov = 0;
   double cell_score_fraction = 0.8;    // fraction of an expanded cell scored exactly, (0, 1]
   bool exhaustive_upper = false;       // score all nodes of levels >= 1 (fov: level-1 cells expanded)
   bool bf16_parent_search = false;     // build's exact parent search on bf16-rounded keys (2x faster)
@@ -147,6 +152,8 @@ class DciTree {
   // ranked over a superset of the leaves its own Query scores. qs: [nq, head_dim].
   void QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
                   QueryStats* stats = nullptr) const;
+  // The field of view at the current size: max(fov_min, ceil(fov_fraction * n), ceil(fov_sqrt * sqrt(n))).
+  int64_t FieldOfView() const;
   // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
   void Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const;
 
@@ -233,8 +240,10 @@ class DciTree {
   void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;
   void SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
   // Appends to `cells` the cells of the best `fov` of n nodes (scores[i], nodes[i]) that own a
-  // non-empty cell (ties: lower index first). scores is overwritten.
-  void ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fov, Scratch* s, std::vector<int32_t>* cells) const;
+  // non-empty cell (ties: lower index first), and their owners' scores to `cell_scores` if given.
+  // scores is overwritten.
+  void ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fov, Scratch* s, std::vector<int32_t>* cells,
+                   std::vector<float>* cell_scores = nullptr) const;
 
   DciParams params_;
   PagePool* pool_;

@@ -75,8 +75,14 @@ void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const {
   s->entries.emplace_back(*std::max_element(s->scores.data(), s->scores.data() + v), leaf);
 }
 
+int64_t DciTree::FieldOfView() const {
+  const double n = static_cast<double>(size());
+  return std::max<int64_t>({params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * n)),
+                            static_cast<int64_t>(std::ceil(params_.fov_sqrt * std::sqrt(n)))});
+}
+
 void DciTree::ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fov, Scratch* s,
-                          std::vector<int32_t>* cells) const {
+                          std::vector<int32_t>* cells, std::vector<float>* cell_scores) const {
   // Threshold at the best `need` scores left, take those (-inf marks taken), and repeat while a
   // taken node turned out to own no cell.
   s->keys.resize(n);
@@ -91,11 +97,13 @@ void DciTree::ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fo
     int taken = 0;
     for (int i = 0; i < n; ++i) {
       if (!(scores[i] > thr || (scores[i] == thr && thr > -INFINITY && ties-- > 0))) continue;
+      const float score = scores[i];
       scores[i] = -INFINITY;
       ++taken;
       const int32_t c = node_cell_[nodes[i]];
       if (c >= 0 && cells_[c].count > 0) {
         cells->push_back(c);
+        if (cell_scores != nullptr) cell_scores->push_back(score);
         ++got;
       }
     }
@@ -215,7 +223,7 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   s->scores.resize(std::max<size_t>(page_size_, s->scores.size()));
   const float qn = std::sqrt(DotF32(q, q, dim_));
   const float qproj = qn > 0 ? DotF32(directions_.data(), q, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
-  const int64_t fov = std::max<int64_t>(params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * size())));
+  const int64_t fov = FieldOfView();
   const int top = num_levels() - 1;
   if (params_.exhaustive_upper && top >= 1) {
     // Level 1 first: its scores pick the cells, whose pages are then prefetched while the small
@@ -275,6 +283,8 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<int32_t> touched;
     std::vector<uint8_t> cell_mark;
     std::vector<int32_t> cells, head_cells;
+    std::vector<float> head_scores;
+    std::vector<std::vector<std::pair<float, int32_t>>> ranked;  // per head: (owner score, cell), best first
     std::vector<float> scores;
     std::vector<float> cand;
     std::vector<float> col;  // one head's column of best, over touched leaves
@@ -292,7 +302,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     if (row[0] == -INFINITY) g.touched.push_back(leaf);
     for (int j = 0; j < nq; ++j) row[j] = std::max(row[j], sc[j * stride]);
   };
-  const int64_t fov = std::max<int64_t>(params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * size())));
+  const int64_t fov = FieldOfView();
   const int top = num_levels() - 1;
   for (int lvl = 1; lvl <= top; ++lvl) {
     const auto& nodes = level_nodes_[lvl];
@@ -307,11 +317,40 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
       touch(leaf, g.scores.data() + i, cnt);
     }
     if (lvl != 1) continue;
+    if (params_.group_fov <= 0) {
+      for (int j = 0; j < nq; ++j) {
+        g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * cnt, g.scores.begin() + static_cast<size_t>(j + 1) * cnt);
+        g.head_cells.clear();
+        ChooseCells(g.cand.data(), nodes.data(), cnt, fov, &g.query, &g.head_cells);
+        for (int32_t c : g.head_cells) {
+          if (!g.cell_mark[c]) {
+            g.cell_mark[c] = 1;
+            g.cells.push_back(c);
+          }
+        }
+      }
+      continue;
+    }
+    // Group field of view: each head ranks its own best fov cells; the group takes them rank by
+    // rank until the union holds the cap.
+    const int64_t cap = static_cast<int64_t>(std::ceil(params_.group_fov * static_cast<double>(fov)));
+    g.ranked.resize(nq);
+    size_t longest = 0;
     for (int j = 0; j < nq; ++j) {
       g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * cnt, g.scores.begin() + static_cast<size_t>(j + 1) * cnt);
       g.head_cells.clear();
-      ChooseCells(g.cand.data(), nodes.data(), cnt, fov, &g.query, &g.head_cells);
-      for (int32_t c : g.head_cells) {
+      g.head_scores.clear();
+      ChooseCells(g.cand.data(), nodes.data(), cnt, std::min(fov, cap), &g.query, &g.head_cells, &g.head_scores);
+      auto& r = g.ranked[j];
+      r.clear();
+      for (size_t i = 0; i < g.head_cells.size(); ++i) r.emplace_back(g.head_scores[i], g.head_cells[i]);
+      std::sort(r.begin(), r.end(), Better{});
+      longest = std::max(longest, r.size());
+    }
+    for (size_t rank = 0; rank < longest && static_cast<int64_t>(g.cells.size()) < cap; ++rank) {
+      for (int j = 0; j < nq && static_cast<int64_t>(g.cells.size()) < cap; ++j) {
+        if (rank >= g.ranked[j].size()) continue;
+        const int32_t c = g.ranked[j][rank].second;
         if (!g.cell_mark[c]) {
           g.cell_mark[c] = 1;
           g.cells.push_back(c);

@@ -20,6 +20,8 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put<int32_t>(p.dci_parent_candidates);
   w->Put<int32_t>(p.fov_min);
   w->Put(p.fov_fraction);
+  w->Put(p.fov_sqrt);
+  w->Put(p.group_fov);
   w->Put(p.cell_score_fraction);
   w->Put<uint8_t>(p.exhaustive_upper ? 1 : 0);
   w->Put<uint8_t>(p.bf16_parent_search ? 1 : 0);
@@ -29,8 +31,8 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
 }
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
-  int32_t i32[6];
-  uint8_t flags[2];
+  int32_t i32[6] = {};
+  uint8_t flags[2] = {};
   ICE_RETURN_IF_ERROR(r->Get(&i32[0], "tree params num_simple"));
   ICE_RETURN_IF_ERROR(r->Get(&i32[1], "tree params num_composite"));
   ICE_RETURN_IF_ERROR(r->Get(&p->p1, "tree params p1"));
@@ -40,6 +42,8 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&i32[4], "tree params dci_parent_candidates"));
   ICE_RETURN_IF_ERROR(r->Get(&i32[5], "tree params fov_min"));
   ICE_RETURN_IF_ERROR(r->Get(&p->fov_fraction, "tree params fov_fraction"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->fov_sqrt, "tree params fov_sqrt"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->group_fov, "tree params group_fov"));
   ICE_RETURN_IF_ERROR(r->Get(&p->cell_score_fraction, "tree params cell_score_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[0], "tree params exhaustive_upper"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[1], "tree params bf16_parent_search"));
@@ -60,6 +64,7 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
 
 void DciTree::Serialize(WireWriter* w) const {
   w->Put(kTreeMagic);
+  w->Put(kKvWireVersion);
   SerializeDciParams(params_, w);
   w->Put<int32_t>(num_payloads_);
   w->Put<int32_t>(dim_);
@@ -100,6 +105,12 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   uint32_t magic = 0;
   ICE_RETURN_IF_ERROR(r->Get(&magic, "tree magic"));
   if (magic != kTreeMagic) return DataLossError("sequence wire form: bad tree magic");
+  uint32_t version = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&version, "tree version"));
+  if (version != kKvWireVersion)
+    return InvalidArgumentError("sequence wire form: tree version " + std::to_string(version) +
+                                " not supported (this build reads " + std::to_string(kKvWireVersion) +
+                                "; forms before version 3 carry no tree version and lack DciParams.fov_sqrt/group_fov)");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
   ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));

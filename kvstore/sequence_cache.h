@@ -49,7 +49,7 @@ struct SequenceWire {
 
 class SequenceCache {
  public:
-  static constexpr uint32_t kWireVersion = 2;  // 2: DciParams field by field, with bf16_parent_search
+  static constexpr uint32_t kWireVersion = kKvWireVersion;  // kvstore/wire.h
 
   static StatusOr<std::unique_ptr<SequenceCache>> Create(const SequenceCacheOptions& options, PagePool* pool);
   ~SequenceCache();
