@@ -104,7 +104,8 @@ void Usage() {
                "  [--fov-min 30] [--fov-fraction 1.5e-3] [--fov-sqrt 0] [--group-fov 0 (GQA groups only)]\n"
                "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
-               "  [--tuned (DciParams::Tuned(); give it before other tree options)] [--norm-headroom 1.0] [--dci-candidates 64]\n"
+               "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
+               "  [--centroid-cells 0|1] [--centroid-bonus B] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--json] [--dump-selection FILE]\n");
@@ -118,6 +119,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     if (k == "--no-faiss") { a->faiss = false; continue; }
     if (k == "--exhaustive-upper") { a->dci.exhaustive_upper = true; continue; }
     if (k == "--tuned") { a->dci = DciParams::Tuned(); continue; }
+    if (k == "--flat") { a->dci = DciParams::Flat(); continue; }
     if (k == "--help" || k == "-h") return false;
     const char* v = val();
     if (v == nullptr) { std::fprintf(stderr, "retrieval: %s needs a value\n", k.c_str()); return false; }
@@ -139,6 +141,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--fov-fraction") a->dci.fov_fraction = std::atof(v);
     else if (k == "--fov-sqrt") a->dci.fov_sqrt = std::atof(v);
     else if (k == "--group-fov") a->dci.group_fov = std::atof(v);
+    else if (k == "--centroid-cells") a->dci.centroid_cells = std::atoi(v) != 0;
+    else if (k == "--centroid-bonus") a->dci.centroid_bonus = std::atof(v);
     else if (k == "--cell-fraction") a->dci.cell_score_fraction = std::atof(v);
     else if (k == "--p1") a->dci.p1 = std::atof(v);
     else if (k == "--p2") a->dci.p2 = std::atof(v);
@@ -388,7 +392,8 @@ int RunRetrieval(int argc, char** argv) {
       {"oracle_cpu_us_median", Median(oracle_cpu_us)}, {"query_back_to_back_cpu_us_median", Median(b2b_cpu_us)},
       {"build_ms", build_ms}, {"build_cpu_ms", build_cpu_ms}, {"insert_us_per_token", insert_us},
       {"insert_cpu_us_per_token", insert_cpu_us},
-      {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction}, {"fov_sqrt", a.dci.fov_sqrt},
+      {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction}, {"fov_sqrt", a.dci.fov_sqrt}, {"group_fov", a.dci.group_fov},
+                  {"centroid_cells", a.dci.centroid_cells}, {"centroid_bonus", a.dci.centroid_bonus},
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},

@@ -65,7 +65,8 @@ void Timed(Sample* s, F&& f) {
   s->wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
 }
 
-// A named DciParams: Tuned() with "key=value,..." overrides (fov_min, fov_fraction, fov_sqrt, group_fov).
+// A named DciParams: Tuned() (Flat() when the name starts with "flat") with "key=value,..."
+// overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus).
 struct Variant {
   std::string name;
   kvstore::DciParams dci;
@@ -74,7 +75,7 @@ struct Variant {
 bool ParseVariant(const std::string& spec, Variant* v) {
   const size_t colon = spec.find(':');
   v->name = spec.substr(0, colon);
-  v->dci = kvstore::DciParams::Tuned();
+  v->dci = v->name.rfind("flat", 0) == 0 ? kvstore::DciParams::Flat() : kvstore::DciParams::Tuned();
   if (colon == std::string::npos) return !v->name.empty();
   std::stringstream ss(spec.substr(colon + 1));
   for (std::string kv; std::getline(ss, kv, ',');) {
@@ -86,6 +87,8 @@ bool ParseVariant(const std::string& spec, Variant* v) {
     else if (key == "fov_fraction") v->dci.fov_fraction = val;
     else if (key == "fov_sqrt") v->dci.fov_sqrt = val;
     else if (key == "group_fov") v->dci.group_fov = val;
+    else if (key == "centroid") v->dci.centroid_cells = val != 0;
+    else if (key == "bonus") v->dci.centroid_bonus = val;
     else return false;
   }
   return !v->name.empty();
@@ -118,7 +121,7 @@ int Run(int argc, char** argv) {
     else if (a == "--variant") {
       Variant v;
       if (!ParseVariant(next(), &v)) {
-        std::fprintf(stderr, "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt, group_fov)\n");
+        std::fprintf(stderr, "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus)\n");
         return 2;
       }
       variants.push_back(v);
@@ -129,7 +132,8 @@ int Run(int argc, char** argv) {
                    "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--fov-sqrt C]\n"
                    "       [--group-fov G] [--variant NAME[:key=value,...]]... [--json]\n"
                    "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
-                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov), all measured in this run)\n");
+                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus), Flat() for names\n"
+                   "   starting with \"flat\"; all variants are measured in this run)\n");
       return 2;
     }
   }

@@ -33,6 +33,8 @@ Status ValidateDciParams(const DciParams& p) {
     return InvalidArgumentError("DciParams.fov_sqrt must be in [0, 1e6], got " + Num(p.fov_sqrt));
   if (!(p.group_fov >= 0 && p.group_fov <= 64))
     return InvalidArgumentError("DciParams.group_fov must be in [0, 64], got " + Num(p.group_fov));
+  if (!(p.centroid_bonus >= 0 && p.centroid_bonus <= 100))
+    return InvalidArgumentError("DciParams.centroid_bonus must be in [0, 100], got " + Num(p.centroid_bonus));
   if (!(p.cell_score_fraction > 0 && p.cell_score_fraction <= 1))
     return InvalidArgumentError("DciParams.cell_score_fraction must be in (0, 1], got " + Num(p.cell_score_fraction));
   if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))
@@ -251,7 +253,68 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     }
     cells_[c].count = static_cast<int32_t>(cnt);
   }
+  if (params_.centroid_cells) RefreshSummaries();
   return Status::Ok();
+}
+
+void DciTree::ResetSummaries() {
+  std::lock_guard<std::mutex> lock(summaries_.mu);
+  CellSummaries& m = summaries_;
+  m.upto.store(0, std::memory_order_release);
+  m.sum.clear();
+  m.sumsq.clear();
+  m.count.clear();
+  m.rows.clear();
+  m.bonus.clear();
+}
+
+void DciTree::RefreshSummaries() const {
+  CellSummaries& m = summaries_;
+  const int64_t n = size();
+  if (m.upto.load(std::memory_order_acquire) == n) return;
+  std::lock_guard<std::mutex> lock(m.mu);
+  const int64_t from = m.upto.load(std::memory_order_relaxed);
+  if (from == n) return;
+  const size_t rb = pool_->row_bytes(), d = static_cast<size_t>(dim_);
+  static const std::vector<int32_t> kNone;
+  const std::vector<int32_t>& l1 = level_nodes_.size() > 1 ? level_nodes_[1] : kNone;
+  const size_t n1 = l1.size(), old_n1 = m.count.size();
+  m.sum.resize(n1 * d, 0.f);
+  m.sumsq.resize(n1, 0.0);
+  m.count.resize(n1, 0);
+  m.rows.resize(n1 * rb);
+  m.bonus.resize(n1, 0.f);
+  std::vector<uint8_t> dirty(n1, 0);
+  for (size_t i = old_n1; i < n1; ++i) dirty[i] = 1;
+  std::vector<float> key(d);
+  for (int64_t t = from; t < n; ++t) {
+    const int32_t p = parent_[t];
+    if (level_[t] != 0 || p < 0 || level_[p] != 1) continue;
+    const size_t i = std::lower_bound(l1.begin(), l1.end(), p) - l1.begin();
+    RowToF32(pool_->dtype(), pool_->KRow(leaf_page(tok_leaf_[t], 0), tok_slot_[t]), key.data(), dim_);
+    float* acc = m.sum.data() + i * d;
+    for (size_t e = 0; e < d; ++e) acc[e] += key[e];
+    m.sumsq[i] += DotF32(key.data(), key.data(), dim_);
+    ++m.count[i];
+    dirty[i] = 1;
+  }
+  std::vector<float> mean(d);
+  for (size_t i = 0; i < n1; ++i) {
+    if (!dirty[i]) continue;
+    uint8_t* row = m.rows.data() + i * rb;
+    const int c = m.count[i];
+    if (c == 0) {
+      std::copy_n(level_rows_[1].data() + i * rb, rb, row);
+      m.bonus[i] = 0.f;
+      continue;
+    }
+    const float inv = 1.f / static_cast<float>(c);
+    for (size_t e = 0; e < d; ++e) mean[e] = m.sum[i * d + e] * inv;
+    RowFromF32(pool_->dtype(), mean.data(), row, dim_);
+    const double var = std::max(0.0, m.sumsq[i] / c - static_cast<double>(DotF32(mean.data(), mean.data(), dim_)));
+    m.bonus[i] = static_cast<float>(std::sqrt(var) * std::sqrt(2.0 * std::log(static_cast<double>(c)) / dim_));
+  }
+  m.upto.store(n, std::memory_order_release);
 }
 
 void DciTree::RebuildLevelRows() {
@@ -376,6 +439,7 @@ void DciTree::Release() {
   level_counts_.clear();
   level_index_.clear();
   level1_matrix_ = LevelMatrix{};
+  ResetSummaries();
 }
 
 std::vector<int64_t> DciTree::LeafPositions(int32_t leaf) const {

@@ -75,6 +75,19 @@ void DciTree::ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const {
   s->entries.emplace_back(*std::max_element(s->scores.data(), s->scores.data() + v), leaf);
 }
 
+void DciTree::ScoreCentroids(const float* qs, int nq, float* out) const {
+  const CellSummaries& m = summaries_;
+  const int cnt = static_cast<int>(m.count.size());
+  ScoreRowsMulti(pool_->dtype(), m.rows.data(), cnt, dim_, qs, nq, out);
+  if (params_.centroid_bonus <= 0) return;
+  for (int j = 0; j < nq; ++j) {
+    const float* qj = qs + static_cast<size_t>(j) * dim_;
+    const float w = static_cast<float>(params_.centroid_bonus) * std::sqrt(DotF32(qj, qj, dim_));
+    float* oj = out + static_cast<size_t>(j) * cnt;
+    for (int i = 0; i < cnt; ++i) oj[i] += w * m.bonus[i];
+  }
+}
+
 int64_t DciTree::FieldOfView() const {
   const double n = static_cast<double>(size());
   return std::max<int64_t>({params_.fov_min, static_cast<int64_t>(std::ceil(params_.fov_fraction * n)),
@@ -238,7 +251,14 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
       for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
     };
     score_level(1);
-    s->level1.assign(s->scores.begin(), s->scores.begin() + level_nodes_[1].size());
+    if (params_.centroid_cells) {
+      RefreshSummaries();
+      s->level1.resize(level_nodes_[1].size());
+      ScoreCentroids(q, 1, s->level1.data());
+      s->stats.tokens_scored += static_cast<int64_t>(level_nodes_[1].size());
+    } else {
+      s->level1.assign(s->scores.begin(), s->scores.begin() + level_nodes_[1].size());
+    }
     ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), fov, s, &s->cells);
     PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
     for (int lvl = 2; lvl <= top; ++lvl) score_level(lvl);
@@ -285,7 +305,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<int32_t> cells, head_cells;
     std::vector<float> head_scores;
     std::vector<std::vector<std::pair<float, int32_t>>> ranked;  // per head: (owner score, cell), best first
-    std::vector<float> scores;
+    std::vector<float> scores;  // [nq, nodes] of the level being scored
     std::vector<float> cand;
     std::vector<float> col;  // one head's column of best, over touched leaves
     Scratch query;
@@ -304,43 +324,49 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   };
   const int64_t fov = FieldOfView();
   const int top = num_levels() - 1;
-  for (int lvl = 1; lvl <= top; ++lvl) {
+  if (params_.centroid_cells) RefreshSummaries();
+  // Upper levels: every head's score of every node, one leaf row each (max per head).
+  for (int lvl = top; lvl >= 1; --lvl) {
     const auto& nodes = level_nodes_[lvl];
     const int cnt = static_cast<int>(nodes.size());
     if (cnt == 0) continue;
     g.scores.resize(static_cast<size_t>(cnt) * nq);
     ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, qs, nq, g.scores.data());
     st.tokens_scored += cnt;
-    for (int i = 0; i < cnt; ++i) {
-      // Upper tokens: every head's score, one leaf row each (max per head below).
-      const int32_t leaf = tok_leaf_[nodes[i]];
-      touch(leaf, g.scores.data() + i, cnt);
-    }
-    if (lvl != 1) continue;
-    if (params_.group_fov <= 0) {
-      for (int j = 0; j < nq; ++j) {
-        g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * cnt, g.scores.begin() + static_cast<size_t>(j + 1) * cnt);
-        g.head_cells.clear();
-        ChooseCells(g.cand.data(), nodes.data(), cnt, fov, &g.query, &g.head_cells);
-        for (int32_t c : g.head_cells) {
-          if (!g.cell_mark[c]) {
-            g.cell_mark[c] = 1;
-            g.cells.push_back(c);
-          }
+    for (int i = 0; i < cnt; ++i) touch(tok_leaf_[nodes[i]], g.scores.data() + i, cnt);
+  }
+  // Level-1 cells, ranked by their owners' scores (above) or by their summaries.
+  const auto& l1 = level_nodes_[1];
+  const int ncand = static_cast<int>(l1.size());
+  const int32_t* cand_nodes = l1.data();
+  if (params_.centroid_cells) {
+    g.scores.resize(static_cast<size_t>(ncand) * nq);
+    ScoreCentroids(qs, nq, g.scores.data());
+    st.tokens_scored += ncand;
+  }
+  if (params_.group_fov <= 0) {
+    for (int j = 0; j < nq; ++j) {
+      g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * ncand, g.scores.begin() + static_cast<size_t>(j + 1) * ncand);
+      g.head_cells.clear();
+      ChooseCells(g.cand.data(), cand_nodes, ncand, fov, &g.query, &g.head_cells);
+      for (int32_t c : g.head_cells) {
+        if (!g.cell_mark[c]) {
+          g.cell_mark[c] = 1;
+          g.cells.push_back(c);
         }
       }
-      continue;
     }
+  } else {
     // Group field of view: each head ranks its own best fov cells; the group takes them rank by
     // rank until the union holds the cap.
     const int64_t cap = static_cast<int64_t>(std::ceil(params_.group_fov * static_cast<double>(fov)));
     g.ranked.resize(nq);
     size_t longest = 0;
     for (int j = 0; j < nq; ++j) {
-      g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * cnt, g.scores.begin() + static_cast<size_t>(j + 1) * cnt);
+      g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * ncand, g.scores.begin() + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
       g.head_scores.clear();
-      ChooseCells(g.cand.data(), nodes.data(), cnt, std::min(fov, cap), &g.query, &g.head_cells, &g.head_scores);
+      ChooseCells(g.cand.data(), cand_nodes, ncand, std::min(fov, cap), &g.query, &g.head_cells, &g.head_scores);
       auto& r = g.ranked[j];
       r.clear();
       for (size_t i = 0; i < g.head_cells.size(); ++i) r.emplace_back(g.head_scores[i], g.head_cells[i]);

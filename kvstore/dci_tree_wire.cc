@@ -22,6 +22,8 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.fov_fraction);
   w->Put(p.fov_sqrt);
   w->Put(p.group_fov);
+  w->Put<uint8_t>(p.centroid_cells ? 1 : 0);
+  w->Put(p.centroid_bonus);
   w->Put(p.cell_score_fraction);
   w->Put<uint8_t>(p.exhaustive_upper ? 1 : 0);
   w->Put<uint8_t>(p.bf16_parent_search ? 1 : 0);
@@ -32,7 +34,7 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
   int32_t i32[6] = {};
-  uint8_t flags[2] = {};
+  uint8_t flags[3] = {};
   ICE_RETURN_IF_ERROR(r->Get(&i32[0], "tree params num_simple"));
   ICE_RETURN_IF_ERROR(r->Get(&i32[1], "tree params num_composite"));
   ICE_RETURN_IF_ERROR(r->Get(&p->p1, "tree params p1"));
@@ -44,13 +46,15 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&p->fov_fraction, "tree params fov_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&p->fov_sqrt, "tree params fov_sqrt"));
   ICE_RETURN_IF_ERROR(r->Get(&p->group_fov, "tree params group_fov"));
+  ICE_RETURN_IF_ERROR(r->Get(&flags[2], "tree params centroid_cells"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->centroid_bonus, "tree params centroid_bonus"));
   ICE_RETURN_IF_ERROR(r->Get(&p->cell_score_fraction, "tree params cell_score_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[0], "tree params exhaustive_upper"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[1], "tree params bf16_parent_search"));
   ICE_RETURN_IF_ERROR(r->Get(&p->promote_fraction, "tree params promote_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&p->norm_headroom, "tree params norm_headroom"));
   ICE_RETURN_IF_ERROR(r->Get(&p->seed, "tree params seed"));
-  if (flags[0] > 1 || flags[1] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
+  if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];
   p->top_level_max_nodes = i32[2];
@@ -59,6 +63,7 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   p->fov_min = i32[5];
   p->exhaustive_upper = flags[0] != 0;
   p->bf16_parent_search = flags[1] != 0;
+  p->centroid_cells = flags[2] != 0;
   return Status::Ok();
 }
 
@@ -110,7 +115,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (version != kKvWireVersion)
     return InvalidArgumentError("sequence wire form: tree version " + std::to_string(version) +
                                 " not supported (this build reads " + std::to_string(kKvWireVersion) +
-                                "; forms before version 3 carry no tree version and lack DciParams.fov_sqrt/group_fov)");
+                                "; forms before version 3 carry no tree version and lack the DciParams fields of version 3)");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
   ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));
@@ -194,6 +199,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     t->leaf_pages_.clear();  // the caller still owns the pages
     return DataLossError("sequence wire form: tree fails its invariants: " + inv.message());
   }
+  if (params.centroid_cells) t->RefreshSummaries();
   return t;
 }
 

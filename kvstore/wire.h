@@ -13,8 +13,9 @@
 namespace icecache::kvstore {
 
 // Version of the kvstore wire forms (SequenceCache metadata and the DciTree form inside it).
-// 2: DciParams field by field, with bf16_parent_search; 3: DciParams gains fov_sqrt and group_fov,
-// and the tree form carries this version after its magic. Readers accept only their own version.
+// 2: DciParams field by field, with bf16_parent_search; 3: DciParams gains fov_sqrt, group_fov,
+// centroid_cells and centroid_bonus, and the tree form carries this version after its
+// magic. Readers accept only their own version.
 inline constexpr uint32_t kKvWireVersion = 3;
 
 class WireWriter {
