@@ -105,7 +105,7 @@ void Usage() {
                "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
-               "  [--centroid-cells 0|1] [--centroid-bonus B] [--norm-headroom 1.0] [--dci-candidates 64]\n"
+               "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--json] [--dump-selection FILE]\n");
@@ -143,6 +143,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--group-fov") a->dci.group_fov = std::atof(v);
     else if (k == "--centroid-cells") a->dci.centroid_cells = std::atoi(v) != 0;
     else if (k == "--centroid-bonus") a->dci.centroid_bonus = std::atof(v);
+    else if (k == "--level1-keys") a->dci.score_level1_keys = std::atoi(v) != 0;
     else if (k == "--cell-fraction") a->dci.cell_score_fraction = std::atof(v);
     else if (k == "--p1") a->dci.p1 = std::atof(v);
     else if (k == "--p2") a->dci.p2 = std::atof(v);
@@ -394,6 +395,7 @@ int RunRetrieval(int argc, char** argv) {
       {"insert_cpu_us_per_token", insert_cpu_us},
       {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction}, {"fov_sqrt", a.dci.fov_sqrt}, {"group_fov", a.dci.group_fov},
                   {"centroid_cells", a.dci.centroid_cells}, {"centroid_bonus", a.dci.centroid_bonus},
+                  {"score_level1_keys", a.dci.score_level1_keys},
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},

@@ -66,7 +66,7 @@ void Timed(Sample* s, F&& f) {
 }
 
 // A named DciParams: Tuned() (Flat() when the name starts with "flat") with "key=value,..."
-// overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus).
+// overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus, p1, owners).
 struct Variant {
   std::string name;
   kvstore::DciParams dci;
@@ -89,6 +89,8 @@ bool ParseVariant(const std::string& spec, Variant* v) {
     else if (key == "group_fov") v->dci.group_fov = val;
     else if (key == "centroid") v->dci.centroid_cells = val != 0;
     else if (key == "bonus") v->dci.centroid_bonus = val;
+    else if (key == "p1") v->dci.p1 = val;
+    else if (key == "owners") v->dci.score_level1_keys = val != 0;
     else return false;
   }
   return !v->name.empty();
@@ -121,7 +123,7 @@ int Run(int argc, char** argv) {
     else if (a == "--variant") {
       Variant v;
       if (!ParseVariant(next(), &v)) {
-        std::fprintf(stderr, "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus)\n");
+        std::fprintf(stderr, "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus, p1, owners)\n");
         return 2;
       }
       variants.push_back(v);
@@ -132,7 +134,7 @@ int Run(int argc, char** argv) {
                    "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--fov-sqrt C]\n"
                    "       [--group-fov G] [--variant NAME[:key=value,...]]... [--json]\n"
                    "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
-                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus), Flat() for names\n"
+                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus, p1, owners 0|1), Flat() for names\n"
                    "   starting with \"flat\"; all variants are measured in this run)\n");
       return 2;
     }

@@ -26,7 +26,9 @@
 //    view picks which level-1 cells to expand: about the same work as the descent at the
 //    reference fov, without its misses. Only nodes that own a non-empty cell count toward the
 //    field of view (near-duplicate keys make many childless nodes tie with the one that collected
-//    their children).
+//    their children). Options for a flatter cost (DciParams::Flat()): a sub-linear field of view
+//    (fov_sqrt), a cap on the cells a GQA group expands (group_fov), and level-1 cells ranked by
+//    the mean of their children's keys (centroid_cells, centroid_bonus) instead of by their owner.
 //
 // Payloads (ICE(r) reuse): a tree may carry num_payloads parallel page sets with the same layout
 // (payload 0 is the indexed layer; payloads 1.. are follower layers whose K/V simply move with
@@ -77,6 +79,9 @@ struct DciParams {
   // RMS distance of the children to c (an estimate of how far the best child lies above c).
   bool centroid_cells = false;
   double centroid_bonus = 0;           // >= 0
+  // With centroid_cells, false skips scoring the level-1 nodes' own keys: their tokens (which sit
+  // in level-2 cells' pages) are then never candidates, and a query scores half the level-1 rows.
+  bool score_level1_keys = true;
   double cell_score_fraction = 0.8;    // fraction of an expanded cell scored exactly, (0, 1]
   bool exhaustive_upper = false;       // score all nodes of levels >= 1 (fov: level-1 cells expanded)
   bool bf16_parent_search = false;     // build's exact parent search on bf16-rounded keys (2x faster)

@@ -250,7 +250,8 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
       s->stats.tokens_scored += cnt;
       for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
     };
-    score_level(1);
+    const bool owners = !params_.centroid_cells || params_.score_level1_keys;
+    if (owners) score_level(1);
     if (params_.centroid_cells) {
       RefreshSummaries();
       s->level1.resize(level_nodes_[1].size());
@@ -326,7 +327,8 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   const int top = num_levels() - 1;
   if (params_.centroid_cells) RefreshSummaries();
   // Upper levels: every head's score of every node, one leaf row each (max per head).
-  for (int lvl = top; lvl >= 1; --lvl) {
+  const int lowest = params_.centroid_cells && !params_.score_level1_keys ? 2 : 1;
+  for (int lvl = top; lvl >= lowest; --lvl) {
     const auto& nodes = level_nodes_[lvl];
     const int cnt = static_cast<int>(nodes.size());
     if (cnt == 0) continue;

@@ -1,5 +1,5 @@
 // The flat-cost query options of DciTree (DciParams::fov_sqrt, group_fov, centroid_cells,
-// centroid_bonus; the Flat() preset): field of view, the group cap, cell ranking by children's
+// centroid_bonus, score_level1_keys; the Flat() preset): field of view, the group cap, cell ranking by children's
 // mean key, its upkeep through insertions and the wire form, against the exact oracle.
 #include <gtest/gtest.h>
 
@@ -95,6 +95,40 @@ TEST(DciTreeFlatTest, GroupPathWithFullFieldOfViewReturnsTheOraclesPages) {
         }
       }
     }
+  }
+}
+
+TEST(DciTreeFlatTest, SkippingLevel1KeysSkipsExactlyThoseRows) {
+  // score_level1_keys = false: the same cells are expanded (the ranking uses the summaries either
+  // way) and exactly the level-1 rows are not scored; lists are ranked over a subset, so no
+  // head's k-th score can rise.
+  const int dim = 64, n = 12000, nq = 4, k = 12;
+  auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
+  auto data = MakeSyntheticData(n, dim, 2 * nq);
+  const float *kp, *vp;
+  DciParams on = DciParams::Flat(), off = on;
+  off.score_level1_keys = false;
+  auto a = DciTree::Build(on, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
+  auto b = DciTree::Build(off, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
+  const int64_t n1 = a->level_counts()[1];
+  ASSERT_GT(n1, 0);
+  for (int grp = 0; grp < 2; ++grp) {
+    const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
+    std::vector<std::vector<ScoredLeaf>> ga, gb;
+    QueryStats sa, sb;
+    a->QueryGroup(qs, nq, k, &ga, &sa);
+    b->QueryGroup(qs, nq, k, &gb, &sb);
+    EXPECT_EQ(sa.cells_expanded, sb.cells_expanded);
+    EXPECT_EQ(sa.tokens_scored - sb.tokens_scored, n1);
+    for (int j = 0; j < nq; ++j) {
+      ASSERT_EQ(ga[j].size(), gb[j].size());
+      EXPECT_LE(gb[j].back().score, ga[j].back().score);
+    }
+    std::vector<ScoredLeaf> x, y;
+    QueryStats s1, s2;
+    a->Query(qs, k, &x, &s1);
+    b->Query(qs, k, &y, &s2);
+    EXPECT_EQ(s1.tokens_scored - s2.tokens_scored, n1);
   }
 }
 
@@ -237,6 +271,7 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   p.fov_sqrt = 0.25;
   p.group_fov = 1.5;
   p.centroid_bonus = 0.75;
+  p.score_level1_keys = false;
   auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   WireWriter w;
   tree->Serialize(&w);
@@ -251,6 +286,7 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
     EXPECT_EQ(q.group_fov, 1.5);
     EXPECT_TRUE(q.centroid_cells);
     EXPECT_EQ(q.centroid_bonus, 0.75);
+    EXPECT_FALSE(q.score_level1_keys);
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
   // The tree form: magic, then the version.
