@@ -15,7 +15,8 @@
 // Budget B tokens = B/16 pages: oracle/icecache use 1 sink + 1 window + (B/16 - 2) retrieved pages,
 // window uses 1 sink + (B/16 - 1) window pages. A trial is correct when the greedy tokens equal
 // the answer ids exactly. Prompts come from eval_prompts.jsonl (tools/train/passkey_lib.py).
-// The DCI field of view (fov = max(fov_min, ceil(fov_fraction * tree tokens)) level-1 cells) can be
+// The DCI field of view (DciTree::FieldOfView() level-1 cells: max(fov_min, fov_fraction * n,
+// fov_sqrt * sqrt(n)), n = tree tokens) can be
 // swept: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists, over the
 // same prefill, so fov settings are compared on the same prompts in one run.
 #include <time.h>
@@ -192,7 +193,7 @@ StatusOr<bool> RunMethod(model::Model& m, kvstore::PagePool* pool, const std::ve
   }
   ICE_RETURN_IF_ERROR(cache->Build(kp.data(), vp.data(), n));
   if (const kvstore::DciTree* t = cache->tree(o.dense_layers, 0)) {
-    *fov = std::max<int64_t>(meth.dci.fov_min, static_cast<int64_t>(std::ceil(meth.dci.fov_fraction * t->size())));
+    *fov = t->FieldOfView();
   }
   if (meth.name == "icecache") {
     decode::IceCacheBackend be(shape, pool);
@@ -349,13 +350,14 @@ Status WritePlot(const std::string& path, const std::vector<Method>& methods, co
 constexpr const char* kUsage =
     "usage: icecache-bench accuracy --model DIR [--prompts FILE (DIR/eval_prompts.jsonl)] [--task passkey|needle]\n"
     "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,window]\n"
-    "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned (DciParams::Tuned())]\n"
+    "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned|flat (DciParams::Tuned()/Flat())]\n"
     "         [--dci-fov-min N[,N..] (field of view minimum, >= 1)]\n"
     "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n"
     "fov: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
-    "     the query expands max(fov_min, ceil(fov_fraction * tree tokens)) level-1 cells\n";
+    "     the query expands DciTree::FieldOfView() = max(fov_min, ceil(fov_fraction * n), ceil(fov_sqrt * sqrt(n)))\n"
+    "     level-1 cells, n = tree tokens (fov_sqrt: the preset's, 0 unless flat)\n";
 
 int RunAccuracy(int argc, char** argv) {
   std::string dir, prompts_path, task = "passkey", plot;
@@ -380,6 +382,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--json") json = true;
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "default") ++i;
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "tuned") dci = kvstore::DciParams::Tuned(), ++i;
+    else if (f == "--dci" && has && std::string(argv[i + 1]) == "flat") dci = kvstore::DciParams::Flat(), ++i;
     else if (f == "--dci-fov-min" && has) fov_mins_s = argv[++i];
     else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
     else {
