@@ -3,8 +3,9 @@
 // against context length, IceCache (page selection through the DCI trees + sparse attention over
 // the selected pages) next to dense attention over every page, in the same run.
 //
-// Per context: one SequenceCache with a single sparse layer is built from synthetic keys
-// (kvstore/synthetic_keys.h, one independent stream per KV head); then, per decode step, the step's
+// Per context and per --variant (a named DciParams; several variants compare old and new query
+// paths in one run on the same keys): one SequenceCache with a single sparse layer is built from
+// synthetic keys (kvstore/synthetic_keys.h, one independent stream per KV head); then, per decode step, the step's
 // 32 queries (the synthetic queries of each head's GQA group) go through Retriever::Select
 // (budget pages: sink + retrieved + window, the GQA group's heads sharing one tree traversal, the
 // 8 KV heads spread over a thread pool as the decode worker does) and
@@ -123,7 +124,9 @@ int Run(int argc, char** argv) {
     else if (a == "--variant") {
       Variant v;
       if (!ParseVariant(next(), &v)) {
-        std::fprintf(stderr, "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus, p1, owners)\n");
+        std::fprintf(stderr,
+                     "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt,"
+                     " group_fov, centroid, bonus, p1, owners)\n");
         return 2;
       }
       variants.push_back(v);
@@ -134,7 +137,8 @@ int Run(int argc, char** argv) {
                    "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--fov-sqrt C]\n"
                    "       [--group-fov G] [--variant NAME[:key=value,...]]... [--json]\n"
                    "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
-                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus, p1, owners 0|1), Flat() for names\n"
+                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus, p1,\n"
+                   "   owners 0|1), Flat() for names\n"
                    "   starting with \"flat\"; all variants are measured in this run)\n");
       return 2;
     }
@@ -181,161 +185,161 @@ int Run(int argc, char** argv) {
       queries[g] = d.queries;
     }
     for (size_t vi = 0; vi < variants.size(); ++vi) {
-    const Variant& var = variants[vi];
-    kvstore::PagePoolOptions po;
-    po.page_size = kPageSize;
-    po.head_dim = kDim;
-    po.dtype = kernels::DType::kBF16;
-    po.num_pages = static_cast<int64_t>(kKvHeads) * (2 * ((n + kPageSize - 1) / kPageSize) + 16);
-    auto pool = kvstore::PagePool::Create(po);
-    if (!pool.ok()) {
-      std::fprintf(stderr, "sparse-layer: %s\n", pool.status().ToString().c_str());
-      return 1;
-    }
-    kvstore::SequenceCacheOptions co;
-    co.num_layers = 1;
-    co.num_kv_heads = kKvHeads;
-    co.dense_layers = 0;
-    co.dci = var.dci;
-    auto cache = kvstore::SequenceCache::Create(co, pool->get());
-    if (!cache.ok()) {
-      std::fprintf(stderr, "sparse-layer: %s\n", cache.status().ToString().c_str());
-      return 1;
-    }
-    const float* kp[1] = {k.data()};
-    const float* vp[1] = {v.data()};
-    const auto b0 = std::chrono::steady_clock::now();
-    if (Status s = (*cache)->Build(kp, vp, n, &pool_threads); !s.ok()) {
-      std::fprintf(stderr, "sparse-layer: build: %s\n", s.ToString().c_str());
-      return 1;
-    }
-    const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
+      const Variant& var = variants[vi];
+      kvstore::PagePoolOptions po;
+      po.page_size = kPageSize;
+      po.head_dim = kDim;
+      po.dtype = kernels::DType::kBF16;
+      po.num_pages = static_cast<int64_t>(kKvHeads) * (2 * ((n + kPageSize - 1) / kPageSize) + 16);
+      auto pool = kvstore::PagePool::Create(po);
+      if (!pool.ok()) {
+        std::fprintf(stderr, "sparse-layer: %s\n", pool.status().ToString().c_str());
+        return 1;
+      }
+      kvstore::SequenceCacheOptions co;
+      co.num_layers = 1;
+      co.num_kv_heads = kKvHeads;
+      co.dense_layers = 0;
+      co.dci = var.dci;
+      auto cache = kvstore::SequenceCache::Create(co, pool->get());
+      if (!cache.ok()) {
+        std::fprintf(stderr, "sparse-layer: %s\n", cache.status().ToString().c_str());
+        return 1;
+      }
+      const float* kp[1] = {k.data()};
+      const float* vp[1] = {v.data()};
+      const auto b0 = std::chrono::steady_clock::now();
+      if (Status s = (*cache)->Build(kp, vp, n, &pool_threads); !s.ok()) {
+        std::fprintf(stderr, "sparse-layer: build: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
 
-    std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
-    kvstore::Retriever sparse_r({budget, kvstore::RetrievalMode::kSparse}, &pool_threads);
-    kvstore::Retriever full_r({budget, kvstore::RetrievalMode::kFull}, &pool_threads);
-    kvstore::Retriever oracle_r({budget, kvstore::RetrievalMode::kOracle}, &pool_threads);
-    // Attention mass of query head h covered by the pages of `ps` (exact softmax over all keys).
-    std::vector<float> probs(n);
-    std::vector<uint8_t> covered(n);
-    auto coverage = [&](const kvstore::PageSelection& ps, int h) {
-      const int g = h / group;
-      const float* qh = &q[static_cast<size_t>(h) * kDim];
-      float mx = -INFINITY;
-      for (int t = 0; t < n; ++t) {
-        const float* kt = &k[(static_cast<size_t>(t) * kKvHeads + g) * kDim];
-        float dot = 0.f;
-        for (int e = 0; e < kDim; ++e) dot += qh[e] * kt[e];
-        probs[t] = dot / std::sqrt(static_cast<float>(kDim));
-        mx = std::max(mx, probs[t]);
-      }
-      double total = 0;
-      for (int t = 0; t < n; ++t) total += (probs[t] = std::exp(probs[t] - mx));
-      std::fill(covered.begin(), covered.end(), 0);
-      const kvstore::DciTree* tree = (*cache)->tree(0, g);
-      for (int64_t t = 0; t < tree->first_position(); ++t) covered[t] = 1;  // sink pages
-      for (int64_t t = tree->end_position(); t < n; ++t) covered[t] = 1;    // window pages
-      for (int i = ps.page_indptr[g]; i < ps.page_indptr[g + 1]; ++i) {
-        if (ps.tree_leaf[i] < 0) continue;
-        for (int64_t pos : tree->LeafPositions(ps.tree_leaf[i])) covered[pos] = 1;
-      }
-      double got = 0;
-      for (int t = 0; t < n; ++t) got += covered[t] ? probs[t] : 0.0;
-      return got / total;
-    };
-    double cover_sparse = 0, cover_oracle = 0;
-    int cover_count = 0, scored_groups = 0;
-    double tokens_scored = 0, cells_expanded = 0;
-    const std::vector<const kvstore::SequenceCache*> seqs = {cache->get()};
-    Sample select, sparse_attn, sparse_total, dense;
-    int64_t pages_sparse = 0;
-    kvstore::PageSelection sel, all;
-    if (Status s = full_r.Select(seqs, 0, nullptr, kQHeads, &all); !s.ok()) {
-      std::fprintf(stderr, "sparse-layer: %s\n", s.ToString().c_str());
-      return 1;
-    }
-    auto attend = [&](const kvstore::PageSelection& ps) {
-      kernels::PagedDecodeAttentionParams a;
-      a.q = q.data();
-      a.pages = (*pool)->base();
-      a.kv_dtype = (*pool)->dtype();
-      a.page_indptr = ps.page_indptr.data();
-      a.page_ids = ps.page_ids.data();
-      a.page_valid = ps.page_valid.data();
-      a.out = o.data();
-      a.lse = lse.data();
-      a.batch = 1;
-      a.num_q_heads = kQHeads;
-      a.num_kv_heads = kKvHeads;
-      a.head_dim = kDim;
-      a.page_size = kPageSize;
-      a.scale = 1.f / std::sqrt(static_cast<float>(kDim));
-      (void)kernels::PagedDecodeAttention(a);
-    };
-    for (int step = 0; step < steps; ++step) {
-      for (int g = 0; g < kKvHeads; ++g)
-        std::copy_n(&queries[g][static_cast<size_t>(step) * group * kDim], group * kDim, &q[static_cast<size_t>(g) * group * kDim]);
-      flush_caches();
-      const double c0 = CpuSeconds();
-      const auto w0 = std::chrono::steady_clock::now();
-      Timed(&select, [&] { (void)sparse_r.Select(seqs, 0, q.data(), kQHeads, &sel); });
-      Timed(&sparse_attn, [&] { attend(sel); });
-      sparse_total.cpu.push_back(CpuSeconds() - c0);
-      sparse_total.wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
-      pages_sparse = sel.page_indptr.back();
-      flush_caches();
-      Timed(&dense, [&] { attend(all); });
-      if (step < kCoverageSteps) {
-        kvstore::PageSelection best;
-        if (Status st = oracle_r.Select(seqs, 0, q.data(), kQHeads, &best); !st.ok()) {
-          std::fprintf(stderr, "sparse-layer: oracle: %s\n", st.ToString().c_str());
-          return 1;
+      std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
+      kvstore::Retriever sparse_r({budget, kvstore::RetrievalMode::kSparse}, &pool_threads);
+      kvstore::Retriever full_r({budget, kvstore::RetrievalMode::kFull}, &pool_threads);
+      kvstore::Retriever oracle_r({budget, kvstore::RetrievalMode::kOracle}, &pool_threads);
+      // Attention mass of query head h covered by the pages of `ps` (exact softmax over all keys).
+      std::vector<float> probs(n);
+      std::vector<uint8_t> covered(n);
+      auto coverage = [&](const kvstore::PageSelection& ps, int h) {
+        const int g = h / group;
+        const float* qh = &q[static_cast<size_t>(h) * kDim];
+        float mx = -INFINITY;
+        for (int t = 0; t < n; ++t) {
+          const float* kt = &k[(static_cast<size_t>(t) * kKvHeads + g) * kDim];
+          float dot = 0.f;
+          for (int e = 0; e < kDim; ++e) dot += qh[e] * kt[e];
+          probs[t] = dot / std::sqrt(static_cast<float>(kDim));
+          mx = std::max(mx, probs[t]);
         }
-        for (int g = 0; g < kKvHeads; ++g) {  // the work of each group's query (untimed repeat)
-          const kvstore::DciTree* tree = (*cache)->tree(0, g);
-          std::vector<std::vector<kvstore::ScoredLeaf>> lists;
-          kvstore::QueryStats qs;
-          tree->QueryGroup(&q[static_cast<size_t>(g) * group * kDim], group, budget, &lists, &qs);
-          tokens_scored += static_cast<double>(qs.tokens_scored);
-          cells_expanded += static_cast<double>(qs.cells_expanded);
-          ++scored_groups;
+        double total = 0;
+        for (int t = 0; t < n; ++t) total += (probs[t] = std::exp(probs[t] - mx));
+        std::fill(covered.begin(), covered.end(), 0);
+        const kvstore::DciTree* tree = (*cache)->tree(0, g);
+        for (int64_t t = 0; t < tree->first_position(); ++t) covered[t] = 1;  // sink pages
+        for (int64_t t = tree->end_position(); t < n; ++t) covered[t] = 1;    // window pages
+        for (int i = ps.page_indptr[g]; i < ps.page_indptr[g + 1]; ++i) {
+          if (ps.tree_leaf[i] < 0) continue;
+          for (int64_t pos : tree->LeafPositions(ps.tree_leaf[i])) covered[pos] = 1;
         }
-        for (int h = 0; h < kQHeads; ++h) {
-          cover_sparse += coverage(sel, h);
-          cover_oracle += coverage(best, h);
-          ++cover_count;
+        double got = 0;
+        for (int t = 0; t < n; ++t) got += covered[t] ? probs[t] : 0.0;
+        return got / total;
+      };
+      double cover_sparse = 0, cover_oracle = 0;
+      int cover_count = 0, scored_groups = 0;
+      double tokens_scored = 0, cells_expanded = 0;
+      const std::vector<const kvstore::SequenceCache*> seqs = {cache->get()};
+      Sample select, sparse_attn, sparse_total, dense;
+      int64_t pages_sparse = 0;
+      kvstore::PageSelection sel, all;
+      if (Status s = full_r.Select(seqs, 0, nullptr, kQHeads, &all); !s.ok()) {
+        std::fprintf(stderr, "sparse-layer: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      auto attend = [&](const kvstore::PageSelection& ps) {
+        kernels::PagedDecodeAttentionParams a;
+        a.q = q.data();
+        a.pages = (*pool)->base();
+        a.kv_dtype = (*pool)->dtype();
+        a.page_indptr = ps.page_indptr.data();
+        a.page_ids = ps.page_ids.data();
+        a.page_valid = ps.page_valid.data();
+        a.out = o.data();
+        a.lse = lse.data();
+        a.batch = 1;
+        a.num_q_heads = kQHeads;
+        a.num_kv_heads = kKvHeads;
+        a.head_dim = kDim;
+        a.page_size = kPageSize;
+        a.scale = 1.f / std::sqrt(static_cast<float>(kDim));
+        (void)kernels::PagedDecodeAttention(a);
+      };
+      for (int step = 0; step < steps; ++step) {
+        for (int g = 0; g < kKvHeads; ++g)
+          std::copy_n(&queries[g][static_cast<size_t>(step) * group * kDim], group * kDim, &q[static_cast<size_t>(g) * group * kDim]);
+        flush_caches();
+        const double c0 = CpuSeconds();
+        const auto w0 = std::chrono::steady_clock::now();
+        Timed(&select, [&] { (void)sparse_r.Select(seqs, 0, q.data(), kQHeads, &sel); });
+        Timed(&sparse_attn, [&] { attend(sel); });
+        sparse_total.cpu.push_back(CpuSeconds() - c0);
+        sparse_total.wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
+        pages_sparse = sel.page_indptr.back();
+        flush_caches();
+        Timed(&dense, [&] { attend(all); });
+        if (step < kCoverageSteps) {
+          kvstore::PageSelection best;
+          if (Status st = oracle_r.Select(seqs, 0, q.data(), kQHeads, &best); !st.ok()) {
+            std::fprintf(stderr, "sparse-layer: oracle: %s\n", st.ToString().c_str());
+            return 1;
+          }
+          for (int g = 0; g < kKvHeads; ++g) {  // the work of each group's query (untimed repeat)
+            const kvstore::DciTree* tree = (*cache)->tree(0, g);
+            std::vector<std::vector<kvstore::ScoredLeaf>> lists;
+            kvstore::QueryStats qs;
+            tree->QueryGroup(&q[static_cast<size_t>(g) * group * kDim], group, budget, &lists, &qs);
+            tokens_scored += static_cast<double>(qs.tokens_scored);
+            cells_expanded += static_cast<double>(qs.cells_expanded);
+            ++scored_groups;
+          }
+          for (int h = 0; h < kQHeads; ++h) {
+            cover_sparse += coverage(sel, h);
+            cover_oracle += coverage(best, h);
+            ++cover_count;
+          }
         }
       }
-    }
-    const double st = Median(sparse_total.cpu), dn = Median(dense.cpu);
-    if (sparse_base[vi] == 0) sparse_base[vi] = st;
-    nlohmann::json row = {{"variant", var.name},
-                          {"context", n},
-                          {"build_s", build_s},
-                          {"pages_sparse", pages_sparse},
-                          {"pages_dense", all.page_indptr.back()},
-                          {"select_cpu_us", Median(select.cpu) * 1e6},
-                          {"sparse_attention_cpu_us", Median(sparse_attn.cpu) * 1e6},
-                          {"sparse_cpu_us", st * 1e6},
-                          {"sparse_wall_us", Median(sparse_total.wall) * 1e6},
-                          {"dense_cpu_us", dn * 1e6},
-                          {"dense_wall_us", Median(dense.wall) * 1e6},
-                          {"dense_over_sparse_cpu", dn / st},
-                          {"mass_covered", cover_sparse / cover_count},
-                          {"oracle_mass_covered", cover_oracle / cover_count},
-                          {"tokens_scored_per_group", tokens_scored / std::max(1, scored_groups)},
-                          {"cells_expanded_per_group", cells_expanded / std::max(1, scored_groups)},
-                          {"sparse_vs_first_context_cpu", st / sparse_base[vi]}};
-    out.push_back(row);
-    if (!json) {
-      std::printf("  %s context %7d: sparse %7.0f us CPU (select %6.0f + attention %5.0f; %lld pages), dense %8.0f us CPU"
-                  " (%.1fx sparse); sparse vs first context %.2fx; attention mass covered %.3f (oracle %.3f);"
-                  " %.0f tokens in %.0f cells per group; build %.1f s\n",
-                  var.name.c_str(), n, st * 1e6, Median(select.cpu) * 1e6, Median(sparse_attn.cpu) * 1e6,
-                  static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base[vi], cover_sparse / cover_count,
-                  cover_oracle / cover_count, tokens_scored / std::max(1, scored_groups),
-                  cells_expanded / std::max(1, scored_groups), build_s);
-    }
+      const double st = Median(sparse_total.cpu), dn = Median(dense.cpu);
+      if (sparse_base[vi] == 0) sparse_base[vi] = st;
+      nlohmann::json row = {{"variant", var.name},
+                            {"context", n},
+                            {"build_s", build_s},
+                            {"pages_sparse", pages_sparse},
+                            {"pages_dense", all.page_indptr.back()},
+                            {"select_cpu_us", Median(select.cpu) * 1e6},
+                            {"sparse_attention_cpu_us", Median(sparse_attn.cpu) * 1e6},
+                            {"sparse_cpu_us", st * 1e6},
+                            {"sparse_wall_us", Median(sparse_total.wall) * 1e6},
+                            {"dense_cpu_us", dn * 1e6},
+                            {"dense_wall_us", Median(dense.wall) * 1e6},
+                            {"dense_over_sparse_cpu", dn / st},
+                            {"mass_covered", cover_sparse / cover_count},
+                            {"oracle_mass_covered", cover_oracle / cover_count},
+                            {"tokens_scored_per_group", tokens_scored / std::max(1, scored_groups)},
+                            {"cells_expanded_per_group", cells_expanded / std::max(1, scored_groups)},
+                            {"sparse_vs_first_context_cpu", st / sparse_base[vi]}};
+      out.push_back(row);
+      if (!json) {
+        std::printf("  %s context %7d: sparse %7.0f us CPU (select %6.0f + attention %5.0f; %lld pages), dense %8.0f us CPU"
+                    " (%.1fx sparse); sparse vs first context %.2fx; attention mass covered %.3f (oracle %.3f);"
+                    " %.0f tokens in %.0f cells per group; build %.1f s\n",
+                    var.name.c_str(), n, st * 1e6, Median(select.cpu) * 1e6, Median(sparse_attn.cpu) * 1e6,
+                    static_cast<long long>(pages_sparse), dn * 1e6, dn / st, st / sparse_base[vi], cover_sparse / cover_count,
+                    cover_oracle / cover_count, tokens_scored / std::max(1, scored_groups),
+                    cells_expanded / std::max(1, scored_groups), build_s);
+      }
     }
   }
   if (json) std::printf("%s\n", out.dump(2).c_str());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvstore/dci_tree.h"
@@ -259,6 +260,33 @@ TEST(DciTreeFlatTest, SummariesFollowInsertionsExactly) {
     (*copy)->Query(qs, k, &y);
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i].leaf, y[i].leaf);
+  }
+}
+
+TEST(DciTreeFlatTest, ConcurrentQueriesAfterAnInsertAgree) {
+  // The first queries after an insertion catch the summaries up (under the tree's mutex) while
+  // other queries run: every thread must see the same, current ranking as a sequential query.
+  const int dim = 64, n0 = 4000, nq = 4, k = 12, threads = 4;
+  auto pool = MakePool(dim, 3000, kernels::DType::kBF16);
+  auto data = MakeSyntheticData(n0 + 512, dim, nq);
+  const float *kp, *vp;
+  DciParams p = DciParams::Flat();
+  p.promote_fraction = 0.05;
+  auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n0, &kp, &vp)).value();
+  for (int round = 0; round < 4; ++round) {
+    ASSERT_TRUE(tree->Insert(Block(data, n0 + round * 128, 128, &kp, &vp)).ok());
+    std::vector<std::vector<std::vector<ScoredLeaf>>> got(threads);
+    std::vector<std::thread> pool_threads;
+    for (int t = 0; t < threads; ++t)
+      pool_threads.emplace_back([&, t] { tree->QueryGroup(data.queries.data(), nq, k, &got[t]); });
+    for (auto& th : pool_threads) th.join();
+    std::vector<std::vector<ScoredLeaf>> want;
+    tree->QueryGroup(data.queries.data(), nq, k, &want);
+    for (int t = 0; t < threads; ++t)
+      for (int j = 0; j < nq; ++j) {
+        ASSERT_EQ(got[t][j].size(), want[j].size());
+        for (size_t i = 0; i < want[j].size(); ++i) EXPECT_EQ(got[t][j][i].leaf, want[j][i].leaf) << round << " " << t;
+      }
   }
 }
 
