@@ -253,7 +253,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     }
     cells_[c].count = static_cast<int32_t>(cnt);
   }
-  if (params_.centroid_cells) RefreshSummaries();
+  if (params_.centroid_cells) FoldSummaries(keys, stride, false);
   return Status::Ok();
 }
 
@@ -269,16 +269,20 @@ void DciTree::ResetSummaries() {
 }
 
 void DciTree::RefreshSummaries() const {
+  if (summaries_.upto.load(std::memory_order_acquire) == size()) return;
+  FoldSummaries(nullptr, 0, false);
+}
+
+void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) const {
   CellSummaries& m = summaries_;
   const int64_t n = size();
-  if (m.upto.load(std::memory_order_acquire) == n) return;
   std::lock_guard<std::mutex> lock(m.mu);
   const int64_t from = m.upto.load(std::memory_order_relaxed);
-  if (from == n) return;
+  if (from == n && !all_rows) return;
   const size_t rb = pool_->row_bytes(), d = static_cast<size_t>(dim_);
   static const std::vector<int32_t> kNone;
   const std::vector<int32_t>& l1 = level_nodes_.size() > 1 ? level_nodes_[1] : kNone;
-  const size_t n1 = l1.size(), old_n1 = m.count.size();
+  const size_t n1 = l1.size(), old_n1 = all_rows ? 0 : m.count.size();
   m.sum.resize(n1 * d, 0.f);
   m.sumsq.resize(n1, 0.0);
   m.count.resize(n1, 0);
@@ -287,11 +291,17 @@ void DciTree::RefreshSummaries() const {
   std::vector<uint8_t> dirty(n1, 0);
   for (size_t i = old_n1; i < n1; ++i) dirty[i] = 1;
   std::vector<float> key(d);
+  std::vector<uint8_t> stored(keys != nullptr ? rb : 0);
   for (int64_t t = from; t < n; ++t) {
     const int32_t p = parent_[t];
     if (level_[t] != 0 || p < 0 || level_[p] != 1) continue;
     const size_t i = std::lower_bound(l1.begin(), l1.end(), p) - l1.begin();
-    RowToF32(pool_->dtype(), pool_->KRow(leaf_page(tok_leaf_[t], 0), tok_slot_[t]), key.data(), dim_);
+    if (keys != nullptr) {  // the page's value: the key rounded to the pool dtype
+      RowFromF32(pool_->dtype(), keys + static_cast<size_t>(t) * stride, stored.data(), dim_);
+      RowToF32(pool_->dtype(), stored.data(), key.data(), dim_);
+    } else {
+      RowToF32(pool_->dtype(), pool_->KRow(leaf_page(tok_leaf_[t], 0), tok_slot_[t]), key.data(), dim_);
+    }
     float* acc = m.sum.data() + i * d;
     for (size_t e = 0; e < d; ++e) acc[e] += key[e];
     m.sumsq[i] += DotF32(key.data(), key.data(), dim_);

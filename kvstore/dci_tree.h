@@ -298,10 +298,11 @@ class DciTree {
   std::vector<std::vector<float>> level_keys_;
   std::vector<std::vector<uint8_t>> level_rows_;  // the same keys in the pool's dtype (queries)
   // Level-1 cell summaries (centroid_cells): per level-1 node i (level_nodes_[1][i]) its children's
-  // keys as stored in the pages, folded in token order (so a rebuild from scratch and the catch-up
-  // after insertions give identical sums). Written by BuildFrom/Deserialize, and by the first
-  // query after an insertion (under mu; upto == size() afterwards, and only Insert, which is
-  // exclusive with queries, makes them differ again).
+  // keys as stored in the pages, folded in token order (so a fold from scratch and the catch-up
+  // after insertions give identical sums). Written by BuildFrom, by Deserialize (the sums travel
+  // on the wire; the rows are recomputed), and by the first query after an insertion (under mu;
+  // upto == size() afterwards, and only Insert, which is exclusive with queries, makes them
+  // differ again).
   struct CellSummaries {
     std::mutex mu;
     std::atomic<int64_t> upto{0};  // tokens [0, upto) folded in
@@ -315,6 +316,10 @@ class DciTree {
   // out[j * n1 + i]: query head j's ranking score of level-1 cell i (REQUIRES summaries current).
   void ScoreCentroids(const float* qs, int nq, float* out) const;
   void RefreshSummaries() const;  // folds tokens [upto, size()) in; thread-safe w.r.t. other queries
+  // Folds tokens [upto, size()) in, their keys read from `keys` ([size(), stride] fp32, rounded to
+  // the pool dtype as the pages hold them) or, when null, from the pages; recomputes the rows of
+  // the nodes touched, or of all nodes with all_rows.
+  void FoldSummaries(const float* keys, size_t stride, bool all_rows) const;
   void ResetSummaries();
   std::vector<int64_t> level_counts_;  // nodes per level (level 0 first)
   LevelMatrix level1_matrix_;          // cache for insertions (not serialised)

@@ -1,4 +1,5 @@
 // DciTree wire form: all metadata, with pages referred to by their index in AllPages() order.
+#include <mutex>
 #include <string>
 
 #include "kvstore/dci_tree.h"
@@ -106,6 +107,13 @@ void DciTree::Serialize(WireWriter* w) const {
     w->Put(c.count);
     w->PutVector(c.leaves);
   }
+  if (params_.centroid_cells) {
+    std::lock_guard<std::mutex> lock(summaries_.mu);
+    w->Put<int64_t>(summaries_.upto.load(std::memory_order_relaxed));
+    w->PutVector(summaries_.sum);
+    w->PutVector(summaries_.sumsq);
+    w->PutVector(summaries_.count);
+  }
 }
 
 StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool* pool, const int32_t* pages,
@@ -180,6 +188,25 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     ICE_RETURN_IF_ERROR(r->Get(&c.count, "cell count"));
     ICE_RETURN_IF_ERROR(r->GetVector(&c.leaves, "cell leaves", kMaxElems));
   }
+  if (params.centroid_cells) {
+    CellSummaries& m = t->summaries_;
+    int64_t upto = 0;
+    ICE_RETURN_IF_ERROR(r->Get(&upto, "tree summaries token count"));
+    ICE_RETURN_IF_ERROR(r->GetVector(&m.sum, "tree summaries sums", kMaxElems));
+    ICE_RETURN_IF_ERROR(r->GetVector(&m.sumsq, "tree summaries squared norms", kMaxElems));
+    ICE_RETURN_IF_ERROR(r->GetVector(&m.count, "tree summaries counts", kMaxElems));
+    const size_t n1 = nlev > 1 ? t->level_nodes_[1].size() : 0;
+    if (upto < 0 || static_cast<uint64_t>(upto) > n || m.count.size() > n1 || m.sumsq.size() != m.count.size() ||
+        m.sum.size() != m.count.size() * static_cast<size_t>(dim))
+      return DataLossError("sequence wire form: tree summaries have the wrong shape");
+    int64_t total = 0;
+    for (int32_t c : m.count) {
+      if (c < 0) return DataLossError("sequence wire form: negative tree summary count");
+      total += c;
+    }
+    if (total > upto) return DataLossError("sequence wire form: tree summaries count more tokens than they cover");
+    m.upto.store(upto, std::memory_order_relaxed);
+  }
   const size_t need = nl * num_payloads;
   if (num_pages < need)
     return InvalidArgumentError("sequence wire form: tree needs " + std::to_string(need) + " pages, " +
@@ -202,7 +229,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     t->leaf_pages_.clear();  // the caller still owns the pages
     return DataLossError("sequence wire form: tree fails its invariants: " + inv.message());
   }
-  if (params.centroid_cells) t->RefreshSummaries();
+  if (params.centroid_cells) t->FoldSummaries(nullptr, 0, true);  // rows from the shipped sums, then catch up
   return t;
 }
 
