@@ -1,6 +1,7 @@
 // DciTree queries: multi-level prioritized search and the exact oracle.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "kvstore/dci_tree.h"
 #include "kvstore/vector_ops.h"
@@ -306,7 +307,11 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<int32_t> cells, head_cells;
     std::vector<float> head_scores;
     std::vector<std::vector<std::pair<float, int32_t>>> ranked;  // per head: (owner score, cell), best first
-    std::vector<float> scores;  // [nq, nodes] of the level being scored
+    std::vector<float> scores;  // [nq, level-1 nodes]: centroid scores
+    std::vector<float> upper;   // every upper level's [nq, nodes] scores, at the offsets of `levels`
+    std::vector<std::pair<int, size_t>> levels;  // (level, offset into upper)
+    std::vector<float> floor;   // [nq] k-th best scored leaf of each head
+    std::vector<uint8_t> leaf_mark;  // [num_leaves] 1 while in `touched`
     std::vector<float> cand;
     std::vector<float> col;  // one head's column of best, over touched leaves
     Scratch query;
@@ -318,24 +323,34 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   g.touched.clear();
   g.cells.clear();
   QueryStats st;
-  auto touch = [&](int32_t leaf, const float* sc, size_t stride) {  // sc[j * stride]: head j's score
-    float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
-    if (row[0] == -INFINITY) g.touched.push_back(leaf);
-    for (int j = 0; j < nq; ++j) row[j] = std::max(row[j], sc[j * stride]);
+  if (g.leaf_mark.size() < nl) g.leaf_mark.resize(nl, 0);
+  auto mark = [&](int32_t leaf) {
+    if (!g.leaf_mark[leaf]) {
+      g.leaf_mark[leaf] = 1;
+      g.touched.push_back(leaf);
+    }
   };
   const int64_t fov = FieldOfView();
   const int top = num_levels() - 1;
   if (params_.centroid_cells) RefreshSummaries();
-  // Upper levels: every head's score of every node, one leaf row each (max per head).
+  // Upper levels: every head's score of every node ([nq, cnt] per level, kept in g.upper); they
+  // are mapped to their leaves after the leaves are scored, and only above each head's floor.
   const int lowest = params_.centroid_cells && !params_.score_level1_keys ? 2 : 1;
+  g.levels.clear();
+  size_t total = 0;
   for (int lvl = top; lvl >= lowest; --lvl) {
-    const auto& nodes = level_nodes_[lvl];
-    const int cnt = static_cast<int>(nodes.size());
+    const size_t cnt = level_nodes_[lvl].size();
     if (cnt == 0) continue;
-    g.scores.resize(static_cast<size_t>(cnt) * nq);
-    ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, qs, nq, g.scores.data());
+    g.levels.emplace_back(lvl, total);
+    total += cnt * nq;
+  }
+  g.upper.resize(total);
+  const float* rank = nullptr;  // [nq, level-1 nodes]: what ranks the level-1 cells
+  for (const auto& [lvl, off] : g.levels) {
+    const int cnt = static_cast<int>(level_nodes_[lvl].size());
+    ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, qs, nq, g.upper.data() + off);
     st.tokens_scored += cnt;
-    for (int i = 0; i < cnt; ++i) touch(tok_leaf_[nodes[i]], g.scores.data() + i, cnt);
+    if (lvl == 1) rank = g.upper.data() + off;
   }
   // Level-1 cells, ranked by their owners' scores (above) or by their summaries.
   const auto& l1 = level_nodes_[1];
@@ -345,10 +360,11 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     g.scores.resize(static_cast<size_t>(ncand) * nq);
     ScoreCentroids(qs, nq, g.scores.data());
     st.tokens_scored += ncand;
+    rank = g.scores.data();
   }
   if (params_.group_fov <= 0) {
     for (int j = 0; j < nq; ++j) {
-      g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * ncand, g.scores.begin() + static_cast<size_t>(j + 1) * ncand);
+      g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
       ChooseCells(g.cand.data(), cand_nodes, ncand, fov, &g.query, &g.head_cells);
       for (int32_t c : g.head_cells) {
@@ -365,7 +381,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     g.ranked.resize(nq);
     size_t longest = 0;
     for (int j = 0; j < nq; ++j) {
-      g.cand.assign(g.scores.begin() + static_cast<size_t>(j) * ncand, g.scores.begin() + static_cast<size_t>(j + 1) * ncand);
+      g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
       g.head_scores.clear();
       ChooseCells(g.cand.data(), cand_nodes, ncand, std::min(fov, cap), &g.query, &g.head_cells, &g.head_scores);
@@ -402,9 +418,38 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     st.tokens_scored += v;
     ++st.leaves_scored;
     float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
-    if (row[0] == -INFINITY) g.touched.push_back(leaf);
+    mark(leaf);
     for (int j = 0; j < nq; ++j)
       for (int s = 0; s < v; ++s) row[j] = std::max(row[j], sc[static_cast<size_t>(j) * v + s]);
+  }
+  // The scored leaves are distinct, so head j's k-th best of them bounds its answer from below:
+  // an upper node scoring less for head j cannot enter head j's list (ties are kept).
+  g.floor.assign(nq, -INFINITY);
+  if (n_order >= static_cast<size_t>(k)) {
+    for (int j = 0; j < nq; ++j) {
+      g.cand.resize(n_order);
+      for (size_t i = 0; i < n_order; ++i) g.cand[i] = g.best[static_cast<size_t>(qs_plan->order[i]) * nq + j];
+      std::nth_element(g.cand.begin(), g.cand.begin() + (k - 1), g.cand.end(), std::greater<float>());
+      g.floor[j] = g.cand[k - 1];
+    }
+  }
+  for (const auto& [lvl, off] : g.levels) {
+    const auto& nodes = level_nodes_[lvl];
+    const size_t cnt = nodes.size();
+    const float* blk = g.upper.data() + off;
+    for (size_t i = 0; i < cnt; ++i) {
+      int32_t leaf = -1;
+      for (int j = 0; j < nq; ++j) {
+        const float s = blk[static_cast<size_t>(j) * cnt + i];
+        if (!(s >= g.floor[j])) continue;
+        if (leaf < 0) {
+          leaf = tok_leaf_[nodes[i]];
+          mark(leaf);
+        }
+        float& b = g.best[static_cast<size_t>(leaf) * nq + j];
+        b = std::max(b, s);
+      }
+    }
   }
   std::vector<float>& col = g.col;
   if (col.size() < nl) col.resize(nl, -INFINITY);
@@ -412,8 +457,10 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     for (int32_t leaf : g.touched) col[leaf] = g.best[static_cast<size_t>(leaf) * nq + j];
     TopLeaves(g.touched, col, k, &(*out)[j]);
   }
-  for (int32_t leaf : g.touched)
+  for (int32_t leaf : g.touched) {
     std::fill_n(g.best.data() + static_cast<size_t>(leaf) * nq, nq, -INFINITY);
+    g.leaf_mark[leaf] = 0;
+  }
   if (stats != nullptr) *stats = st;
 }
 
