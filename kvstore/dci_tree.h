@@ -106,7 +106,7 @@ struct DciParams {
   // Tuned() with a selection cost that grows sub-linearly in the context (docs/bench_kvstore_flat.md):
   // level-1 cells ranked by their children's mean key plus a spread bonus, fov = max(32,
   // 0.182 sqrt(n)) (33 at 32k, 66 at 128k), and a GQA group expands at most fov cells in all.
-  // Against Tuned() on the sparse-layer workload: 1.4-1.9x less selection CPU up to 32k, 2.2-2.5x
+  // Against Tuned() on the sparse-layer workload: 1.4-2.0x less selection CPU up to 32k, 2.3-2.7x
   // from 64k up, attention mass 97-99 % of the exact oracle's (Tuned(): 98.4-99.8 %).
   static DciParams Flat() {
     DciParams p = Tuned();
