@@ -63,6 +63,7 @@ struct Options {
   int dense_layers = 2;       // tpot/router: cache.dense_layers
   int budget_pages = 16;      // tpot: the sparse budget compared with full
   int router_repeats = 5;     // router: alternating runs of each path, medians
+  std::string dci_preset = "tuned";  // cache.dci_preset of the cluster (reference | tuned | flat)
   bool tpot_full = true;      // tpot: also run budget full at each context (--no-tpot-full: the sparse budget only)
 };
 
@@ -89,6 +90,7 @@ StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::str
   cfg.model.dir = dir;
   cfg.cache.page_size = 16;
   cfg.cache.dense_layers = o.dense_layers;
+  cfg.cache.dci_preset = o.dci_preset;
   cfg.cache.kv_dtype = old_shipping ? "f32" : o.kv_dtype;
   cfg.prefill.overlap_tree_build = !old_shipping && o.overlap;
   if (old_shipping) cfg.ucx.max_segment_bytes = 1;
@@ -231,20 +233,28 @@ int RunCluster(int argc, char** argv) {
     else if (a == "--budget-pages") o.budget_pages = std::atoi(next().c_str());
     else if (a == "--router-repeats") o.router_repeats = std::max(1, std::atoi(next().c_str()));
     else if (a == "--no-tpot-full") o.tpot_full = false;
+    else if (a == "--dci-preset") o.dci_preset = next();
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench cluster [--parts ttft,tpot,router,ucx] [--ttft-prompts 256,1024]\n"
                    "       [--contexts 4096,8192] [--decode-tokens N] [--hidden H] [--layers L] [--tls T] [--json]\n"
                    "       [--heads Q] [--kv-heads KV] [--head-dim D] [--intermediate I]\n"
                    "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n"
-                   "       [--dense-layers N] [--budget-pages B] [--router-repeats R] [--no-tpot-full]\n");
+                   "       [--dense-layers N] [--budget-pages B] [--router-repeats R] [--no-tpot-full]\n"
+                   "       [--dci-preset reference|tuned|flat]\n");
       return 2;
     }
+  }
+  if (o.dci_preset != "reference" && o.dci_preset != "tuned" && o.dci_preset != "flat") {
+    std::fprintf(stderr, "cluster: --dci-preset must be reference, tuned or flat, got '%s'\n", o.dci_preset.c_str());
+    return 2;
   }
   auto has = [&](const char* p) { return o.parts.find(p) != std::string::npos; };
   nlohmann::json out;
   out["model"] = {{"hidden", o.hidden},     {"layers", o.layers},         {"heads", o.heads},
                   {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},     {"intermediate", o.intermediate}};
+  out["dci_preset"] = o.dci_preset;
+  out["dense_layers"] = o.dense_layers;
 
   if (has("ucx")) {
     auto rx = transport::CreateUcxTransport({o.tls, "lo"});

@@ -119,6 +119,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   eo.sink_pages = config.cache.sink_pages;
   eo.window_pages = config.cache.window_pages;
   if (config.cache.dci_preset == "tuned") eo.dci = kvstore::DciParams::Tuned();
+  if (config.cache.dci_preset == "flat") eo.dci = kvstore::DciParams::Flat();
   if (config.cache.dci_fov_fraction > 0) eo.dci.fov_fraction = config.cache.dci_fov_fraction;
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;

@@ -23,8 +23,9 @@ struct CacheSection {
   int sink_pages = 2;
   int window_pages = 2;
   // DCI-tree parameters: "tuned" (kvstore::DciParams::Tuned(): higher recall, about the same build time;
-  // the default, chosen by measurement in docs/BENCHMARKS.md) or "reference" (the paper's
-  // code defaults, DESIGN §3).
+  // the default, chosen by measurement in docs/BENCHMARKS.md), "flat" (kvstore::DciParams::Flat():
+  // Tuned() with a selection cost that grows sub-linearly in the context) or "reference" (the
+  // paper's code defaults, DESIGN §3).
   std::string dci_preset = "tuned";
   // > 0: overrides the preset's field-of-view fraction (a query expands max(fov_min, f * tokens)
   // level-1 cells). Smaller = cheaper decode steps at long context for a little recall

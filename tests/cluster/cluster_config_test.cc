@@ -70,7 +70,7 @@ TEST(ClusterConfig, ErrorsNameFileAndKey) {
 
   c = ParseClusterConfig("cache: {dci_preset: fast}", "x.yaml");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("cache.dci_preset: must be reference or tuned"), std::string::npos);
+  EXPECT_NE(c.status().message().find("cache.dci_preset: must be reference, tuned or flat"), std::string::npos);
 
   c = ParseClusterConfig("cache: {dci_fov_fraction: 2}", "x.yaml");
   ASSERT_FALSE(c.ok());

@@ -352,9 +352,14 @@ TEST(ClusterCapacity, RequestLargerThanThePoolIsResourceExhausted) {
 namespace icecache::testing {
 namespace {
 
-TEST(ClusterTunedTrees, SparseGenerationWithTunedDciParams) {
-  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_tuned", 1, 1, "tcp,sm,self", true, 0,
-                                  60000, "tuned");
+// The non-reference presets' trees (tuned; flat adds cell summaries to the wire and caps a GQA
+// group's cells) through the whole cluster: a sparse budget completes, and a budget larger than
+// the sequence selects every leaf, which must give exactly the single-process greedy tokens.
+class ClusterPresetTrees : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterPresetTrees, SparseGenerationAndExactWhenTheBudgetCoversEverything) {
+  const std::string dir = ::testing::TempDir() + "/icecache_cluster_model_" + GetParam();
+  auto c = LoopbackCluster::Start(dir, 1, 1, "tcp,sm,self", true, 0, 60000, GetParam());
   ASSERT_NE(c, nullptr);
   RemoteGenerateOptions o;
   o.prompt_ids = Prompt(300, 12);
@@ -365,7 +370,15 @@ TEST(ClusterTunedTrees, SparseGenerationWithTunedDciParams) {
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.tokens.size(), 12u);
   EXPECT_GT(r.last.pages_fetched, 0);
+
+  o.budget_pages = 200;  // 300 + 12 tokens = 78 pages of 4 per head
+  r = Generate(c->router->address(), o);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.tokens, SingleProcessGreedy(dir, o.prompt_ids, 12));
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, ClusterPresetTrees, ::testing::Values("tuned", "flat"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
 }  // namespace icecache::testing
