@@ -121,6 +121,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   if (config.cache.dci_preset == "tuned") eo.dci = kvstore::DciParams::Tuned();
   if (config.cache.dci_preset == "flat") eo.dci = kvstore::DciParams::Flat();
   if (config.cache.dci_fov_fraction > 0) eo.dci.fov_fraction = config.cache.dci_fov_fraction;
+  if (config.cache.dci_fov_min > 0) eo.dci.fov_min = config.cache.dci_fov_min;
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));

@@ -31,6 +31,10 @@ struct CacheSection {
   // level-1 cells). Smaller = cheaper decode steps at long context for a little recall
   // (docs/BENCHMARKS.md, sparse-layer). 0 = the preset's (tuned: 1e-3, reference: 1.5e-3).
   double dci_fov_fraction = 0;
+  // > 0: overrides the preset's smallest field of view (level-1 cells a query expands; tuned and
+  // flat: 32). Larger finds more at every length for a larger selection cost: on the passkey model
+  // the 4-needle task needed ~128 cells at 16k-32k to match full KV (docs/BENCHMARKS.md). 0 = the preset's.
+  int dci_fov_min = 0;
   // Element type of KV pages in the prefill worker's build pool, on the wire and in the decode
   // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both
   // workers must agree: a decode worker refuses pages of another size.

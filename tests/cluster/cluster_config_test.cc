@@ -183,6 +183,18 @@ TEST(ClusterConfig, DciFieldOfViewOverride) {
   auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_DOUBLE_EQ(again->cache.dci_fov_fraction, 2.5e-4);
+
+  EXPECT_EQ(c->cache.dci_fov_min, 0);  // the preset's
+  c = ParseClusterConfig("cache: {dci_fov_min: 128}", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.dci_fov_min, 128);
+  again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->cache.dci_fov_min, 128);
+  c = ParseClusterConfig("cache: {dci_fov_min: -1}", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("cache.dci_fov_min"), std::string::npos) << c.status().ToString();
 }
 
 }  // namespace
