@@ -106,7 +106,7 @@ void Usage() {
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
-               "  [--bf16-parents 0|1]\n"
+               "  [--bf16-parents 0|1] [--int8-parents 0|1]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--json] [--dump-selection FILE]\n");
 }
@@ -153,6 +153,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--dci-candidates") a->dci.dci_parent_candidates = std::atoi(v);
     else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else if (k == "--bf16-parents") a->dci.bf16_parent_search = std::atoi(v) != 0;
+    else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
     else { std::fprintf(stderr, "retrieval: unknown option %s\n", k.c_str()); return false; }
   }
   return true;
@@ -399,7 +400,7 @@ int RunRetrieval(int argc, char** argv) {
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
-                  {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}}}};
+                  {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search}}}};
 
 #ifdef ICECACHE_HAVE_FAISS
   if (a.faiss) {

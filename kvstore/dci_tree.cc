@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -160,28 +161,54 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     const int nu = static_cast<int>(upper.size());
     if (nu <= params_.exact_parent_max_nodes) {
       // Exact batched search: members gathered in chunks into a contiguous block (level 0 is
-      // almost every token), fp32 or bf16 pairs (an odd dim's pad stays 0).
-      const bool bf16 = params_.bf16_parent_search;
-      const int pairs = (d + 1) / 2;
+      // almost every token), fp32, bf16 pairs (an odd dim's pad stays 0) or int8 quads.
+      const bool i8 = params_.int8_parent_search;
+      const bool bf16 = params_.bf16_parent_search && !i8;
+      const int pairs = (d + 1) / 2, quads = (d + 3) / 4;
       LevelMatrix mat;
       RefreshLevelMatrix(l + 1, &mat, bf16);
+      std::vector<uint32_t> rows_q;
+      std::vector<int32_t> row_sum;
+      std::vector<float> row_scale;
+      std::vector<int8_t> q(static_cast<size_t>(quads) * 4, 0);
+      if (i8) {
+        rows_q.assign(static_cast<size_t>(quads) * mat.ld, 0);
+        row_sum.assign(mat.ld, 0);
+        row_scale.assign(mat.ld, 0.f);
+        for (int r = 0; r < nu; ++r) {
+          row_scale[r] = QuantizeRowI8(level_keys_[l + 1].data() + static_cast<size_t>(r) * d, d, q.data());
+          int32_t sum = 0;
+          for (int j = 0; j < d; ++j) sum += q[j];
+          row_sum[r] = sum;
+          for (int j = 0; j < quads; ++j) std::memcpy(&rows_q[static_cast<size_t>(j) * mat.ld + r], &q[4 * j], 4);
+        }
+      }
       constexpr int kChunk = 256;
-      std::vector<float> xs(bf16 ? 0 : static_cast<size_t>(kChunk) * d);
+      std::vector<float> xs(bf16 || i8 ? 0 : static_cast<size_t>(kChunk) * d);
       std::vector<uint32_t> xs_bf16(bf16 ? static_cast<size_t>(kChunk) * pairs : 0, 0);
+      std::vector<uint32_t> xs_q(i8 ? static_cast<size_t>(kChunk) * quads : 0);
       extra.resize(kChunk);
       best.resize(kChunk);
       for (size_t b = 0; b < members.size(); b += kChunk) {
         const int cnt = static_cast<int>(std::min<size_t>(kChunk, members.size() - b));
         for (int i = 0; i < cnt; ++i) {
           const int32_t t = members[b + i];
-          if (bf16) {
+          extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+          if (i8) {
+            const float s = QuantizeRowI8(keys + t * stride, d, q.data());
+            if (s > 0.f) extra[i] /= s;  // the key's scale is factored out of its scores
+            uint8_t* dst = reinterpret_cast<uint8_t*>(xs_q.data() + static_cast<size_t>(i) * quads);
+            for (int j = 0; j < quads * 4; ++j) dst[j] = static_cast<uint8_t>(q[j] + 128);
+          } else if (bf16) {
             RowFromF32(kernels::DType::kBF16, keys + t * stride, xs_bf16.data() + static_cast<size_t>(i) * pairs, d);
           } else {
             std::copy_n(keys + t * stride, d, xs.data() + static_cast<size_t>(i) * d);
           }
-          extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
         }
-        if (bf16) {
+        if (i8) {
+          ArgmaxAugDotI8(xs_q.data(), extra.data(), cnt, rows_q.data(), mat.ld, row_sum.data(), row_scale.data(),
+                         mat.extra.data(), nu, quads, best.data());
+        } else if (bf16) {
           ArgmaxAugDotBf16(xs_bf16.data(), extra.data(), cnt, mat.rows_p.data(), mat.ld, mat.extra.data(), nu, pairs,
                            best.data());
         } else {

@@ -29,6 +29,7 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.cell_score_fraction);
   w->Put<uint8_t>(p.exhaustive_upper ? 1 : 0);
   w->Put<uint8_t>(p.bf16_parent_search ? 1 : 0);
+  w->Put<uint8_t>(p.int8_parent_search ? 1 : 0);
   w->Put(p.promote_fraction);
   w->Put(p.norm_headroom);
   w->Put<uint64_t>(p.seed);
@@ -36,7 +37,7 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
   int32_t i32[6] = {};
-  uint8_t flags[4] = {};
+  uint8_t flags[5] = {};
   ICE_RETURN_IF_ERROR(r->Get(&i32[0], "tree params num_simple"));
   ICE_RETURN_IF_ERROR(r->Get(&i32[1], "tree params num_composite"));
   ICE_RETURN_IF_ERROR(r->Get(&p->p1, "tree params p1"));
@@ -54,10 +55,11 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&p->cell_score_fraction, "tree params cell_score_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[0], "tree params exhaustive_upper"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[1], "tree params bf16_parent_search"));
+  ICE_RETURN_IF_ERROR(r->Get(&flags[4], "tree params int8_parent_search"));
   ICE_RETURN_IF_ERROR(r->Get(&p->promote_fraction, "tree params promote_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&p->norm_headroom, "tree params norm_headroom"));
   ICE_RETURN_IF_ERROR(r->Get(&p->seed, "tree params seed"));
-  if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
+  if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1 || flags[4] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];
   p->top_level_max_nodes = i32[2];
@@ -68,6 +70,7 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   p->bf16_parent_search = flags[1] != 0;
   p->centroid_cells = flags[2] != 0;
   p->score_level1_keys = flags[3] != 0;
+  p->int8_parent_search = flags[4] != 0;
   return Status::Ok();
 }
 

@@ -384,6 +384,71 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
   }
 }
 
+float QuantizeRowI8(const float* v, int n, int8_t* q) {
+  float mx = 0.f;
+  for (int j = 0; j < n; ++j) mx = std::max(mx, std::fabs(v[j]));
+  if (!(mx > 0.f)) {
+    std::fill_n(q, n, int8_t{0});
+    return 0.f;
+  }
+  const float s = mx / 127.f, inv = 127.f / mx;
+  for (int j = 0; j < n; ++j) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.f, 127.f));
+  return s;
+}
+
+void ArgmaxAugDotI8(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
+                    const int32_t* row_sum, const float* row_scale, const float* row_extra, int nr, int quads,
+                    int32_t* best) {
+  int i = 0;
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  // As the bf16 kernel, one vpdpbusd (four u8 x s8 products per lane) per quad of dimensions; the
+  // accumulators start at -128 * row_sum, which removes the +128 offset of the keys' bytes.
+  ArgmaxAugBlocks(nx, x_extra, ld, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
+    const uint32_t* xs[kArgmaxQueries];
+    const __m512i z0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(row_sum + rb), 7));
+    const __m512i z1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(row_sum + rb + 16), 7));
+    __m512i acc[kArgmaxQueries][2];
+    for (int t = 0; t < kArgmaxQueries; ++t) {
+      xs[t] = x + static_cast<size_t>(src[t]) * quads;
+      acc[t][0] = z0;
+      acc[t][1] = z1;
+    }
+    const uint32_t* r = rows_t + rb;
+    for (int j = 0; j < quads; ++j, r += ld) {
+      const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + 16);
+      for (int t = 0; t < kArgmaxQueries; ++t) {
+        const __m512i u = _mm512_set1_epi32(static_cast<int>(xs[t][j]));
+        acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], u, r0);
+        acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], u, r1);
+      }
+    }
+    const __m512 s0 = _mm512_loadu_ps(row_scale + rb), s1 = _mm512_loadu_ps(row_scale + rb + 16);
+    for (int t = 0; t < kArgmaxQueries; ++t) {
+      a[t][0] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t][0]), s0);
+      a[t][1] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t][1]), s1);
+    }
+  }, best);
+  i = nx;
+#endif
+  // Same arithmetic as the vector path: an exact int32 dot, one rounding for the scale, one fma.
+  for (; i < nx; ++i) {
+    const uint32_t* xi = x + static_cast<size_t>(i) * quads;
+    float bs = -INFINITY;
+    int32_t arg = 0;
+    for (int r = 0; r < nr; ++r) {
+      int32_t dot = 0;
+      for (int j = 0; j < quads; ++j) {
+        const uint32_t a = xi[j], b = rows_t[static_cast<size_t>(j) * ld + r];
+        for (int k = 0; k < 4; ++k)
+          dot += (static_cast<int32_t>((a >> (8 * k)) & 0xff) - 128) * static_cast<int8_t>(b >> (8 * k));
+      }
+      const float s = std::fma(x_extra[i], row_extra[r], static_cast<float>(dot) * row_scale[r]);
+      if (s > bs) { bs = s; arg = r; }
+    }
+    best[i] = arg;
+  }
+}
+
 float KthLargest(const float* v, int n, int k, int32_t* scratch) {
   // Signed-int image preserving float order: negative floats have their magnitude bits flipped.
   for (int i = 0; i < n; ++i) {

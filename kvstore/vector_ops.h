@@ -50,4 +50,24 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
 void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
                       const float* row_extra, int nr, int pairs, int32_t* best);
 
+// Symmetric int8 quantisation of one row for ArgmaxAugDotI8: q[j] = round(v[j] / s) in [-127, 127]
+// with s = max_j |v[j]| / 127, returned (0 for an all-zero row, whose q is then all 0).
+// v: [n] fp32; q: [n].
+float QuantizeRowI8(const float* v, int n, int8_t* q);
+
+// ArgmaxAugDot on int8-quantised inputs (QuantizeRowI8 per key and per row; exact int32 sums,
+// AVX512_VNNI vpdpbusd: four multiply-adds per lane and instruction):
+// best[i] = argmax_r ( row_scale[r] * (xq_i . rq_r) + x_extra[i] * row_extra[r] ), ties to the
+// lowest r. A key's own scale s_i does not move its arg-max, so the caller passes its extra
+// divided by s_i. The choice differs from the fp32 one only between candidates whose scores are
+// within the quantisation error (~1 % of |x| |row| / sqrt(dim) for Gaussian-like rows).
+// x: [nx, quads] words of four bytes, byte b of word j = xq_i[4j + b] + 128 (u8; dims padded to a
+//   multiple of 4 with byte 128, i.e. value 0);
+// rows_t: [quads, ld] words of four s8 entries (row r's entries 4j..4j+3 in column r, pad 0),
+//   ld a multiple of 32 >= nr; row_sum: [ld] sum of row r's int8 entries; row_scale: [ld];
+//   row_extra: [ld], entries >= nr must be -inf (and their row_sum / row_scale finite). nr >= 1.
+void ArgmaxAugDotI8(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
+                    const int32_t* row_sum, const float* row_scale, const float* row_extra, int nr, int quads,
+                    int32_t* best);
+
 }  // namespace icecache::kvstore
