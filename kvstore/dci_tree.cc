@@ -197,8 +197,9 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
           if (i8) {
             const float s = QuantizeRowI8(keys + t * stride, d, q.data());
             if (s > 0.f) extra[i] /= s;  // the key's scale is factored out of its scores
-            uint8_t* dst = reinterpret_cast<uint8_t*>(xs_q.data() + static_cast<size_t>(i) * quads);
-            for (int j = 0; j < quads * 4; ++j) dst[j] = static_cast<uint8_t>(q[j] + 128);
+            uint32_t* dst = xs_q.data() + static_cast<size_t>(i) * quads;
+            std::memcpy(dst, q.data(), static_cast<size_t>(quads) * 4);
+            for (int j = 0; j < quads; ++j) dst[j] ^= 0x80808080u;  // s8 + 128 as u8, bytewise
           } else if (bf16) {
             RowFromF32(kernels::DType::kBF16, keys + t * stride, xs_bf16.data() + static_cast<size_t>(i) * pairs, d);
           } else {
