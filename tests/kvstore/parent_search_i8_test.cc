@@ -215,7 +215,10 @@ TEST(DciTreeInt8ParentsTest, BuildsValidTreeWithBf16RecallAndRoundTrips) {
   const int dim = 64, n = 12000, k = 16;
   auto data = MakeSyntheticData(n, dim, 24);
   const float *kp, *vp;
+  EXPECT_TRUE(DciParams::Tuned().int8_parent_search);
+  EXPECT_TRUE(DciParams::Flat().int8_parent_search);
   DciParams bf = DciParams::Tuned();
+  bf.int8_parent_search = false;
   DciParams i8 = bf;
   i8.int8_parent_search = true;
   auto pool_bf = MakePool(dim, 3000), pool_i8 = MakePool(dim, 3000);
