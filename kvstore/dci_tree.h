@@ -92,7 +92,7 @@ struct DciParams {
 
   // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
-  // at build: 1.4-1.6x faster builds, mass recall within 0.002, docs/bench_kvstore_build.md). At
+  // at build: 1.4-1.6x faster builds, mass recall within 0.002, docs/BENCHMARKS.md, "int8 parent search"). At
   // 32k tokens it reaches 0.96 attention-mass recall where the reference defaults reach 0.87,
   // scoring ~half the tokens; fov_min 32 (not 16) finds the 8k passkey 15/15 (13/15 at 16).
   static DciParams Tuned() {
@@ -106,7 +106,8 @@ struct DciParams {
     p.fov_fraction = 1e-3;
     return p;
   }
-  // Tuned() with a selection cost that grows sub-linearly in the context (docs/bench_kvstore_flat.md):
+  // Tuned() with a selection cost that grows sub-linearly in the context (docs/BENCHMARKS.md,
+  // "Flat-cost query options"):
   // level-1 cells ranked by their children's mean key plus a spread bonus, fov = max(32,
   // 0.182 sqrt(n)) (33 at 32k, 66 at 128k), and a GQA group expands at most fov cells in all.
   // Against Tuned() on the sparse-layer workload: 1.4-2.0x less selection CPU up to 32k, 2.3-2.7x
