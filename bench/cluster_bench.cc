@@ -99,6 +99,7 @@ StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::str
   cfg.router.listen = cfg.prefill.listen = cfg.decode.listen = "127.0.0.1:0";
   cfg.router.stats_refresh_seconds = 0.05;
   cfg.router.kv_transfer_timeout_seconds = 600;
+  cfg.router.request_timeout_seconds = 7200;  // a 64k prefill of a larger model takes > 10 min on a small CPU
   cfg.ucx.transfer_timeout_seconds = 600;
   cfg.ucx.tls = o.tls;
   cfg.ucx.net_devices = "lo";
