@@ -93,6 +93,7 @@ struct Args {
   int insert_tokens = 4096;
   int profile_loops = 0;  // > 0: only time sparse Select over the queries this many times (for profilers)
   int profile_evict_mb = 0;  // with profile_loops: bytes streamed through between queries (cold caches)
+  int profile_builds = 0;  // > 0: only rebuild the tree this many more times and report the median build cpu
   bool json = false, faiss = true;
   DciParams dci;
 };
@@ -108,6 +109,7 @@ void Usage() {
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
+               "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--json] [--dump-selection FILE]\n");
 }
 
@@ -136,6 +138,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--window-pages") a->window = std::atoi(v);
     else if (k == "--insert-tokens") a->insert_tokens = std::atoi(v);
     else if (k == "--profile-loops") a->profile_loops = std::atoi(v);
+    else if (k == "--profile-builds") a->profile_builds = std::atoi(v);
     else if (k == "--profile-evict-mb") a->profile_evict_mb = std::atoi(v);
     else if (k == "--fov-min") a->dci.fov_min = std::atoi(v);
     else if (k == "--fov-fraction") a->dci.fov_fraction = std::atof(v);
@@ -262,6 +265,22 @@ int RunRetrieval(int argc, char** argv) {
   const double build_cpu_ms = (ThreadCpuUs() - c0) / 1000.0;
   if (!bs.ok()) { std::fprintf(stderr, "retrieval: %s\n", bs.ToString().c_str()); return 1; }
 
+  if (a.profile_builds > 0) {
+    std::vector<double> cpu{build_cpu_ms * 1000.0};
+    for (int i = 0; i < a.profile_builds; ++i) {
+      auto again_or = SequenceCache::Create(so, pool.get());
+      if (!again_or.ok()) { std::fprintf(stderr, "retrieval: %s\n", again_or.status().ToString().c_str()); return 1; }
+      seq.reset();  // the previous tree's pages go back to the pool first
+      seq = std::move(again_or).value();
+      const double c = ThreadCpuUs();
+      Status s = seq->Build(&kp, &vp, n);
+      cpu.push_back(ThreadCpuUs() - c);
+      if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+    }
+    std::printf("profile: %zu builds of %d keys, median %.2f ms thread cpu (min %.2f)\n", cpu.size(), n, Median(cpu) / 1000.0,
+                *std::min_element(cpu.begin(), cpu.end()) / 1000.0);
+    return 0;
+  }
   Retriever sparse(RetrievalPolicy{a.budget, RetrievalMode::kSparse});
   if (a.profile_loops > 0) {
     std::vector<double> cpu;

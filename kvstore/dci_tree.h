@@ -247,6 +247,8 @@ class DciTree {
   Status BuildFrom(const TokenBlock& block);
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
+  void PrefetchToken(const TokenBlock& block, int i) const;  // a token's source K/V rows
+  static constexpr size_t kPrefetchAhead = 4;
   void SetDirections();
   float OrderProjection(int32_t t) const;
   void Rekey(float new_max_norm2);

@@ -208,8 +208,10 @@ void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int 
 constexpr int kArgmaxQueries = 8;
 using ArgmaxAcc = __m512[kArgmaxQueries][2];
 
+// Only the 32-row blocks that hold rows are scanned (columns nr..ld are insertion headroom).
 template <typename Block>
-void ArgmaxAugBlocks(int nx, const float* x_extra, int ld, const float* row_extra, Block&& block, int32_t* best) {
+void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extra, Block&& block, int32_t* best) {
+  const int scan = (nr + 31) / 32 * 32;
   constexpr int kT = kArgmaxQueries;
   alignas(64) float bval[kT][32];
   alignas(64) int32_t bidx[kT][32];
@@ -227,7 +229,7 @@ void ArgmaxAugBlocks(int nx, const float* x_extra, int ld, const float* row_extr
       bv[t][0] = bv[t][1] = _mm512_set1_ps(-INFINITY);
       bi[t][0] = bi[t][1] = _mm512_setzero_si512();
     }
-    for (int rb = 0; rb < ld; rb += 32) {
+    for (int rb = 0; rb < scan; rb += 32) {
       ArgmaxAcc a;
       block(src, rb, a);
       const __m512 e0 = _mm512_loadu_ps(row_extra + rb), e1 = _mm512_loadu_ps(row_extra + rb + 16);
@@ -266,7 +268,7 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
   int i = 0;
 #if defined(__AVX512F__)
   // Eight queries against 32 rows per pass: 2 loads + 8 broadcasts feed 16 FMAs.
-  ArgmaxAugBlocks(nx, x_extra, ld, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
+  ArgmaxAugBlocks(nx, x_extra, nr, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
     const float* xs[kArgmaxQueries];
     for (int t = 0; t < kArgmaxQueries; ++t) {
       xs[t] = x + static_cast<size_t>(src[t]) * x_stride;
@@ -292,7 +294,7 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
     const float* x1 = x + static_cast<size_t>(i1) * x_stride;
     float best0 = -INFINITY, best1 = -INFINITY;
     int32_t arg0 = 0, arg1 = 0;
-    for (int rb = 0; rb < ld; rb += 32) {
+    for (int rb = 0; rb < nr; rb += 32) {  // blocks past nr are headroom
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
       const float* r = rows_t + rb;
@@ -348,7 +350,7 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
   int i = 0;
 #if defined(__AVX512BF16__)
   // As the fp32 kernel, one dpbf16 (two products per lane) per pair of dimensions.
-  ArgmaxAugBlocks(nx, x_extra, ld, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
+  ArgmaxAugBlocks(nx, x_extra, nr, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
     const uint32_t* xs[kArgmaxQueries];
     for (int t = 0; t < kArgmaxQueries; ++t) {
       xs[t] = x + static_cast<size_t>(src[t]) * pairs;
@@ -421,7 +423,7 @@ void ArgmaxAugDotI8(const uint32_t* x, const float* x_extra, int nx, const uint3
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
   // As the bf16 kernel, one vpdpbusd (four u8 x s8 products per lane) per quad of dimensions; the
   // accumulators start at -128 * row_sum, which removes the +128 offset of the keys' bytes.
-  ArgmaxAugBlocks(nx, x_extra, ld, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
+  ArgmaxAugBlocks(nx, x_extra, nr, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
     const uint32_t* xs[kArgmaxQueries];
     const __m512i z0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(row_sum + rb), 7));
     const __m512i z1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(row_sum + rb + 16), 7));

@@ -37,7 +37,8 @@ float KthLargest(const float* v, int n, int k, int32_t* scratch);
 // Batched arg-max of augmented inner products, the parent search of a DCI-tree level:
 // best[i] = argmax_r ( x_i . row_r + x_extra[i] * row_extra[r] ), ties to the lowest r.
 // x: [nx, x_stride] fp32 (first dim values used); rows_t: the rows transposed, [dim, ld] with
-// ld a multiple of 32 >= nr; row_extra: [ld], entries >= nr must be -inf. nr >= 1.
+// ld a multiple of 32 >= nr; row_extra: [ld], entries >= nr must be -inf. nr >= 1. Only the
+// ceil(nr / 32) blocks of 32 columns that hold rows are read (the rest may be insertion headroom).
 void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
                   const float* row_extra, int nr, int dim, int32_t* best);
 

@@ -179,6 +179,29 @@ TEST(ArgmaxAugDotI8Test, TiesGoToTheLowestRowAndPaddingIsNeverChosen) {
   EXPECT_EQ(best, std::vector<int32_t>(p.nx, 5));
 }
 
+TEST(ArgmaxAugDotI8Test, HeadroomColumnsPastTheLastRowBlockAreNotRead) {
+  // A level matrix keeps insertion headroom: ld far beyond nr. Columns from the first block of 32
+  // past nr on hold rows that would win (and garbage sums) if they were scanned.
+  const I8Problem p0 = MakeProblem(24, 70, 32, 11);
+  I8Problem p = p0;
+  p.ld = 160;
+  p.rows_t.assign(static_cast<size_t>(p.quads) * p.ld, 0x7f7f7f7fu);
+  p.row_sum.assign(p.ld, 127 * 32);
+  p.row_scale.assign(p.ld, 1e3f);
+  p.row_extra.assign(p.ld, 1e3f);
+  for (int r = 0; r < 96; ++r) {  // rows, then the -inf pad of the last block (70..95)
+    p.row_sum[r] = r < p.nr ? p0.row_sum[r] : 0;
+    p.row_scale[r] = p0.row_scale[r];
+    p.row_extra[r] = p0.row_extra[r];
+    for (int j = 0; j < p.quads; ++j)
+      p.rows_t[static_cast<size_t>(j) * p.ld + r] = r < p.nr ? p0.rows_t[static_cast<size_t>(j) * p0.ld + r] : 0;
+  }
+  std::vector<int32_t> best(p.nx, -1);
+  ArgmaxAugDotI8(p.xw.data(), p.x_extra_scaled.data(), p.nx, p.rows_t.data(), p.ld, p.row_sum.data(),
+                 p.row_scale.data(), p.row_extra.data(), p.nr, p.quads, best.data());
+  EXPECT_EQ(best, NaiveI8(p0));
+}
+
 std::unique_ptr<PagePool> MakePool(int dim, int64_t pages) {
   PagePoolOptions o;
   o.page_size = 16;
