@@ -272,10 +272,6 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       const int take = static_cast<int>(cnt / nl + (i < cnt % nl ? 1 : 0));
       for (int s = 0; s < take; ++s, ++pos) {
         const int32_t t = ch[pos];
-        // Tokens are gathered in projection order, a random walk over the source rows that the
-        // hardware prefetcher cannot follow: ask for the rows a few tokens ahead.
-        if (pos + kPrefetchAhead < ch.size()) PrefetchToken(block, ch[pos + kPrefetchAhead]);
-        WriteToken(leaf, s, block, t);
         leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s] = t;
         tok_leaf_[t] = leaf;
         tok_slot_[t] = static_cast<int16_t>(s);
@@ -284,6 +280,10 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     }
     cells_[c].count = static_cast<int32_t>(cnt);
   }
+  // K/V into the pages in token order: the source rows stream in sequentially and each row lands
+  // in its page with non-temporal stores (a page-order pass would gather the source at random).
+  for (int t = 0; t < n; ++t) WriteToken(tok_leaf_[t], tok_slot_[t], block, t, /*stream=*/true);
+  StoreFence();
   if (params_.centroid_cells) FoldSummaries(keys, stride, false);
   return Status::Ok();
 }
@@ -368,23 +368,12 @@ void DciTree::RebuildLevelRows() {
   }
 }
 
-void DciTree::PrefetchToken(const TokenBlock& block, int i) const {
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(dim_);
-  for (int p = 0; p < num_payloads_; ++p) {
-    const char* k = reinterpret_cast<const char*>(block.keys[p] + static_cast<size_t>(i) * block.row_stride);
-    const char* v = reinterpret_cast<const char*>(block.values[p] + static_cast<size_t>(i) * block.row_stride);
-    for (size_t b = 0; b < row_bytes; b += 64) {
-      __builtin_prefetch(k + b);
-      __builtin_prefetch(v + b);
-    }
-  }
-}
-
-void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i) {
+void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream) {
+  auto write = stream ? StreamRowFromF32 : RowFromF32;
   for (int p = 0; p < num_payloads_; ++p) {
     const int32_t page = leaf_page(leaf, p);
-    RowFromF32(pool_->dtype(), block.keys[p] + static_cast<size_t>(i) * block.row_stride, pool_->KRow(page, slot), dim_);
-    RowFromF32(pool_->dtype(), block.values[p] + static_cast<size_t>(i) * block.row_stride, pool_->VRow(page, slot), dim_);
+    write(pool_->dtype(), block.keys[p] + static_cast<size_t>(i) * block.row_stride, pool_->KRow(page, slot), dim_);
+    write(pool_->dtype(), block.values[p] + static_cast<size_t>(i) * block.row_stride, pool_->VRow(page, slot), dim_);
   }
 }
 

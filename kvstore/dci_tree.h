@@ -247,8 +247,6 @@ class DciTree {
   Status BuildFrom(const TokenBlock& block);
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
-  void PrefetchToken(const TokenBlock& block, int i) const;  // a token's source K/V rows
-  static constexpr size_t kPrefetchAhead = 4;
   void SetDirections();
   float OrderProjection(int32_t t) const;
   void Rekey(float new_max_norm2);
@@ -260,7 +258,8 @@ class DciTree {
   Status InsertIntoCell(int32_t cell, int32_t t, const TokenBlock& block, int i);
   int32_t NewLeaf(int32_t cell, const int32_t* pages);
   void MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to_slot);
-  void WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i);
+  // stream: non-temporal stores (StreamRowFromF32); the caller fences (StoreFence) after.
+  void WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream = false);
   void ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const;  // Oracle
   float LeafFirstProj(int32_t leaf) const { return order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_]]; }
   float LeafLastProj(int32_t leaf) const {

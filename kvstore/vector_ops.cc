@@ -3,6 +3,8 @@
 #include "kernels/dtype.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -467,6 +469,43 @@ void ArgmaxAugDotI8(const uint32_t* x, const float* x_extra, int nx, const uint3
     }
     best[i] = arg;
   }
+}
+
+void StreamRowFromF32(DType dtype, const float* src, void* dst, int n) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const size_t bytes = static_cast<size_t>(n) * (dtype == DType::kF32 ? 4 : 2);
+  if (n > 0 && dtype != DType::kF16 && reinterpret_cast<uintptr_t>(dst) % 64 == 0 && bytes % 64 == 0) {
+    if (dtype == DType::kF32) {
+      for (int i = 0; i < n; i += 16) _mm512_stream_ps(static_cast<float*>(dst) + i, _mm512_loadu_ps(src + i));
+      return;
+    }
+    // bf16: RowFromF32's rounding, 32 values (one cache line) per store.
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    auto half = [&](const float* s) {
+      const __m512i u = _mm512_loadu_si512(s);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+      r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+      return _mm512_cvtepi32_epi16(r);
+    };
+    for (int i = 0; i < n; i += 32) {
+      const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512(half(src + i)), half(src + i + 16), 1);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<uint16_t*>(dst) + i), line);
+    }
+    return;
+  }
+#endif
+  RowFromF32(dtype, src, dst, n);
+}
+
+void StoreFence() {
+#if ICE_KV_AVX2
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
 }
 
 float KthLargest(const float* v, int n, int k, int32_t* scratch) {

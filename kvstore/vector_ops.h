@@ -28,6 +28,12 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
 // Converts n values between fp32 and `dtype` (round to nearest even; f16 overflows to inf).
 void RowToF32(DType dtype, const void* src, float* dst, int n);
 void RowFromF32(DType dtype, const float* src, void* dst, int n);
+// RowFromF32 with non-temporal stores (no read of dst's cache lines first, none left in cache)
+// where dst is 64-byte aligned and the row a whole number of 64-byte lines (bf16 and fp32 on
+// AVX-512); otherwise plain RowFromF32. The same values. Call StoreFence() before another
+// thread may read what was written.
+void StreamRowFromF32(DType dtype, const float* src, void* dst, int n);
+void StoreFence();
 
 // The k-th largest of v[0, n) (1 <= k <= n; no NaN), by bisection over an order-preserving
 // integer image of the floats (32 branch-free counting passes instead of a branchy selection).

@@ -47,6 +47,37 @@ TEST(VectorOpsTest, Bf16RowConversionMatchesScalar) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], kernels::F32ToBf16(x[i])) << i;
 }
 
+TEST(VectorOpsTest, StreamRowFromF32WritesTheSameBytesAlignedOrNot) {
+  // Non-temporal stores apply to 64-byte-aligned rows of whole lines; other rows (an odd offset,
+  // a ragged length, f16) take the plain path. Every case must write RowFromF32's bytes, ties,
+  // NaN, inf and subnormals included, and nothing past the row.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g;
+  std::vector<float> x(256);
+  for (auto& v : x) v = g(rng);
+  x[1] = 1.0f + 1.0f / 256;
+  x[2] = std::nanf("");
+  x[3] = -INFINITY;
+  x[4] = 1e-40f;
+  for (DType dt : {DType::kBF16, DType::kF32, DType::kF16}) {
+    const size_t es = kernels::DTypeSize(dt);
+    for (int n : {128, 64, 96, 40}) {
+      for (size_t offset : {size_t{0}, size_t{2}, size_t{64}}) {
+        SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dt)) + " n " + std::to_string(n) + " offset " +
+                     std::to_string(offset));
+        alignas(64) uint8_t want[1280], got[1280];
+        std::memset(want, 0xab, sizeof(want));
+        std::memset(got, 0xab, sizeof(got));
+        RowFromF32(dt, x.data(), want + offset, n);
+        StreamRowFromF32(dt, x.data(), got + offset, n);
+        StoreFence();
+        ASSERT_EQ(std::memcmp(want, got, sizeof(want)), 0);
+        ASSERT_LE(offset + n * es, sizeof(want));
+      }
+    }
+  }
+}
+
 class ScoreRowsTest : public ::testing::TestWithParam<std::tuple<DType, int>> {};
 
 TEST_P(ScoreRowsTest, MatchesNaive) {
