@@ -44,6 +44,13 @@ Status ValidateDciParams(const DciParams& p) {
   return Status::Ok();
 }
 
+StatusOr<DciParams> DciParamsPreset(const std::string& name) {
+  if (name == "reference") return DciParams{};
+  if (name == "tuned") return DciParams::Tuned();
+  if (name == "flat") return DciParams::Flat();
+  return InvalidArgumentError("DCI preset must be reference, tuned or flat, got '" + name + "'");
+}
+
 DciTree::DciTree(const DciParams& params, PagePool* pool, int num_payloads)
     : params_(params), pool_(pool), num_payloads_(num_payloads), dim_(pool->head_dim()),
       page_size_(pool->page_size()) {}
@@ -166,7 +173,13 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       const bool bf16 = params_.bf16_parent_search && !i8;
       const int pairs = (d + 1) / 2, quads = (d + 3) / 4;
       LevelMatrix mat;
-      RefreshLevelMatrix(l + 1, &mat, bf16);
+      if (i8) {  // the int8 rows are built below; only the layout and the extras are needed here
+        mat.ld = (nu + 31) / 32 * 32;
+        mat.extra.assign(mat.ld, -INFINITY);
+        for (int r = 0; r < nu; ++r) mat.extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[upper[r]]));
+      } else {
+        RefreshLevelMatrix(l + 1, &mat, bf16);
+      }
       std::vector<uint32_t> rows_q;
       std::vector<int32_t> row_sum;
       std::vector<float> row_scale;

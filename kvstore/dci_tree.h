@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -125,6 +126,10 @@ struct DciParams {
 
 // Checks ranges; INVALID_ARGUMENT naming the field.
 Status ValidateDciParams(const DciParams& p);
+
+// The preset of a config's cache.dci_preset: "reference" (DciParams{}), "tuned" or "flat";
+// INVALID_ARGUMENT naming the accepted names otherwise.
+StatusOr<DciParams> DciParamsPreset(const std::string& name);
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
 // truncated or a flag is not 0/1 (ranges are the caller's ValidateDciParams).

@@ -387,5 +387,24 @@ TEST(DciTreeFlatTest, ValidateNamesTheNewFields) {
   EXPECT_TRUE(ValidateDciParams(DciParams::Flat()).ok());
 }
 
+TEST(DciParamsPresetTest, NamesMapToPresetsAndUnknownIsInvalidArgument) {
+  auto ref = DciParamsPreset("reference");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EXPECT_EQ(ref.value().p1, DciParams{}.p1);
+  EXPECT_FALSE(ref.value().int8_parent_search);
+  auto tuned = DciParamsPreset("tuned");
+  ASSERT_TRUE(tuned.ok());
+  EXPECT_EQ(tuned.value().p1, DciParams::Tuned().p1);
+  EXPECT_EQ(tuned.value().fov_sqrt, 0);
+  auto flat = DciParamsPreset("flat");
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat.value().fov_sqrt, DciParams::Flat().fov_sqrt);
+  EXPECT_TRUE(flat.value().centroid_cells);
+  auto bad = DciParamsPreset("fast");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("reference, tuned or flat, got 'fast'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace icecache::kvstore
