@@ -109,19 +109,21 @@ PrefillServer::PrefillServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::ClusterConfig& config) {
   auto impl = std::make_unique<Impl>();
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
+  PrefillEngineOptions eo;
+  auto preset = kvstore::DciParamsPreset(config.cache.dci_preset);
+  if (!preset.ok()) return preset.status().WithContext("cache.dci_preset");
+  eo.dci = preset.value();
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
-  PrefillEngineOptions eo;
   eo.page_size = config.cache.page_size;
   eo.threads = config.prefill.threads;
   eo.dense_layers = config.cache.dense_layers;
   eo.sink_pages = config.cache.sink_pages;
   eo.window_pages = config.cache.window_pages;
-  if (config.cache.dci_preset == "tuned") eo.dci = kvstore::DciParams::Tuned();
-  if (config.cache.dci_preset == "flat") eo.dci = kvstore::DciParams::Flat();
   if (config.cache.dci_fov_fraction > 0) eo.dci.fov_fraction = config.cache.dci_fov_fraction;
   if (config.cache.dci_fov_min > 0) eo.dci.fov_min = config.cache.dci_fov_min;
+  if (config.cache.dci_group_fov > 0) eo.dci.group_fov = config.cache.dci_group_fov;
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));

@@ -176,7 +176,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   MapReader cache = top.Sub("cache");
   ICE_RETURN_IF_ERROR(
       cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages", "dci_preset",
-                        "dci_fov_fraction", "dci_fov_min", "kv_dtype"}));
+                        "dci_fov_fraction", "dci_fov_min", "dci_group_fov", "kv_dtype"}));
   ICE_RETURN_IF_ERROR(cache.Number("page_size", &c.cache.page_size, 1, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("default_budget_pages", &c.cache.default_budget_pages, 0, kIntMax));
   ICE_RETURN_IF_ERROR(cache.Number("dense_layers", &c.cache.dense_layers, 0, 4096));
@@ -189,6 +189,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   }
   ICE_RETURN_IF_ERROR(cache.Number("dci_fov_fraction", &c.cache.dci_fov_fraction, 0.0, 1.0));
   ICE_RETURN_IF_ERROR(cache.Number("dci_fov_min", &c.cache.dci_fov_min, 0, 1 << 20));
+  ICE_RETURN_IF_ERROR(cache.Number("dci_group_fov", &c.cache.dci_group_fov, 0.0, 64.0));
   ICE_RETURN_IF_ERROR(cache.String("kv_dtype", &c.cache.kv_dtype));
   if (c.cache.kv_dtype != "bf16" && c.cache.kv_dtype != "f16" && c.cache.kv_dtype != "f32") {
     return InvalidArgumentError(origin + ": cache.kv_dtype: must be bf16, f16 or f32, got '" + c.cache.kv_dtype +
@@ -329,6 +330,7 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "dci_preset" << YAML::Value << c.cache.dci_preset;
   out << YAML::Key << "dci_fov_fraction" << YAML::Value << c.cache.dci_fov_fraction;
   out << YAML::Key << "dci_fov_min" << YAML::Value << c.cache.dci_fov_min;
+  out << YAML::Key << "dci_group_fov" << YAML::Value << c.cache.dci_group_fov;
   out << YAML::Key << "kv_dtype" << YAML::Value << c.cache.kv_dtype << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;

@@ -35,6 +35,12 @@ struct CacheSection {
   // flat: 32). Larger finds more at every length for a larger selection cost: on the passkey model
   // the 4-needle task needed ~128 cells at 16k-32k to match full KV (docs/BENCHMARKS.md). 0 = the preset's.
   int dci_fov_min = 0;
+  // > 0: caps the level-1 cells a GQA group of query heads expands at ceil(g * fov), taken rank by
+  // rank over the heads (DciParams::group_fov). Without a cap (tuned) a group of G heads expands
+  // the union of its heads' cells, up to G * fov. For wide groups (Llama-3: 4 or 8 query heads per
+  // KV head) 2 costs 35-40 % less selection at 16k-128k for -0.001 to -0.009 of attention-mass
+  // coverage on the Llama-shaped layer (docs/BENCHMARKS.md). 0 = the preset's (tuned: no cap; flat: 1).
+  double dci_group_fov = 0;
   // Element type of KV pages in the prefill worker's build pool, on the wire and in the decode
   // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both
   // workers must agree: a decode worker refuses pages of another size.

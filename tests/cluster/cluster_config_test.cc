@@ -195,6 +195,22 @@ TEST(ClusterConfig, DciFieldOfViewOverride) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(c.status().message().find("cache.dci_fov_min"), std::string::npos) << c.status().ToString();
+
+  c = ParseClusterConfig("{}", "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cache.dci_group_fov, 0);  // the preset's
+  c = ParseClusterConfig("cache: {dci_group_fov: 2}", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->cache.dci_group_fov, 2);
+  again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_DOUBLE_EQ(again->cache.dci_group_fov, 2);
+  for (const char* bad : {"cache: {dci_group_fov: -1}", "cache: {dci_group_fov: 65}"}) {
+    c = ParseClusterConfig(bad, "t.yaml");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("cache.dci_group_fov"), std::string::npos) << c.status().ToString();
+  }
 }
 
 }  // namespace

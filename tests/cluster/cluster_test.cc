@@ -380,6 +380,19 @@ TEST_P(ClusterPresetTrees, SparseGenerationAndExactWhenTheBudgetCoversEverything
 INSTANTIATE_TEST_SUITE_P(Presets, ClusterPresetTrees, ::testing::Values("tuned", "flat"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
+// A config built in code (not parsed from YAML, which checks the name) with an unknown preset:
+// the prefill worker refuses to start, naming the key, instead of silently using another preset.
+TEST(ClusterPresetName, PrefillWorkerRefusesAnUnknownPreset) {
+  cluster::ClusterConfig cfg;
+  cfg.model.dir = ::testing::TempDir() + "/icecache_no_model_needed";
+  cfg.cache.dci_preset = "fast";
+  auto p = prefill::PrefillServer::Start(cfg);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("cache.dci_preset"), std::string::npos) << p.status().ToString();
+  EXPECT_NE(p.status().message().find("reference, tuned or flat"), std::string::npos) << p.status().ToString();
+}
+
 }  // namespace
 }  // namespace icecache::testing
 
