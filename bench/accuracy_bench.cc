@@ -353,6 +353,7 @@ constexpr const char* kUsage =
     "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned|flat (DciParams::Tuned()/Flat())]\n"
     "         [--dci-fov-min N[,N..] (field of view minimum, >= 1)]\n"
     "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
+    "         [--dci-group-fov G (cap on a GQA group's cells, G x fov; 0: none; default: the preset's)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n"
     "fov: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
@@ -367,6 +368,8 @@ int RunAccuracy(int argc, char** argv) {
   bool json = false;
   kvstore::DciParams dci;
   std::string fov_mins_s, fov_fractions_s;
+  double group_fov = 0;
+  bool group_fov_set = false;  // else the preset's
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -385,6 +388,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "flat") dci = kvstore::DciParams::Flat(), ++i;
     else if (f == "--dci-fov-min" && has) fov_mins_s = argv[++i];
     else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
+    else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]), group_fov_set = true;
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
@@ -394,6 +398,7 @@ int RunAccuracy(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
+  if (group_fov_set) dci.group_fov = group_fov;  // out of range: refused by the sweep's validation
   auto sweep = FovSweep(dci, fov_mins_s, fov_fractions_s);
   if (!sweep.ok()) {
     std::fprintf(stderr, "accuracy: %s\n", sweep.status().ToString().c_str());

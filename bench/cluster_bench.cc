@@ -64,6 +64,7 @@ struct Options {
   int budget_pages = 16;      // tpot: the sparse budget compared with full
   int router_repeats = 5;     // router: alternating runs of each path, medians
   std::string dci_preset = "tuned";  // cache.dci_preset of the cluster (reference | tuned | flat)
+  double dci_group_fov = 0;          // cache.dci_group_fov (0: the preset's)
   bool tpot_full = true;      // tpot: also run budget full at each context (--no-tpot-full: the sparse budget only)
 };
 
@@ -91,6 +92,7 @@ StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::str
   cfg.cache.page_size = 16;
   cfg.cache.dense_layers = o.dense_layers;
   cfg.cache.dci_preset = o.dci_preset;
+  cfg.cache.dci_group_fov = o.dci_group_fov;
   cfg.cache.kv_dtype = old_shipping ? "f32" : o.kv_dtype;
   cfg.prefill.overlap_tree_build = !old_shipping && o.overlap;
   if (old_shipping) cfg.ucx.max_segment_bytes = 1;
@@ -235,6 +237,7 @@ int RunCluster(int argc, char** argv) {
     else if (a == "--router-repeats") o.router_repeats = std::max(1, std::atoi(next().c_str()));
     else if (a == "--no-tpot-full") o.tpot_full = false;
     else if (a == "--dci-preset") o.dci_preset = next();
+    else if (a == "--dci-group-fov") o.dci_group_fov = std::atof(next().c_str());
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench cluster [--parts ttft,tpot,router,ucx] [--ttft-prompts 256,1024]\n"
@@ -242,7 +245,7 @@ int RunCluster(int argc, char** argv) {
                    "       [--heads Q] [--kv-heads KV] [--head-dim D] [--intermediate I]\n"
                    "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n"
                    "       [--dense-layers N] [--budget-pages B] [--router-repeats R] [--no-tpot-full]\n"
-                   "       [--dci-preset reference|tuned|flat]\n");
+                   "       [--dci-preset reference|tuned|flat] [--dci-group-fov G (0: the preset's)]\n");
       return 2;
     }
   }
@@ -250,11 +253,16 @@ int RunCluster(int argc, char** argv) {
     std::fprintf(stderr, "cluster: --dci-preset must be reference, tuned or flat, got '%s'\n", o.dci_preset.c_str());
     return 2;
   }
+  if (!(o.dci_group_fov >= 0 && o.dci_group_fov <= 64)) {
+    std::fprintf(stderr, "cluster: --dci-group-fov must be in [0, 64], got %g\n", o.dci_group_fov);
+    return 2;
+  }
   auto has = [&](const char* p) { return o.parts.find(p) != std::string::npos; };
   nlohmann::json out;
   out["model"] = {{"hidden", o.hidden},     {"layers", o.layers},         {"heads", o.heads},
                   {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},     {"intermediate", o.intermediate}};
   out["dci_preset"] = o.dci_preset;
+  out["dci_group_fov"] = o.dci_group_fov;
   out["dense_layers"] = o.dense_layers;
 
   if (has("ucx")) {
