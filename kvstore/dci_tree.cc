@@ -76,7 +76,7 @@ void DciTree::SetDirections() {
 }
 
 float DciTree::OrderProjection(int32_t t) const {
-  return proj_raw_[t] + directions_[dim_] * std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+  return proj_raw_[t] + directions_[dim_] * AugExtra(norm2_[t]);
 }
 
 void DciTree::UpperAug(int32_t t, float* out) const {
@@ -84,7 +84,7 @@ void DciTree::UpperAug(int32_t t, float* out) const {
   const auto& nodes = level_nodes_[l];
   const size_t idx = std::lower_bound(nodes.begin(), nodes.end(), t) - nodes.begin();
   std::copy_n(level_keys_[l].data() + idx * dim_, dim_, out);
-  out[dim_] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+  out[dim_] = AugExtra(norm2_[t]);
 }
 
 StatusOr<std::unique_ptr<DciTree>> DciTree::Build(const DciParams& params, PagePool* pool, int num_payloads,
@@ -176,7 +176,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       if (i8) {  // the int8 rows are built below; only the layout and the extras are needed here
         mat.ld = (nu + 31) / 32 * 32;
         mat.extra.assign(mat.ld, -INFINITY);
-        for (int r = 0; r < nu; ++r) mat.extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[upper[r]]));
+        for (int r = 0; r < nu; ++r) mat.extra[r] = AugExtra(norm2_[upper[r]]);
       } else {
         RefreshLevelMatrix(l + 1, &mat, bf16);
       }
@@ -206,7 +206,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
         const int cnt = static_cast<int>(std::min<size_t>(kChunk, members.size() - b));
         for (int i = 0; i < cnt; ++i) {
           const int32_t t = members[b + i];
-          extra[i] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+          extra[i] = AugExtra(norm2_[t]);
           if (i8) {
             const float s = QuantizeRowI8(keys + t * stride, d, q.data());
             if (s > 0.f) extra[i] /= s;  // the key's scale is factored out of its scores
@@ -234,7 +234,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       std::vector<float> aug(d + 1);
       for (int32_t t : members) {
         std::copy_n(keys + t * stride, d, aug.data());
-        aug[d] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[t]));
+        aug[d] = AugExtra(norm2_[t]);
         parent_[t] = FindParent(l + 1, aug.data());
       }
     }
@@ -420,7 +420,7 @@ void DciTree::RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16) const {
     } else {
       for (int j = 0; j < d; ++j) m->rows_t[static_cast<size_t>(j) * m->ld + r] = k[j];
     }
-    m->extra[r] = std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
+    m->extra[r] = AugExtra(norm2_[nodes[r]]);
   }
   m->rows = nu;
 }
@@ -451,7 +451,7 @@ int32_t DciTree::FindParent(int level, const float* aug) {
   if (nu == 0) return -1;
   auto score = [&](int r) {
     return DotF32(keys.data() + static_cast<size_t>(r) * dim_, aug, dim_) +
-           aug[dim_] * std::sqrt(std::max(0.f, max_norm2_ - norm2_[nodes[r]]));
+           aug[dim_] * AugExtra(norm2_[nodes[r]]);
   };
   int best = 0;
   float best_s = -INFINITY;

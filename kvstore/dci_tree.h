@@ -42,6 +42,8 @@
 // may run concurrently with each other; Insert/Release need exclusive access.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <atomic>
 #include <cstdint>
@@ -254,6 +256,8 @@ class DciTree {
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
   void SetDirections();
   float OrderProjection(int32_t t) const;
+  // The augmented coordinate of a key with squared norm n2: sqrt(M - n2), M = max_norm2_.
+  float AugExtra(float n2) const { return std::sqrt(std::max(0.f, max_norm2_ - n2)); }
   void Rekey(float new_max_norm2);
   void UpperAug(int32_t t, float* out) const;  // [head_dim + 1] augmented key of an upper node
   int32_t FindParent(int level, const float* aug);  // node on `level` nearest to aug

@@ -55,7 +55,7 @@ Status DciTree::Insert(const TokenBlock& block) {
   if (nu > 0 && nu <= params_.exact_parent_max_nodes) {
     const bool bf16 = params_.bf16_parent_search;
     RefreshLevelMatrix(1, &level1_matrix_, bf16);
-    for (int j = 0; j < rest; ++j) extra[j] = std::sqrt(std::max(0.f, max_norm2_ - n2[j]));
+    for (int j = 0; j < rest; ++j) extra[j] = AugExtra(n2[j]);
     if (bf16) {
       const int pairs = (dim_ + 1) / 2;
       std::vector<uint32_t> xs(static_cast<size_t>(rest) * pairs, 0);
@@ -73,7 +73,7 @@ Status DciTree::Insert(const TokenBlock& block) {
     for (int j = 0; j < rest; ++j) {
       if (levels[j] != 0) continue;
       std::copy_n(keys + j * stride, dim_, aug.data());
-      aug[dim_] = std::sqrt(std::max(0.f, max_norm2_ - n2[j]));
+      aug[dim_] = AugExtra(n2[j]);
       parents[j] = FindParent(1, aug.data());
     }
   }
@@ -117,7 +117,7 @@ Status DciTree::InsertOne(const TokenBlock& block, int i, int forced_level, int3
     Rekey(static_cast<float>(n2 * params_.norm_headroom));
   }
   std::vector<float> aug(k, k + dim_);
-  aug.push_back(std::sqrt(std::max(0.f, max_norm2_ - n2)));
+  aug.push_back(AugExtra(n2));
 
   int level = 0;
   int32_t parent = -1;

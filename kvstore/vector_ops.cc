@@ -17,6 +17,19 @@
 namespace icecache::kvstore {
 namespace {
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// 16 floats to bf16, the rounding of kernels::F32ToBf16 (nearest even; NaN stays NaN, quieted).
+inline __m256i Bf16x16(const float* src) {
+  const __m512i u = _mm512_loadu_si512(src);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+#endif
+
 #if ICE_KV_AVX2
 inline float HSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -480,18 +493,8 @@ void StreamRowFromF32(DType dtype, const float* src, void* dst, int n) {
       return;
     }
     // bf16: RowFromF32's rounding, 32 values (one cache line) per store.
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    auto half = [&](const float* s) {
-      const __m512i u = _mm512_loadu_si512(s);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
-      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-      r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-      return _mm512_cvtepi32_epi16(r);
-    };
     for (int i = 0; i < n; i += 32) {
-      const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512(half(src + i)), half(src + i + 16), 1);
+      const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512(Bf16x16(src + i)), Bf16x16(src + i + 16), 1);
       _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<uint16_t*>(dst) + i), line);
     }
     return;
@@ -573,17 +576,7 @@ void RowFromF32(DType dtype, const float* src, void* dst, int n) {
       int i = 0;
       uint16_t* d = static_cast<uint16_t*>(dst);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-      // Same rounding as kernels::F32ToBf16 (nearest even; NaN stays NaN), 16 at a time.
-      const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-      const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-      for (; i + 16 <= n; i += 16) {
-        const __m512i u = _mm512_loadu_si512(src + i);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
-        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm512_cvtepi32_epi16(r));
-      }
+      for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), Bf16x16(src + i));
 #endif
       for (; i < n; ++i) d[i] = kernels::F32ToBf16(src[i]);
       return;
