@@ -252,6 +252,9 @@ class DciTree {
 
   DciTree(const DciParams& params, PagePool* pool, int num_payloads);
   Status BuildFrom(const TokenBlock& block);
+  // Sets parent_ of every member (nodes of level l, keys[t * stride]) to its nearest node of
+  // level l + 1 (dci_tree_parents.cc).
+  void AttachLevel(int l, const std::vector<int32_t>& members, const float* keys, size_t stride);
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
   void SetDirections();

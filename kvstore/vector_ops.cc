@@ -223,13 +223,25 @@ void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int 
 constexpr int kArgmaxQueries = 8;
 using ArgmaxAcc = __m512[kArgmaxQueries][2];
 
+// Horizontal max / min of 16 lanes by halving (GCC 12's _mm512_reduce_* trip -Wmaybe-uninitialized).
+inline float HorizontalMax(__m512 v) {
+  const __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
+}
+inline int32_t HorizontalMin(__m512i v) {
+  const __m256i a = _mm256_min_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i b = _mm_min_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  b = _mm_min_epi32(b, _mm_shuffle_epi32(b, 0x4e));
+  return _mm_cvtsi128_si32(_mm_min_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
+}
+
 // Only the 32-row blocks that hold rows are scanned (columns nr..ld are insertion headroom).
 template <typename Block>
 void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extra, Block&& block, int32_t* best) {
   const int scan = (nr + 31) / 32 * 32;
   constexpr int kT = kArgmaxQueries;
-  alignas(64) float bval[kT][32];
-  alignas(64) int32_t bidx[kT][32];
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int i = 0; i < nx; i += kT) {
     int src[kT];
@@ -261,16 +273,13 @@ void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extr
         bi[t][1] = _mm512_mask_mov_epi32(bi[t][1], m1, i1);
       }
     }
+    // Per query: the best of its 32 lanes, ties to the lowest row (vector reductions; a lane that
+    // never beat -inf keeps row 0, as the scalar rule does).
     for (int t = 0; t < kT && i + t < nx; ++t) {
-      _mm512_store_ps(bval[t], bv[t][0]);
-      _mm512_store_ps(bval[t] + 16, bv[t][1]);
-      _mm512_store_si512(bidx[t], bi[t][0]);
-      _mm512_store_si512(bidx[t] + 16, bi[t][1]);
-      float bs = -INFINITY;
-      int32_t arg = 0;
-      for (int k = 0; k < 32; ++k)
-        if (bval[t][k] > bs || (bval[t][k] == bs && bidx[t][k] < arg)) { bs = bval[t][k]; arg = bidx[t][k]; }
-      best[i + t] = arg;
+      const __m512 mv = _mm512_set1_ps(HorizontalMax(_mm512_max_ps(bv[t][0], bv[t][1])));
+      const __mmask16 e0 = _mm512_cmp_ps_mask(bv[t][0], mv, _CMP_EQ_OQ), e1 = _mm512_cmp_ps_mask(bv[t][1], mv, _CMP_EQ_OQ);
+      const __m512i big = _mm512_set1_epi32(INT32_MAX);
+      best[i + t] = HorizontalMin(_mm512_min_epi32(_mm512_mask_mov_epi32(big, e0, bi[t][0]), _mm512_mask_mov_epi32(big, e1, bi[t][1])));
     }
   }
 }
