@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -230,6 +231,12 @@ inline float HorizontalMax(__m512 v) {
   b = _mm_max_ps(b, _mm_movehl_ps(b, b));
   return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
 }
+inline int32_t HorizontalMax(__m512i v) {
+  const __m256i a = _mm256_max_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i b = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  b = _mm_max_epi32(b, _mm_shuffle_epi32(b, 0x4e));
+  return _mm_cvtsi128_si32(_mm_max_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
+}
 inline int32_t HorizontalMin(__m512i v) {
   const __m256i a = _mm256_min_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
   __m128i b = _mm_min_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
@@ -410,84 +417,174 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
   }
 }
 
-float QuantizeRowI8(const float* v, int n, int8_t* q) {
+namespace {
+
+float MaxAbs(const float* v, int n) {
   float mx = 0.f;
+  int j = 0;
 #if defined(__AVX512F__)
-  if (n % 16 == 0) {
-    // Same values as the scalar loop: cvtps rounds in the current mode as nearbyint does, and
-    // |v| * inv <= 127 up to rounding, so the saturating narrow never clips.
-    __m512 m = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, m);
-    for (float l : lanes) mx = std::max(mx, l);
-    if (mx > 0.f) {
-      const __m512 inv = _mm512_set1_ps(127.f / mx);
-      for (int j = 0; j < n; j += 16)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j),
-                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), inv))));
-      return mx / 127.f;
-    }
-  }
+  __m512 m = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
+  mx = HorizontalMax(m);
 #endif
-  for (int j = 0; j < n; ++j) mx = std::max(mx, std::fabs(v[j]));
-  if (!(mx > 0.f)) {
-    std::fill_n(q, n, int8_t{0});
-    return 0.f;
+  for (; j < n; ++j) mx = std::max(mx, std::fabs(v[j]));
+  return mx;
+}
+
+// q[j] = round(v[j] * inv) (nearest, ties to even), |v[j] * inv| <= 127 up to rounding.
+void RoundToI8(const float* v, int n, float inv, int8_t* q) {
+  int j = 0;
+#if defined(__AVX512F__)
+  // cvtps rounds in the current mode as nearbyint does; the saturating narrow never clips.
+  const __m512 vi = _mm512_set1_ps(inv);
+  for (; j + 16 <= n; j += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), vi))));
+#endif
+  for (; j < n; ++j) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.f, 127.f));
+}
+
+// Four bytes of one word (byte b = value b).
+uint32_t Word(int b0, int b1, int b2, int b3) {
+  return static_cast<uint32_t>(b0 & 0xff) | static_cast<uint32_t>(b1 & 0xff) << 8 |
+         static_cast<uint32_t>(b2 & 0xff) << 16 | static_cast<uint32_t>(b3 & 0xff) << 24;
+}
+
+}  // namespace
+
+float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int ld, uint32_t* rows_t) {
+  const int dq = (dim + 3) / 4;
+  float mx = 0.f;
+  for (int r = 0; r < nr; ++r) mx = std::max({mx, MaxAbs(rows + static_cast<size_t>(r) * dim, dim), extra[r] / 4.f});
+  const float s = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
+  std::vector<int8_t> q(static_cast<size_t>(dq) * 4, 0);
+  for (int r = 0; r < nr; ++r) {
+    RoundToI8(rows + static_cast<size_t>(r) * dim, dim, inv, q.data());
+    for (int j = 0; j < dq; ++j)
+      rows_t[static_cast<size_t>(j) * ld + r] = Word(q[4 * j] + 128, q[4 * j + 1] + 128, q[4 * j + 2] + 128, q[4 * j + 3] + 128);
+    // The augmented coordinate: e <= 508 as four bytes of at most 127 (with the key's t in all
+    // four bytes of its extra quad, the quad's dot is t * e).
+    const int e = static_cast<int>(std::clamp(std::nearbyint(extra[r] * inv), 0.f, 508.f));
+    int b[4];
+    for (int k = 0; k < 4; ++k) b[k] = std::min(127, std::max(0, e - 127 * k));
+    for (int k = 0; k < kI8ExtraQuads; ++k)
+      rows_t[static_cast<size_t>(dq + k) * ld + r] = Word(b[0] + 128, b[1] + 128, b[2] + 128, b[3] + 128);
   }
-  const float s = mx / 127.f, inv = 127.f / mx;
-  for (int j = 0; j < n; ++j) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.f, 127.f));
   return s;
 }
 
-void ArgmaxAugDotI8(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
-                    const int32_t* row_sum, const float* row_scale, const float* row_extra, int nr, int quads,
-                    int32_t* best) {
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst) {
+  const int dq = (dim + 3) / 4;
+  const float mx = std::max(MaxAbs(key, dim), extra);
+  const float inv = mx > 0.f ? 127.f / mx : 0.f;
+  int8_t q[4] = {0, 0, 0, 0};
+  int32_t sum = 0;
+  if (dim % 4 == 0) {
+    int8_t* b = reinterpret_cast<int8_t*>(dst);  // little-endian: byte b of word j is value 4j + b
+    int j = 0;
+#if defined(__AVX512F__)
+    const __m512 vi = _mm512_set1_ps(inv);
+    __m512i acc = _mm512_setzero_si512();
+    for (; j + 16 <= dim; j += 16) {
+      const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(key + j), vi));
+      acc = _mm512_add_epi32(acc, v);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b + j), _mm512_cvtsepi32_epi8(v));
+    }
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, acc);
+    for (int32_t l : lanes) sum += l;
+#endif
+    RoundToI8(key + j, dim - j, inv, b + j);
+    for (; j < dim; ++j) sum += b[j];
+  } else {
+    for (int w = 0; w < dq; ++w) {
+      const int n = std::min(4, dim - 4 * w);
+      q[1] = q[2] = q[3] = 0;
+      RoundToI8(key + 4 * w, n, inv, q);
+      dst[w] = Word(q[0], q[1], q[2], q[3]);
+      sum += q[0] + q[1] + q[2] + q[3];
+    }
+  }
+  const int t = static_cast<int>(std::clamp(std::nearbyint(extra * inv), 0.f, 127.f));
+  dst[dq] = Word(t, t, t, t);
+  return sum + 4 * t;
+}
+
+void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,
+                 int32_t* best) {
   int i = 0;
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
-  // As the bf16 kernel, one vpdpbusd (four u8 x s8 products per lane) per quad of dimensions; the
-  // accumulators start at -128 * row_sum, which removes the +128 offset of the keys' bytes.
-  ArgmaxAugBlocks(nx, x_extra, nr, row_extra, [&](const int* src, int rb, ArgmaxAcc& a) {
-    const uint32_t* xs[kArgmaxQueries];
-    const __m512i z0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(row_sum + rb), 7));
-    const __m512i z1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(row_sum + rb + 16), 7));
-    __m512i acc[kArgmaxQueries][2];
-    for (int t = 0; t < kArgmaxQueries; ++t) {
-      xs[t] = x + static_cast<size_t>(src[t]) * quads;
-      acc[t][0] = z0;
-      acc[t][1] = z1;
+  // kT keys against 32 rows per pass: one vpdpbusd (four u8 row bytes x s8 key bytes per lane)
+  // per quad, the key's word broadcast; accumulators start at -128 * the key's byte sum, which
+  // removes the rows' +128 offset. A row's running best per lane is kept as one int32,
+  // dot * 128 + (127 - block), so a max picks the larger dot and, on ties, the earlier block;
+  // rows are scanned in chunks of 128 blocks and the chunks' winners compared by dot.
+  constexpr int kT = 5;
+  const int nb = (nr + 31) / 32;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; i < nx; i += kT) {
+    const uint32_t* xs[kT];
+    __m512i init[kT];
+    int32_t best_dot[kT], best_row[kT];
+    for (int t = 0; t < kT; ++t) {
+      const int src = std::min(i + t, nx - 1);
+      xs[t] = x + static_cast<size_t>(src) * quads;
+      init[t] = _mm512_set1_epi32(-128 * x_sum[src]);
+      best_dot[t] = INT32_MIN;
+      best_row[t] = 0;
     }
-    const uint32_t* r = rows_t + rb;
-    for (int j = 0; j < quads; ++j, r += ld) {
-      const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + 16);
-      for (int t = 0; t < kArgmaxQueries; ++t) {
-        const __m512i u = _mm512_set1_epi32(static_cast<int>(xs[t][j]));
-        acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], u, r0);
-        acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], u, r1);
+    for (int c0 = 0; c0 < nb; c0 += 128) {
+      const int c1 = std::min(nb, c0 + 128);
+      __m512i bk[kT][2];
+      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = _mm512_set1_epi32(INT32_MIN);
+      for (int b = c0; b < c1; ++b) {
+        __m512i acc[kT][2];
+        for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
+        const uint32_t* r = rows_t + static_cast<size_t>(b) * 32;
+        for (int j = 0; j < quads; ++j, r += ld) {
+          const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + 16);
+          for (int t = 0; t < kT; ++t) {
+            const __m512i u = _mm512_set1_epi32(static_cast<int>(xs[t][j]));
+            acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], r0, u);
+            acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], r1, u);
+          }
+        }
+        // Lanes past nr (the last block's padding) never count.
+        const __m512i rem = _mm512_set1_epi32(nr - b * 32);
+        const __mmask16 v0 = _mm512_cmplt_epi32_mask(lane, rem);
+        const __mmask16 v1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), rem);
+        const __m512i c = _mm512_set1_epi32(127 - (b - c0));
+        for (int t = 0; t < kT; ++t) {
+          bk[t][0] = _mm512_mask_max_epi32(bk[t][0], v0, bk[t][0], _mm512_add_epi32(_mm512_slli_epi32(acc[t][0], 7), c));
+          bk[t][1] = _mm512_mask_max_epi32(bk[t][1], v1, bk[t][1], _mm512_add_epi32(_mm512_slli_epi32(acc[t][1], 7), c));
+        }
+      }
+      for (int t = 0; t < kT; ++t) {
+        // The best key; among lanes holding it, the lowest (same block, same dot).
+        const int32_t m = HorizontalMax(_mm512_max_epi32(bk[t][0], bk[t][1]));
+        const __m512i mv = _mm512_set1_epi32(m);
+        const uint32_t eq = _mm512_cmpeq_epi32_mask(bk[t][0], mv) | static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(bk[t][1], mv)) << 16;
+        const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - block
+        if (dot > best_dot[t]) {
+          best_dot[t] = dot;
+          best_row[t] = (c0 + 127 - (m & 127)) * 32 + __builtin_ctz(eq);
+        }
       }
     }
-    const __m512 s0 = _mm512_loadu_ps(row_scale + rb), s1 = _mm512_loadu_ps(row_scale + rb + 16);
-    for (int t = 0; t < kArgmaxQueries; ++t) {
-      a[t][0] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t][0]), s0);
-      a[t][1] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t][1]), s1);
-    }
-  }, best);
-  i = nx;
+    for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
+  }
 #endif
-  // Same arithmetic as the vector path: an exact int32 dot, one rounding for the scale, one fma.
+  // The same integers: u8 row bytes minus 128 times s8 key bytes.
   for (; i < nx; ++i) {
     const uint32_t* xi = x + static_cast<size_t>(i) * quads;
-    float bs = -INFINITY;
-    int32_t arg = 0;
+    int32_t bs = INT32_MIN, arg = 0;
     for (int r = 0; r < nr; ++r) {
       int32_t dot = 0;
       for (int j = 0; j < quads; ++j) {
         const uint32_t a = xi[j], b = rows_t[static_cast<size_t>(j) * ld + r];
         for (int k = 0; k < 4; ++k)
-          dot += (static_cast<int32_t>((a >> (8 * k)) & 0xff) - 128) * static_cast<int8_t>(b >> (8 * k));
+          dot += static_cast<int8_t>(a >> (8 * k)) * (static_cast<int32_t>((b >> (8 * k)) & 0xff) - 128);
       }
-      const float s = std::fma(x_extra[i], row_extra[r], static_cast<float>(dot) * row_scale[r]);
-      if (s > bs) { bs = s; arg = r; }
+      if (dot > bs) { bs = dot; arg = r; }
     }
     best[i] = arg;
   }

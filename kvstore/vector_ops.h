@@ -57,24 +57,37 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
 void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
                       const float* row_extra, int nr, int pairs, int32_t* best);
 
-// Symmetric int8 quantisation of one row for ArgmaxAugDotI8: q[j] = round(v[j] / s) in [-127, 127]
-// with s = max_j |v[j]| / 127, returned (0 for an all-zero row, whose q is then all 0).
-// v: [n] fp32; q: [n].
-float QuantizeRowI8(const float* v, int n, int8_t* q);
+// The int8 parent search (DciParams::int8_parent_search). Rows and keys are quantised so that a
+// key's scores against all rows of a level compare as exact int32 dot products: the rows share
+// one scale, and the augmented coordinate of the MIPS transform rides in kI8ExtraQuads extra
+// quad. A row or key of dim values is I8Quads(dim) words of four bytes: the values in order
+// (byte b of word j is value 4j + b), padded with 0 to a multiple of 4, then the extra quad.
+inline constexpr int kI8ExtraQuads = 1;
+inline int I8Quads(int dim) { return (dim + 3) / 4 + kI8ExtraQuads; }
+// Largest I8Quads the kernel takes (|dot| * 128 must fit in an int32): dims up to 1020.
+inline constexpr int kI8MaxQuads = 256;
 
-// ArgmaxAugDot on int8-quantised inputs (QuantizeRowI8 per key and per row; exact int32 sums,
-// AVX512_VNNI vpdpbusd: four multiply-adds per lane and instruction):
-// best[i] = argmax_r ( row_scale[r] * (xq_i . rq_r) + x_extra[i] * row_extra[r] ), ties to the
-// lowest r. A key's own scale s_i does not move its arg-max, so the caller passes its extra
-// divided by s_i. The choice differs from the fp32 one only between candidates whose scores are
-// within the quantisation error (~1 % of |x| |row| / sqrt(dim) for Gaussian-like rows).
-// x: [nx, quads] words of four bytes, byte b of word j = xq_i[4j + b] + 128 (u8; dims padded to a
-//   multiple of 4 with byte 128, i.e. value 0);
-// rows_t: [quads, ld] words of four s8 entries (row r's entries 4j..4j+3 in column r, pad 0),
-//   ld a multiple of 32 >= nr; row_sum: [ld] sum of row r's int8 entries; row_scale: [ld];
-//   row_extra: [ld], entries >= nr must be -inf (and their row_sum / row_scale finite). nr >= 1.
-void ArgmaxAugDotI8(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
-                    const int32_t* row_sum, const float* row_scale, const float* row_extra, int nr, int quads,
-                    int32_t* best);
+// Quantises nr rows (rows: [nr, dim] fp32; extra: [nr] their augmented coordinates, >= 0) into
+// columns 0..nr-1 of rows_t ([I8Quads(dim), ld] words, ld >= nr) with one scale
+// S = max over rows of max(max_j |row[j]|, extra / 4) / 127, returned (0 if all are 0): value
+// bytes round(v / S) + 128 (u8); the extra quad holds e = round(extra / S) <= 508 split into
+// four bytes of at most 127 each (+ 128). Other columns are not written.
+float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int ld, uint32_t* rows_t);
+
+// Quantises one key as its augmented vector [key, extra] with one scale
+// s = max(max_j |key[j]|, extra) / 127 (a key's scale does not move its arg-max): value bytes
+// round(key[j] / s) as s8, and t = round(extra / s) <= 127 in every byte of the extra quad, so
+// that its dot with a row carries t * e ~ extra * row extra / (s S). Returns the sum of its bytes
+// (as s8). dst: [I8Quads(dim)].
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst);
+
+// best[i] = argmax_r sum over bytes of x_i's (s8) times (rows_t's byte - 128), ties to the lowest
+// r: exact int32 arithmetic (AVX512_VNNI vpdpbusd where available, else the same integers in
+// scalar code). x: [nx, quads] (QuantizeKeyI8); x_sum: [nx] their byte sums; rows_t: [quads, ld]
+// (QuantizeRowsI8), ld a multiple of 32 >= nr, nr >= 1, quads <= kI8MaxQuads. Only the
+// ceil(nr / 32) blocks of 32 columns that hold rows are read (the rest may be insertion
+// headroom); columns nr.. of the last block are ignored whatever they hold.
+void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,
+                 int32_t* best);
 
 }  // namespace icecache::kvstore

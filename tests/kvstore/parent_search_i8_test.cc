@@ -1,8 +1,11 @@
-// The int8 parent search: QuantizeRowI8 and ArgmaxAugDotI8 against naive references, and a
-// DciTree built with DciParams::int8_parent_search.
+// The int8 parent search: QuantizeKeyI8, QuantizeRowsI8 and ArgmaxDotI8 against naive references
+// and the fp32 arg-max, and a DciTree built with DciParams::int8_parent_search.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
+#include <string>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -25,180 +28,237 @@ std::vector<float> Gaussian(size_t n, uint64_t seed) {
   return v;
 }
 
-TEST(QuantizeRowI8Test, RoundTripWithinHalfAStep) {
-  for (int n : {1, 7, 128}) {
-    auto v = Gaussian(n, 1 + n);
-    std::vector<int8_t> q(n);
-    const float s = QuantizeRowI8(v.data(), n, q.data());
-    float mx = 0.f;
-    for (float x : v) mx = std::max(mx, std::fabs(x));
-    EXPECT_FLOAT_EQ(s, mx / 127.f);
-    int extreme = 0;
-    for (int j = 0; j < n; ++j) {
-      EXPECT_LE(std::abs(static_cast<int>(q[j])), 127);
-      // Half a quantisation step plus fp32 rounding of v / s.
-      EXPECT_LE(std::fabs(q[j] * s - v[j]), 0.5f * s * (1.f + 1e-5f)) << "n " << n << " j " << j;
-      extreme += std::abs(static_cast<int>(q[j])) == 127;
+int8_t Byte(uint32_t w, int b) { return static_cast<int8_t>(w >> (8 * b)); }
+
+TEST(QuantizeKeyI8Test, AugmentedVectorWithinHalfAStepAndByteSum) {
+  for (int dim : {1, 5, 7, 16, 128}) {
+    for (float extra : {0.f, 0.3f, 9.f}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " extra " + std::to_string(extra));
+      auto v = Gaussian(dim, 1 + dim);
+      std::vector<uint32_t> w(I8Quads(dim), 0xdeadbeefu);
+      const int32_t sum = QuantizeKeyI8(v.data(), dim, extra, w.data());
+      float mx = extra;
+      for (float x : v) mx = std::max(mx, std::fabs(x));
+      const float s = mx / 127.f;
+      int32_t bytes = 0, extreme = 0;
+      const int dq = (dim + 3) / 4;
+      for (int j = 0; j < 4 * dq; ++j) {
+        const int q = Byte(w[j / 4], j % 4);
+        bytes += q;
+        if (j >= dim) {
+          EXPECT_EQ(q, 0) << "pad byte " << j;
+          continue;
+        }
+        EXPECT_LE(std::abs(q), 127);
+        EXPECT_LE(std::fabs(q * s - v[j]), 0.5f * s * (1.f + 1e-5f)) << "value " << j;
+        extreme += std::abs(q) == 127;
+      }
+      const int t = Byte(w[dq], 0);
+      for (int b = 1; b < 4; ++b) EXPECT_EQ(Byte(w[dq], b), t);
+      EXPECT_LE(std::fabs(t * s - extra), 0.5f * s * (1.f + 1e-5f));
+      extreme += t == 127;
+      bytes += 4 * t;
+      EXPECT_EQ(sum, bytes);
+      EXPECT_GE(extreme, 1);  // the largest |value| of the augmented vector maps to 127
     }
-    EXPECT_GE(extreme, 1);  // the largest |v| maps to +-127
   }
-  std::vector<float> zero(5, 0.f);
-  std::vector<int8_t> q(5, 3);
-  EXPECT_EQ(QuantizeRowI8(zero.data(), 5, q.data()), 0.f);
-  EXPECT_EQ(q, std::vector<int8_t>(5, 0));
+  std::vector<float> zero(6, 0.f);
+  std::vector<uint32_t> w(I8Quads(6), 0xffffffffu);
+  EXPECT_EQ(QuantizeKeyI8(zero.data(), 6, 0.f, w.data()), 0);
+  EXPECT_EQ(w, std::vector<uint32_t>(I8Quads(6), 0u));
 }
 
-// Quantised operands in the layout of ArgmaxAugDotI8, with the fp32 originals kept.
+TEST(QuantizeRowsI8Test, SharedScaleExtraSplitAndOtherColumnsUntouched) {
+  const int nr = 9, dim = 10, ld = 32, dq = 3;
+  auto rows = Gaussian(static_cast<size_t>(nr) * dim, 3);
+  std::vector<float> extra{0.f, 1.f, 2.f, 3.f, 5.f, 8.f, 13.f, 0.5f, 4.f};  // 13 / 4 beats every |value|
+  std::vector<uint32_t> t(static_cast<size_t>(I8Quads(dim)) * ld, 0x01020304u);
+  const float s = QuantizeRowsI8(rows.data(), nr, dim, extra.data(), ld, t.data());
+  float mx = 13.f / 4.f;
+  for (float x : rows) mx = std::max(mx, std::fabs(x));
+  EXPECT_FLOAT_EQ(s, mx / 127.f);
+  for (int r = 0; r < ld; ++r) {
+    for (int j = 0; j < I8Quads(dim); ++j) {
+      const uint32_t word = t[static_cast<size_t>(j) * ld + r];
+      if (r >= nr) {
+        EXPECT_EQ(word, 0x01020304u) << "column " << r << " written";
+        continue;
+      }
+      if (j < dq) {
+        for (int b = 0; b < 4; ++b) {
+          const int q = static_cast<int>((word >> (8 * b)) & 0xff) - 128, k = 4 * j + b;
+          if (k >= dim) {
+            EXPECT_EQ(q, 0);
+          } else {
+            EXPECT_LE(std::fabs(q * s - rows[static_cast<size_t>(r) * dim + k]), 0.5f * s * (1.f + 1e-5f));
+          }
+        }
+      } else {
+        int e = 0;
+        for (int b = 0; b < 4; ++b) {
+          const int q = static_cast<int>((word >> (8 * b)) & 0xff) - 128;
+          EXPECT_GE(q, 0);
+          EXPECT_LE(q, 127);
+          e += q;
+        }
+        EXPECT_LE(e, 508);
+        EXPECT_LE(std::fabs(e * s - extra[r]), 0.5f * s * (1.f + 1e-5f)) << "row " << r;
+      }
+    }
+  }
+}
+
+// Keys and rows quantised for ArgmaxDotI8, with the fp32 originals kept.
 struct I8Problem {
   int nx, nr, dim, quads, ld;
-  std::vector<float> x, rows, x_extra, row_extra_f;  // originals: [nx, dim], [nr, dim], [nx], [nr]
-  std::vector<int8_t> xq, rq;                          // [nx, 4 quads], [nr, 4 quads]
-  std::vector<float> xs;                               // key scales [nx]
-  std::vector<uint32_t> xw, rows_t;                    // kernel inputs
-  std::vector<int32_t> row_sum;
-  std::vector<float> row_scale, row_extra, x_extra_scaled;
+  std::vector<float> x, rows, x_extra, row_extra;  // [nx, dim], [nr, dim], [nx], [nr]
+  std::vector<uint32_t> xw, rows_t;                // kernel inputs
+  std::vector<int32_t> x_sum;
+  std::vector<float> xs;                           // key scales
+  float row_scale = 0.f;
 };
 
 I8Problem MakeProblem(int nx, int nr, int dim, uint64_t seed) {
   I8Problem p;
-  p.nx = nx, p.nr = nr, p.dim = dim, p.quads = (dim + 3) / 4, p.ld = (nr + 31) / 32 * 32;
+  p.nx = nx;
+  p.nr = nr;
+  p.dim = dim;
+  p.quads = I8Quads(dim);
+  p.ld = (nr + 31) / 32 * 32;
   p.x = Gaussian(static_cast<size_t>(nx) * dim, seed);
   p.rows = Gaussian(static_cast<size_t>(nr) * dim, seed + 1);
-  std::mt19937_64 rng(seed + 2);
-  std::uniform_real_distribution<float> u(0.f, 3.f);
-  for (int i = 0; i < nx; ++i) p.x_extra.push_back(u(rng));
-  for (int r = 0; r < nr; ++r) p.row_extra_f.push_back(u(rng));
-  const int w = 4 * p.quads;
-  p.xq.assign(static_cast<size_t>(nx) * w, 0);
-  p.rq.assign(static_cast<size_t>(nr) * w, 0);
-  p.xw.assign(static_cast<size_t>(nx) * p.quads, 0);
-  p.rows_t.assign(static_cast<size_t>(p.quads) * p.ld, 0);
-  p.row_sum.assign(p.ld, 0);
-  p.row_scale.assign(p.ld, 0.f);
-  p.row_extra.assign(p.ld, -INFINITY);
+  auto ex = Gaussian(nx + nr, seed + 2);
+  for (int i = 0; i < nx; ++i) p.x_extra.push_back(std::fabs(ex[i]) * 2.f);
+  for (int r = 0; r < nr; ++r) p.row_extra.push_back(std::fabs(ex[nx + r]) * 2.f);
+  p.xw.resize(static_cast<size_t>(nx) * p.quads);
   for (int i = 0; i < nx; ++i) {
-    const float s = QuantizeRowI8(&p.x[static_cast<size_t>(i) * dim], dim, &p.xq[static_cast<size_t>(i) * w]);
-    p.xs.push_back(s);
-    p.x_extra_scaled.push_back(p.x_extra[i] / s);
-    auto* bytes = reinterpret_cast<uint8_t*>(&p.xw[static_cast<size_t>(i) * p.quads]);
-    for (int j = 0; j < w; ++j) bytes[j] = static_cast<uint8_t>(p.xq[static_cast<size_t>(i) * w + j] + 128);
+    p.x_sum.push_back(QuantizeKeyI8(&p.x[static_cast<size_t>(i) * dim], dim, p.x_extra[i], &p.xw[static_cast<size_t>(i) * p.quads]));
+    float mx = p.x_extra[i];
+    for (int j = 0; j < dim; ++j) mx = std::max(mx, std::fabs(p.x[static_cast<size_t>(i) * dim + j]));
+    p.xs.push_back(mx / 127.f);
   }
-  for (int r = 0; r < nr; ++r) {
-    int8_t* q = &p.rq[static_cast<size_t>(r) * w];
-    p.row_scale[r] = QuantizeRowI8(&p.rows[static_cast<size_t>(r) * dim], dim, q);
-    p.row_extra[r] = p.row_extra_f[r];
-    for (int j = 0; j < dim; ++j) p.row_sum[r] += q[j];
-    for (int j = 0; j < p.quads; ++j) std::memcpy(&p.rows_t[static_cast<size_t>(j) * p.ld + r], q + 4 * j, 4);
-  }
+  p.rows_t.assign(static_cast<size_t>(p.quads) * p.ld, 0x80808080u);
+  p.row_scale = QuantizeRowsI8(p.rows.data(), nr, dim, p.row_extra.data(), p.ld, p.rows_t.data());
   return p;
 }
 
-// Naive: the int8 dot in int64 from the quantised values, then the kernel's two roundings.
+// The definition, byte by byte in 64-bit sums: sum of s8 key bytes times (u8 row bytes - 128),
+// ties to the lowest row.
 std::vector<int32_t> NaiveI8(const I8Problem& p) {
-  const int w = 4 * p.quads;
-  std::vector<int32_t> best(p.nx);
+  std::vector<int32_t> best(p.nx, -1);
   for (int i = 0; i < p.nx; ++i) {
-    float bs = -INFINITY;
+    int64_t bs = INT64_MIN;
     for (int r = 0; r < p.nr; ++r) {
       int64_t dot = 0;
-      for (int j = 0; j < p.dim; ++j) dot += int64_t{p.xq[static_cast<size_t>(i) * w + j]} * p.rq[static_cast<size_t>(r) * w + j];
-      const float s = std::fma(p.x_extra_scaled[i], p.row_extra[r], static_cast<float>(dot) * p.row_scale[r]);
-      if (s > bs) { bs = s; best[i] = r; }
+      for (int j = 0; j < p.quads; ++j)
+        for (int b = 0; b < 4; ++b)
+          dot += int64_t{Byte(p.xw[static_cast<size_t>(i) * p.quads + j], b)} *
+                 (static_cast<int>(p.rows_t[static_cast<size_t>(j) * p.ld + r] >> (8 * b) & 0xff) - 128);
+      if (dot > bs) { bs = dot; best[i] = r; }
     }
   }
   return best;
 }
 
-TEST(ArgmaxAugDotI8Test, MatchesNaiveInt8Reference) {
+TEST(ArgmaxDotI8Test, MatchesNaiveInt8Reference) {
+  // Sizes: single row, ragged blocks, odd dims, and more than 128 blocks (row chunks merged).
   for (const auto& [nx, nr, dim] : {std::tuple{1, 1, 4}, std::tuple{13, 31, 5}, std::tuple{40, 33, 64},
-                                    std::tuple{67, 100, 128}, std::tuple{9, 655, 129}}) {
+                                    std::tuple{67, 100, 128}, std::tuple{9, 655, 129}, std::tuple{6, 4200, 8}}) {
     SCOPED_TRACE("nx " + std::to_string(nx) + " nr " + std::to_string(nr) + " dim " + std::to_string(dim));
     const I8Problem p = MakeProblem(nx, nr, dim, 100 + nx);
     std::vector<int32_t> best(nx, -1);
-    ArgmaxAugDotI8(p.xw.data(), p.x_extra_scaled.data(), nx, p.rows_t.data(), p.ld, p.row_sum.data(),
-                   p.row_scale.data(), p.row_extra.data(), nr, p.quads, best.data());
-    // Identical arithmetic (exact integer sums, same fp32 roundings): the same indices.
-    EXPECT_EQ(best, NaiveI8(p));
+    ArgmaxDotI8(p.xw.data(), p.x_sum.data(), nx, p.rows_t.data(), p.ld, nr, p.quads, best.data());
+    EXPECT_EQ(best, NaiveI8(p));  // exact integers: the same indices
   }
 }
 
-TEST(ArgmaxAugDotI8Test, CloseToFp32ArgmaxWithinQuantisationBound) {
+TEST(ArgmaxDotI8Test, CloseToFp32ArgmaxWithinQuantisationBound) {
   const int nx = 200, nr = 300, dim = 128;
   const I8Problem p = MakeProblem(nx, nr, dim, 7);
   std::vector<int32_t> best(nx, -1);
-  ArgmaxAugDotI8(p.xw.data(), p.x_extra_scaled.data(), nx, p.rows_t.data(), p.ld, p.row_sum.data(),
-                 p.row_scale.data(), p.row_extra.data(), nr, p.quads, best.data());
+  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), nx, p.rows_t.data(), p.ld, nr, p.quads, best.data());
+  const float S = p.row_scale;
   int agree = 0;
   for (int i = 0; i < nx; ++i) {
     const float* xi = &p.x[static_cast<size_t>(i) * dim];
-    std::vector<double> s(nr);
+    const float s = p.xs[i];
+    std::vector<double> sc(nr);
     int arg = 0;
     for (int r = 0; r < nr; ++r) {
       const float* rr = &p.rows[static_cast<size_t>(r) * dim];
-      s[r] = double{p.x_extra[i]} * p.row_extra_f[r];
-      for (int j = 0; j < dim; ++j) s[r] += double{xi[j]} * rr[j];
-      if (s[r] > s[arg]) arg = r;
+      sc[r] = double{p.x_extra[i]} * p.row_extra[r];
+      for (int j = 0; j < dim; ++j) sc[r] += double{xi[j]} * rr[j];
+      if (sc[r] > sc[arg]) arg = r;
     }
     agree += best[i] == arg;
-    // |x.r - sx sr xq.rq| <= sum_j (|x_j| sr / 2 + |r_j| sx / 2 + sx sr / 4) per row; the chosen
-    // row loses at most the sum of its own and the best row's bounds (plus fp32 slack 1e-3).
+    // |a.b - s S qa.qb| <= sum over the augmented coordinates of |a| S / 2 + |b| s / 2 + s S / 4;
+    // the chosen row loses at most its own and the best row's bound (plus fp32 slack).
     auto bound = [&](int r) {
       const float* rr = &p.rows[static_cast<size_t>(r) * dim];
-      double b = 0;
-      for (int j = 0; j < dim; ++j)
-        b += std::fabs(xi[j]) * p.row_scale[r] / 2 + std::fabs(rr[j]) * p.xs[i] / 2 + p.xs[i] * p.row_scale[r] / 4;
+      double b = p.x_extra[i] * S / 2 + p.row_extra[r] * s / 2 + s * S / 4;
+      for (int j = 0; j < dim; ++j) b += std::fabs(xi[j]) * S / 2 + std::fabs(rr[j]) * s / 2 + s * S / 4;
       return b;
     };
-    EXPECT_GE(s[best[i]], s[arg] - bound(arg) - bound(best[i]) - 1e-3) << "key " << i;
+    EXPECT_GE(sc[best[i]], sc[arg] - bound(arg) - bound(best[i]) - 1e-3) << "key " << i;
   }
-  // Gaussian rows: the int8 choice is the fp32 one for most keys (196/200 here).
+  // Gaussian rows: the int8 choice is the fp32 one for most keys.
   EXPECT_GE(agree, nx * 8 / 10);
 }
 
-TEST(ArgmaxAugDotI8Test, TiesGoToTheLowestRowAndPaddingIsNeverChosen) {
+TEST(ArgmaxDotI8Test, TiesGoToTheLowestRowAndPaddingIsNeverChosen) {
   I8Problem p = MakeProblem(20, 40, 16, 9);
-  // Rows 5, 22 and 37 identical and far ahead of the others.
-  for (int r : {5, 22, 37}) {
-    for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = 0x7f7f7f7fu;
-    p.row_sum[r] = 127 * 16;
-    p.row_scale[r] = 1.f;
-    p.row_extra[r] = 0.f;
-  }
-  // Padding columns 40..63 carry large scales/sums that must not matter.
-  for (int r = 40; r < p.ld; ++r) {
-    p.row_scale[r] = 1e3f;
-    p.row_sum[r] = -1000;
-  }
+  // Rows 5, 22 and 37 identical and far ahead of the others (all bytes +127).
+  for (int r : {5, 22, 37})
+    for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = 0xffffffffu;
+  // The last block's padding columns 40..63 hold the same winning bytes: never chosen.
+  for (int r = 40; r < p.ld; ++r)
+    for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = 0xffffffffu;
   for (int i = 0; i < p.nx; ++i) {  // all-positive keys
-    auto* bytes = reinterpret_cast<uint8_t*>(&p.xw[static_cast<size_t>(i) * p.quads]);
-    for (int j = 0; j < 16; ++j) bytes[j] = 128 + 100;
+    for (int j = 0; j < p.quads; ++j) p.xw[static_cast<size_t>(i) * p.quads + j] = 0x64646464u;
+    p.x_sum[i] = 100 * 4 * p.quads;
   }
   std::vector<int32_t> best(p.nx, -1);
-  ArgmaxAugDotI8(p.xw.data(), p.x_extra_scaled.data(), p.nx, p.rows_t.data(), p.ld, p.row_sum.data(),
-                 p.row_scale.data(), p.row_extra.data(), p.nr, p.quads, best.data());
+  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
   EXPECT_EQ(best, std::vector<int32_t>(p.nx, 5));
+  // Ties across row chunks (more than 128 blocks): the first chunk's row wins.
+  I8Problem q = MakeProblem(3, 4200, 4, 21);
+  for (int r : {100, 4150})
+    for (int j = 0; j < q.quads; ++j) q.rows_t[static_cast<size_t>(j) * q.ld + r] = 0xffffffffu;
+  for (int i = 0; i < q.nx; ++i) {
+    for (int j = 0; j < q.quads; ++j) q.xw[static_cast<size_t>(i) * q.quads + j] = 0x7f7f7f7fu;
+    q.x_sum[i] = 127 * 4 * q.quads;
+  }
+  std::vector<int32_t> best_q(q.nx, -1);
+  ArgmaxDotI8(q.xw.data(), q.x_sum.data(), q.nx, q.rows_t.data(), q.ld, q.nr, q.quads, best_q.data());
+  EXPECT_EQ(best_q, std::vector<int32_t>(q.nx, 100));
 }
 
-TEST(ArgmaxAugDotI8Test, HeadroomColumnsPastTheLastRowBlockAreNotRead) {
+TEST(ArgmaxDotI8Test, AllScoresNegative) {
+  // Every dot negative: the least negative row wins (no lane stuck at its initial value wins).
+  I8Problem p = MakeProblem(8, 50, 8, 13);
+  for (int r = 0; r < p.nr; ++r)
+    for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = r == 33 ? 0x7f7f7f7fu : 0x01010101u;
+  for (int i = 0; i < p.nx; ++i) {
+    for (int j = 0; j < p.quads; ++j) p.xw[static_cast<size_t>(i) * p.quads + j] = 0x7f7f7f7fu;
+    p.x_sum[i] = 127 * 4 * p.quads;
+  }
+  std::vector<int32_t> best(p.nx, -1);
+  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
+  EXPECT_EQ(best, std::vector<int32_t>(p.nx, 33));
+  EXPECT_EQ(best, NaiveI8(p));
+}
+
+TEST(ArgmaxDotI8Test, HeadroomColumnsPastTheLastRowBlockAreNotRead) {
   // A level matrix keeps insertion headroom: ld far beyond nr. Columns from the first block of 32
-  // past nr on hold rows that would win (and garbage sums) if they were scanned.
+  // past nr on hold rows that would win if they were scanned.
   const I8Problem p0 = MakeProblem(24, 70, 32, 11);
   I8Problem p = p0;
   p.ld = 160;
-  p.rows_t.assign(static_cast<size_t>(p.quads) * p.ld, 0x7f7f7f7fu);
-  p.row_sum.assign(p.ld, 127 * 32);
-  p.row_scale.assign(p.ld, 1e3f);
-  p.row_extra.assign(p.ld, 1e3f);
-  for (int r = 0; r < 96; ++r) {  // rows, then the -inf pad of the last block (70..95)
-    p.row_sum[r] = r < p.nr ? p0.row_sum[r] : 0;
-    p.row_scale[r] = p0.row_scale[r];
-    p.row_extra[r] = p0.row_extra[r];
-    for (int j = 0; j < p.quads; ++j)
-      p.rows_t[static_cast<size_t>(j) * p.ld + r] = r < p.nr ? p0.rows_t[static_cast<size_t>(j) * p0.ld + r] : 0;
-  }
+  p.rows_t.assign(static_cast<size_t>(p.quads) * p.ld, 0xffffffffu);
+  for (int r = 0; r < p.nr; ++r)
+    for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = p0.rows_t[static_cast<size_t>(j) * p0.ld + r];
   std::vector<int32_t> best(p.nx, -1);
-  ArgmaxAugDotI8(p.xw.data(), p.x_extra_scaled.data(), p.nx, p.rows_t.data(), p.ld, p.row_sum.data(),
-                 p.row_scale.data(), p.row_extra.data(), p.nr, p.quads, best.data());
+  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
   EXPECT_EQ(best, NaiveI8(p0));
 }
 
