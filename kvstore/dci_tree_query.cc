@@ -28,6 +28,7 @@ class DciTree::Scratch {
   std::vector<int32_t> keys;
   std::vector<Entry> merged;
   std::vector<int32_t> cells;  // cells to expand
+  std::vector<Entry> picked;   // ChooseCells: (score, node, then its cell) of the nodes taken
   std::vector<int32_t> order;  // leaves to score, in scoring order
   std::vector<const void*> rows;  // K block of each leaf of `order`
   std::vector<int> valid;
@@ -108,13 +109,22 @@ void DciTree::ChooseCells(float* scores, const int32_t* nodes, int n, int64_t fo
     const float thr = need == left ? -INFINITY : KthLargest(scores, n, need, s->keys.data());
     int ties = need;  // scores equal to thr to take, lowest index first
     for (int i = 0; i < n; ++i) ties -= scores[i] > thr;
-    int taken = 0;
+    // Taken nodes first, then their cells: staged so that the cache misses on node_cell_ and on
+    // the cell headers of all taken nodes overlap instead of queueing behind each other.
+    auto& picked = s->picked;
+    picked.clear();
     for (int i = 0; i < n; ++i) {
       if (!(scores[i] > thr || (scores[i] == thr && thr > -INFINITY && ties-- > 0))) continue;
-      const float score = scores[i];
+      picked.emplace_back(scores[i], nodes[i]);
       scores[i] = -INFINITY;
-      ++taken;
-      const int32_t c = node_cell_[nodes[i]];
+    }
+    const int taken = static_cast<int>(picked.size());
+    for (const auto& p : picked) __builtin_prefetch(&node_cell_[p.second]);
+    for (auto& p : picked) {
+      p.second = node_cell_[p.second];
+      if (p.second >= 0) __builtin_prefetch(&cells_[p.second]);
+    }
+    for (const auto& [score, c] : picked) {
       if (c >= 0 && cells_[c].count > 0) {
         cells->push_back(c);
         if (cell_scores != nullptr) cell_scores->push_back(score);
@@ -167,6 +177,10 @@ void DciTree::PlanCells(const std::vector<int32_t>& cells, float qproj, double f
   const size_t n = order.size();
   s->rows.resize(n);
   s->valid.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    __builtin_prefetch(&leaf_pages_[static_cast<size_t>(order[i]) * num_payloads_]);
+    __builtin_prefetch(&leaf_valid_[order[i]]);
+  }
   for (size_t i = 0; i < n; ++i) {
     s->rows[i] = pool_->PageK(leaf_page(order[i], 0));
     s->valid[i] = leaf_valid_[order[i]];
