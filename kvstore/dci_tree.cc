@@ -295,11 +295,24 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
 void DciTree::RebuildLevelRows() {
   const size_t rb = pool_->row_bytes();
   level_rows_.assign(level_keys_.size(), {});
+  level_rows_i8_.assign(level_keys_.size(), {});
+  std::vector<float> v(dim_);
   for (size_t l = 0; l < level_keys_.size(); ++l) {
     const size_t rows = level_keys_[l].size() / dim_;
     level_rows_[l].resize(rows * rb);
     RowFromF32(pool_->dtype(), level_keys_[l].data(), level_rows_[l].data(), static_cast<int>(rows * dim_));
+    level_rows_i8_[l].Reset(dim_);
+    for (size_t r = 0; r < rows; ++r) {
+      RowToF32(pool_->dtype(), level_rows_[l].data() + r * rb, v.data(), dim_);  // the values queries score
+      level_rows_i8_[l].Append(v.data());
+    }
   }
+}
+
+const void* DciTree::UpperRow(int32_t node) const {
+  const auto& nodes = level_nodes_[level_[node]];
+  const size_t i = static_cast<size_t>(std::lower_bound(nodes.begin(), nodes.end(), node) - nodes.begin());
+  return level_rows_[level_[node]].data() + i * pool_->row_bytes();
 }
 
 void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream) {
@@ -412,6 +425,7 @@ void DciTree::Release() {
   level_nodes_.clear();
   level_keys_.clear();
   level_rows_.clear();
+  level_rows_i8_.clear();
   level_counts_.clear();
   level_index_.clear();
   level1_matrix_ = LevelMatrix{};

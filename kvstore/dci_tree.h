@@ -55,6 +55,7 @@
 
 #include "common/status.h"
 #include "kvstore/page_pool.h"
+#include "kvstore/vector_ops.h"
 #include "kvstore/wire.h"
 
 namespace icecache::kvstore {
@@ -211,6 +212,7 @@ class DciTree {
   // Sequence positions of the valid slots of `leaf`, in slot order.
   std::vector<int64_t> LeafPositions(int32_t leaf) const;
   TokenLocation Locate(int64_t position) const;  // REQUIRES position in range
+  int Level(int64_t position) const { return level_[position - first_position_]; }  // REQUIRES position in range
   int num_levels() const { return static_cast<int>(level_counts_.size()); }
   std::vector<int64_t> level_counts() const { return level_counts_; }  // [num_levels], level 0 first
   int32_t num_cells() const { return static_cast<int32_t>(cells_.size()); }
@@ -278,11 +280,15 @@ class DciTree {
     return order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + leaf_valid_[leaf] - 1]];
   }
   void AddUpperNode(int level, int32_t t, const float* key);
-  void RebuildLevelRows();  // level_rows_ from level_keys_
+  void RebuildLevelRows();  // level_rows_ and level_rows_i8_ from level_keys_
   // Query helpers (dci_tree_query.cc).
   void ScoreLeaves(const float* q, Scratch* s, bool collect) const;
   void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;
-  void SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
+  // The k best distinct leaves of the scored leaves and the upper nodes' leaves; upper nodes
+  // carry ScoreRowsI8 scores and are rescored exactly (for q) where they can reach the answer.
+  void SelectLeaves(const float* q, Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
+  // The row of upper node `node` in level_rows_ (pool dtype).
+  const void* UpperRow(int32_t node) const;
   // Appends to `cells` the cells of the best `fov` of n nodes (scores[i], nodes[i]) that own a
   // non-empty cell (ties: lower index first), and their owners' scores to `cell_scores` if given.
   // scores is overwritten.
@@ -314,6 +320,10 @@ class DciTree {
   std::vector<std::vector<int32_t>> level_nodes_;
   std::vector<std::vector<float>> level_keys_;
   std::vector<std::vector<uint8_t>> level_rows_;  // the same keys in the pool's dtype (queries)
+  // level_rows_' values again in int8 (RowBlocksI8): a query scores the upper levels from these
+  // (half the bytes of bf16) and rescores exactly from level_rows_ only the nodes whose bound
+  // lets them reach its answer.
+  std::vector<RowBlocksI8> level_rows_i8_;
   // Level-1 cell summaries (centroid_cells): per level-1 node i (level_nodes_[1][i]) its children's
   // keys as stored in the pages, folded in token order (so a fold from scratch and the catch-up
   // after insertions give identical sums). Written by BuildFrom, by Deserialize (the sums travel

@@ -15,6 +15,7 @@ class DciTree::Scratch {
   void Begin() {
     entries.clear();
     upper.clear();
+    upper_eps = 0.f;
     next_s.clear();
     next_n.clear();
     cells.clear();
@@ -39,6 +40,11 @@ class DciTree::Scratch {
   }
   std::vector<float> scores;
   std::vector<uint8_t> mark;   // per leaf, 1 while it is in the output
+  // The query in int8 (QuantizeKeyI8) for the upper levels' first pass, and the bound on how far
+  // an upper entry's score may lie from its exact score.
+  std::vector<uint32_t> qw;
+  int32_t q_sum = 0;
+  float q_scale = 0.f, upper_eps = 0.f;
   QueryStats stats;
 };
 
@@ -47,6 +53,16 @@ namespace {
 // Leaves ahead of the one being scored whose K rows are prefetched: enough to cover a miss to
 // L3/DRAM with a few 16-row leaves of work, few enough not to overrun the miss queues.
 constexpr size_t kPrefetchLeaves = 4;
+
+float L1Norm(const float* v, int n) {
+  float a = 0.f;
+  for (int i = 0; i < n; ++i) a += std::fabs(v[i]);
+  return a;
+}
+
+// ErrorBound plus room for the fp32 roundings of both scores (each well under 1e-3 of the bound's
+// q_l1 * S / 2 term at head_dim <= 1024).
+float UpperSlack(float bound) { return bound * 1.01f; }
 
 // Best first: higher score, then lower id. A functor so that the sorts inline it.
 struct Better {
@@ -209,10 +225,11 @@ void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
   }
 }
 
-void DciTree::SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
+void DciTree::SelectLeaves(const float* q, Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
   // The k best distinct leaves of (scored leaves) U (upper nodes' leaves), by best score. The
   // scored leaves are distinct, so the k-th best of them bounds the answer from below: only the
-  // upper nodes scoring at least that much are mapped to their leaves.
+  // upper nodes scoring at least that much are mapped to their leaves. Upper scores are int8
+  // (within upper_eps of exact): a node that might reach the floor is rescored exactly first.
   out->clear();
   std::vector<Scratch::Entry>& e = s->entries;
   float floor = -INFINITY;
@@ -222,8 +239,12 @@ void DciTree::SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) cons
   }
   std::vector<Scratch::Entry>& mg = s->merged;
   mg.clear();
-  for (const auto& [score, node] : s->upper)
-    if (score >= floor) mg.emplace_back(score, tok_leaf_[node]);
+  float exact = 0.f;
+  for (const auto& [score, node] : s->upper) {
+    if (!(score + s->upper_eps >= floor)) continue;
+    ScoreRows(pool_->dtype(), UpperRow(node), 1, dim_, q, &exact);
+    if (exact >= floor) mg.emplace_back(exact, tok_leaf_[node]);
+  }
   const size_t from_upper = mg.size();
   mg.insert(mg.end(), e.begin(), e.end());
   // At most from_upper entries repeat a leaf: the best k + from_upper hold the k best leaves.
@@ -256,12 +277,17 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   if (params_.exhaustive_upper && top >= 1) {
     // Level 1 first: its scores pick the cells, whose pages are then prefetched while the small
     // levels above are scored. Upper nodes are scored from the contiguous level rows.
+    // Upper nodes are scored from their int8 rows; SelectLeaves rescores the few that matter.
+    s->qw.resize(I8Quads(dim_));
+    s->q_sum = QuantizeKeyI8(q, dim_, 0.f, s->qw.data(), &s->q_scale);
+    const float q_l1 = L1Norm(q, dim_);
     auto score_level = [&](int lvl) {
       const auto& nodes = level_nodes_[lvl];
       const int cnt = static_cast<int>(nodes.size());
       if (cnt == 0) return;
       if (s->scores.size() < static_cast<size_t>(cnt)) s->scores.resize(cnt);
-      ScoreRows(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, q, s->scores.data());
+      ScoreRowsI8(level_rows_i8_[lvl], s->qw.data(), 0, &s->q_sum, &s->q_scale, 1, s->scores.data());
+      s->upper_eps = std::max(s->upper_eps, UpperSlack(level_rows_i8_[lvl].ErrorBound(q_l1, s->q_scale)));
       s->stats.tokens_scored += cnt;
       for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
     };
@@ -294,7 +320,7 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
       ScoreLeaves(q, s, lvl - 1 >= 1);
     }
   }
-  SelectLeaves(s, k, out);
+  SelectLeaves(q, s, k, out);
   if (stats != nullptr) *stats = s->stats;
 }
 
@@ -328,6 +354,9 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<uint8_t> leaf_mark;  // [num_leaves] 1 while in `touched`
     std::vector<float> cand;
     std::vector<float> col;  // one head's column of best, over touched leaves
+    std::vector<uint32_t> qw;     // [nq, I8Quads(dim)] the heads in int8
+    std::vector<int32_t> q_sum;
+    std::vector<float> q_scale, q_l1, eps, exact;  // [nq]
     Scratch query;
   };
   thread_local GroupScratch g;
@@ -359,10 +388,25 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     total += cnt * nq;
   }
   g.upper.resize(total);
+  // Every head in int8 (QuantizeKeyI8) for the upper levels' first pass; eps[j]: how far head
+  // j's int8 upper scores may lie from exact.
+  const int qq = I8Quads(dim_);
+  g.qw.resize(static_cast<size_t>(nq) * qq);
+  g.q_sum.resize(nq);
+  g.q_scale.resize(nq);
+  g.q_l1.resize(nq);
+  g.eps.assign(nq, 0.f);
+  for (int j = 0; j < nq; ++j) {
+    const float* qj = qs + static_cast<size_t>(j) * dim_;
+    g.q_sum[j] = QuantizeKeyI8(qj, dim_, 0.f, g.qw.data() + static_cast<size_t>(j) * qq, &g.q_scale[j]);
+    g.q_l1[j] = L1Norm(qj, dim_);
+  }
   const float* rank = nullptr;  // [nq, level-1 nodes]: what ranks the level-1 cells
   for (const auto& [lvl, off] : g.levels) {
     const int cnt = static_cast<int>(level_nodes_[lvl].size());
-    ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data(), cnt, dim_, qs, nq, g.upper.data() + off);
+    ScoreRowsI8(level_rows_i8_[lvl], g.qw.data(), qq, g.q_sum.data(), g.q_scale.data(), nq, g.upper.data() + off);
+    for (int j = 0; j < nq; ++j)
+      g.eps[j] = std::max(g.eps[j], UpperSlack(level_rows_i8_[lvl].ErrorBound(g.q_l1[j], g.q_scale[j])));
     st.tokens_scored += cnt;
     if (lvl == 1) rank = g.upper.data() + off;
   }
@@ -452,9 +496,15 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     const size_t cnt = nodes.size();
     const float* blk = g.upper.data() + off;
     for (size_t i = 0; i < cnt; ++i) {
+      // Rescored exactly (every head) where some head's int8 score might reach its floor.
+      bool near = false;
+      for (int j = 0; j < nq && !near; ++j) near = blk[static_cast<size_t>(j) * cnt + i] + g.eps[j] >= g.floor[j];
+      if (!near) continue;
+      g.exact.resize(nq);
+      ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data() + i * rb, 1, dim_, qs, nq, g.exact.data());
       int32_t leaf = -1;
       for (int j = 0; j < nq; ++j) {
-        const float s = blk[static_cast<size_t>(j) * cnt + i];
+        const float s = g.exact[j];
         if (!(s >= g.floor[j])) continue;
         if (leaf < 0) {
           leaf = tok_leaf_[nodes[i]];
@@ -486,7 +536,7 @@ void DciTree::Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const 
   s->Begin();
   s->scores.resize(std::max<size_t>(page_size_, s->scores.size()));
   for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) ScoreLeaf(leaf, q, s);
-  SelectLeaves(s, k, out);
+  SelectLeaves(q, s, k, out);
 }
 
 }  // namespace icecache::kvstore

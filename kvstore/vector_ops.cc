@@ -472,10 +472,11 @@ float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int
   return s;
 }
 
-int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst) {
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale) {
   const int dq = (dim + 3) / 4;
   const float mx = std::max(MaxAbs(key, dim), extra);
   const float inv = mx > 0.f ? 127.f / mx : 0.f;
+  if (scale != nullptr) *scale = mx / 127.f;
   int8_t q[4] = {0, 0, 0, 0};
   int32_t sum = 0;
   if (dim % 4 == 0) {
@@ -587,6 +588,77 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
       if (dot > bs) { bs = dot; arg = r; }
     }
     best[i] = arg;
+  }
+}
+
+void RowBlocksI8::Reset(int d) {
+  dim = d;
+  quads = (d + 3) / 4;
+  rows = 0;
+  words.clear();
+  scale.clear();
+  max_scale = max_l1 = 0.f;
+}
+
+void RowBlocksI8::Append(const float* v) {
+  if (rows % 32 == 0) words.resize(words.size() + static_cast<size_t>(quads) * 32, 0x80808080u);
+  const float mx = MaxAbs(v, dim);
+  const float inv = mx > 0.f ? 127.f / mx : 0.f;
+  std::vector<int8_t> q(static_cast<size_t>(quads) * 4, 0);
+  RoundToI8(v, dim, inv, q.data());
+  uint32_t* blk = words.data() + static_cast<size_t>(rows / 32) * quads * 32 + rows % 32;
+  for (int j = 0; j < quads; ++j) blk[j * 32] = Word(q[4 * j] + 128, q[4 * j + 1] + 128, q[4 * j + 2] + 128, q[4 * j + 3] + 128);
+  float l1 = 0.f;
+  for (int j = 0; j < dim; ++j) l1 += std::fabs(v[j]);
+  scale.push_back(mx / 127.f);
+  max_scale = std::max(max_scale, mx / 127.f);
+  max_l1 = std::max(max_l1, l1);
+  ++rows;
+}
+
+void ScoreRowsI8(const RowBlocksI8& rows, const uint32_t* qw, int qstride, const int32_t* q_sum, const float* q_scale,
+                 int nq, float* out) {
+  const int quads = rows.quads, nr = rows.rows;
+  for (int h0 = 0; h0 < nq; h0 += 4) {
+    const int nh = std::min(4, nq - h0);
+    for (int b = 0; b * 32 < nr; ++b) {
+      const uint32_t* blk = rows.words.data() + static_cast<size_t>(b) * quads * 32;
+      const int r0 = b * 32, cnt = std::min(32, nr - r0);
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+      // As ArgmaxDotI8: s8 query words broadcast against u8 row bytes, the accumulators started
+      // at -128 * the query's byte sum.
+      __m512i acc[4][2];
+      for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm512_set1_epi32(-128 * q_sum[h0 + h]);
+      for (int j = 0; j < quads; ++j) {
+        const __m512i a = _mm512_loadu_si512(blk + j * 32), c = _mm512_loadu_si512(blk + j * 32 + 16);
+        for (int h = 0; h < nh; ++h) {
+          const __m512i u = _mm512_set1_epi32(static_cast<int>(qw[static_cast<size_t>(h0 + h) * qstride + j]));
+          acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], a, u);
+          acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], c, u);
+        }
+      }
+      const __mmask16 m0 = cnt >= 16 ? 0xffff : static_cast<__mmask16>((1u << cnt) - 1);
+      const __mmask16 m1 = cnt <= 16 ? 0 : cnt >= 32 ? 0xffff : static_cast<__mmask16>((1u << (cnt - 16)) - 1);
+      const __m512 s0 = _mm512_maskz_loadu_ps(m0, rows.scale.data() + r0), s1 = _mm512_maskz_loadu_ps(m1, rows.scale.data() + r0 + 16);
+      for (int h = 0; h < nh; ++h) {
+        const __m512 qs = _mm512_set1_ps(q_scale[h0 + h]);
+        float* o = out + static_cast<size_t>(h0 + h) * nr + r0;
+        _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0]), _mm512_mul_ps(qs, s0)));
+        _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][1]), _mm512_mul_ps(qs, s1)));
+      }
+#else
+      for (int h = 0; h < nh; ++h) {
+        const uint32_t* q = qw + static_cast<size_t>(h0 + h) * qstride;
+        for (int r = 0; r < cnt; ++r) {
+          int32_t dot = 0;
+          for (int j = 0; j < quads; ++j)
+            for (int k = 0; k < 4; ++k)
+              dot += static_cast<int8_t>(q[j] >> (8 * k)) * (static_cast<int32_t>((blk[j * 32 + r] >> (8 * k)) & 0xff) - 128);
+          out[static_cast<size_t>(h0 + h) * nr + r0 + r] = static_cast<float>(dot) * (q_scale[h0 + h] * rows.scale[r0 + r]);
+        }
+      }
+#endif
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -79,7 +80,8 @@ float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int
 // round(key[j] / s) as s8, and t = round(extra / s) <= 127 in every byte of the extra quad, so
 // that its dot with a row carries t * e ~ extra * row extra / (s S). Returns the sum of its bytes
 // (as s8). dst: [I8Quads(dim)].
-int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst);
+// scale: if not null, receives s.
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale = nullptr);
 
 // best[i] = argmax_r sum over bytes of x_i's (s8) times (rows_t's byte - 128), ties to the lowest
 // r: exact int32 arithmetic (AVX512_VNNI vpdpbusd where available, else the same integers in
@@ -89,5 +91,30 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst);
 // headroom); columns nr.. of the last block are ignored whatever they hold.
 void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,
                  int32_t* best);
+
+// Int8 copies of a tree's upper-level keys for a query's first pass (ScoreRowsI8): rows appended
+// one at a time, each quantised with its own scale (max |v| / 127; 0 for a zero row) as bytes
+// round(v / scale) + 128 (u8, dims padded with value 0) in blocks of 32 rows laid out
+// [quads][32] (block after block, so appending never moves a row).
+struct RowBlocksI8 {
+  int dim = 0, quads = 0, rows = 0;
+  std::vector<uint32_t> words;  // [ceil(rows / 32), quads, 32]
+  std::vector<float> scale;     // [rows]
+  float max_scale = 0.f;        // over rows
+  float max_l1 = 0.f;           // largest sum_j |v_j| of a row (of the values quantised)
+  void Reset(int dim);
+  void Append(const float* v);  // [dim]
+  // Bound on |q . v - ScoreRowsI8's score| for any row, for a query of sum_j |q_j| = q_l1
+  // quantised with scale q_scale: q_l1 S / 2 + l1 s / 2 + dim s S / 4 over the rows' S and l1.
+  float ErrorBound(float q_l1, float q_scale) const {
+    return 0.5f * q_l1 * max_scale + 0.5f * max_l1 * q_scale + 0.25f * static_cast<float>(dim) * q_scale * max_scale;
+  }
+};
+
+// out[h * rows.rows + r] = q_scale[h] * rows.scale[r] * (exact int32 dot of query h's s8 bytes
+// with row r's bytes - 128): every row against nq queries (QuantizeKeyI8 words with stride
+// qstride >= rows.quads; q_sum: their byte sums over the first rows.quads words).
+void ScoreRowsI8(const RowBlocksI8& rows, const uint32_t* qw, int qstride, const int32_t* q_sum, const float* q_scale,
+                 int nq, float* out);
 
 }  // namespace icecache::kvstore
