@@ -120,9 +120,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   order_proj_.resize(n);
   float mx = 0.f;
   for (int t = 0; t < n; ++t) {
-    const float* k = keys + t * stride;
-    norm2_[t] = DotF32(k, k, d);
-    proj_raw_[t] = DotF32(directions_.data(), k, d);
+    SelfAndCrossDotF32(keys + t * stride, directions_.data(), d, &norm2_[t], &proj_raw_[t]);
     mx = std::max(mx, norm2_[t]);
   }
   max_norm2_ = static_cast<float>(mx * params_.norm_headroom);
@@ -164,8 +162,9 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   // Cells: the root cell holds the top level; every node with children owns one.
   cells_.clear();
   cells_.push_back(Cell{});
-  std::vector<std::vector<int32_t>> children;  // per cell
-  children.emplace_back();
+  // Each token's cell (cells numbered in order of their first child), then the children of every
+  // cell gathered in token order (counting sort) and ordered by projection.
+  std::vector<int32_t> cell_of(n), start(1, 0);
   for (int t = 0; t < n; ++t) {
     int32_t cell = 0;
     if (parent_[t] >= 0) {
@@ -173,14 +172,19 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       if (c < 0) {
         c = static_cast<int32_t>(cells_.size());
         cells_.push_back(Cell{parent_[t], epoch_, 0, {}});
-        children.emplace_back();
       }
       cell = c;
     }
-    children[cell].push_back(t);
+    cell_of[t] = cell;
   }
+  const size_t num_cells = cells_.size();
+  start.assign(num_cells + 1, 0);
+  for (int t = 0; t < n; ++t) ++start[cell_of[t] + 1];
+  for (size_t c = 0; c < num_cells; ++c) start[c + 1] += start[c];
+  std::vector<int32_t> members(n), fill(start.begin(), start.end() - 1);
+  for (int t = 0; t < n; ++t) members[fill[cell_of[t]]++] = t;
   int64_t total_leaves = 0;
-  for (auto& ch : children) total_leaves += (static_cast<int64_t>(ch.size()) + page_size_ - 1) / page_size_;
+  for (size_t c = 0; c < num_cells; ++c) total_leaves += (start[c + 1] - start[c] + page_size_ - 1) / page_size_;
   std::vector<int32_t> pages;
   ICE_RETURN_IF_ERROR(pool_->AllocateMany(total_leaves * num_payloads_, &pages)
                           .WithContext("DciTree::Build (" + std::to_string(n) + " tokens, " +
@@ -190,12 +194,15 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   leaf_cell_.assign(total_leaves, -1);
   leaf_tokens_.assign(total_leaves * page_size_, -1);
   int32_t next_leaf = 0;
-  for (size_t c = 0; c < children.size(); ++c) {
-    auto& ch = children[c];
-    for (int32_t t : ch) order_proj_[t] = OrderProjection(t);
-    std::sort(ch.begin(), ch.end(), [&](int32_t a, int32_t b) {
-      return order_proj_[a] < order_proj_[b] || (order_proj_[a] == order_proj_[b] && a < b);
-    });
+  std::vector<std::pair<float, int32_t>> ch;  // (projection, token): sorted by both, as the cell's order
+  for (size_t c = 0; c < num_cells; ++c) {
+    ch.clear();
+    for (int32_t i = start[c]; i < start[c + 1]; ++i) {
+      const int32_t t = members[i];
+      order_proj_[t] = OrderProjection(t);
+      ch.emplace_back(order_proj_[t], t);
+    }
+    std::sort(ch.begin(), ch.end());
     const int64_t cnt = static_cast<int64_t>(ch.size());
     const int64_t nl = (cnt + page_size_ - 1) / page_size_;
     size_t pos = 0;
@@ -205,7 +212,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       leaf_cell_[leaf] = static_cast<int32_t>(c);
       const int take = static_cast<int>(cnt / nl + (i < cnt % nl ? 1 : 0));
       for (int s = 0; s < take; ++s, ++pos) {
-        const int32_t t = ch[pos];
+        const int32_t t = ch[pos].second;
         leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s] = t;
         tok_leaf_[t] = leaf;
         tok_slot_[t] = static_cast<int16_t>(s);

@@ -17,6 +17,8 @@ using kernels::DType;
 
 // sum_i a[i] * b[i] over n fp32 values.
 float DotF32(const float* a, const float* b, int n);
+// *aa = DotF32(a, a, n) and *ab = DotF32(b, a, n), bit for bit, in one pass over a.
+void SelfAndCrossDotF32(const float* a, const float* b, int n, float* aa, float* ab);
 
 // out[r] = q · rows[r] for r in [0, count); rows are contiguous [count, dim] elements of `dtype`.
 void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q, float* out);
