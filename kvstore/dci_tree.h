@@ -21,10 +21,11 @@
 //    about cell_score_fraction of each cell's children exactly (the leaves nearest the query in
 //    projection order). Result: the K best distinct leaves, ranked by the best scored token score.
 //    With exhaustive_upper, every node of level >= 1 is scored (they are ~p1 of the tokens) from
-//    the tree's contiguous copy of their keys in the pool's element type (the same values as their
-//    page slots, so the same scores) instead of a greedy descent through pages, and the field of
-//    view picks which level-1 cells to expand: about the same work as the descent at the
-//    reference fov, without its misses. Only nodes that own a non-empty cell count toward the
+//    the tree's contiguous int8 copy of their keys instead of a greedy descent through pages, and
+//    the field of view picks which level-1 cells to expand: about the same work as the descent at
+//    the reference fov, without its misses. Upper nodes that may enter the answer are rescored
+//    exactly from a copy in the pool's element type (the same values as their page slots), so
+//    answers carry exact scores. Only nodes that own a non-empty cell count toward the
 //    field of view (near-duplicate keys make many childless nodes tie with the one that collected
 //    their children). Options for a flatter cost (DciParams::Flat()): a sub-linear field of view
 //    (fov_sqrt), a cap on the cells a GQA group expands (group_fov), and level-1 cells ranked by
@@ -89,14 +90,15 @@ struct DciParams {
   double cell_score_fraction = 0.8;    // fraction of an expanded cell scored exactly, (0, 1]
   bool exhaustive_upper = false;       // score all nodes of levels >= 1 (fov: level-1 cells expanded)
   bool bf16_parent_search = false;     // build's exact parent search on bf16-rounded keys (2x faster)
-  bool int8_parent_search = false;     // build's exact parent search on int8 keys (over bf16; build only)
+  bool int8_parent_search = false;     // build's parent search on int8 keys, exact int32 compare (over bf16; build only)
   double promote_fraction = 0.01;      // inserted tokens promoted to level 1 (new cells), [0, 1)
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling
 
   // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
-  // at build: 1.4-1.6x faster builds, mass recall within 0.002, docs/BENCHMARKS.md, "int8 parent search"). At
+  // at build: ~2.5x faster than bf16, mass recall within 0.002; docs/BENCHMARKS.md, "int8 parent
+  // search" and "fifth round"). At
   // 32k tokens it reaches 0.96 attention-mass recall where the reference defaults reach 0.87,
   // scoring ~half the tokens; fov_min 32 (not 16) finds the 8k passkey 15/15 (13/15 at 16).
   static DciParams Tuned() {
