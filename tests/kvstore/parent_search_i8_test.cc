@@ -160,23 +160,33 @@ std::vector<int32_t> NaiveI8(const I8Problem& p) {
   return best;
 }
 
+// Every key's bytes set to b (all positive for b > 0), with the byte sums to match.
+void SetAllKeyBytes(I8Problem* p, int b) {
+  const uint32_t w = 0x01010101u * static_cast<uint32_t>(b);
+  std::fill(p->xw.begin(), p->xw.end(), w);
+  std::fill(p->x_sum.begin(), p->x_sum.end(), b * 4 * p->quads);
+}
+
+std::vector<int32_t> RunArgmax(const I8Problem& p) {
+  std::vector<int32_t> best(p.nx, -1);
+  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
+  return best;
+}
+
 TEST(ArgmaxDotI8Test, MatchesNaiveInt8Reference) {
   // Sizes: single row, ragged blocks, odd dims, and more than 128 blocks (row chunks merged).
   for (const auto& [nx, nr, dim] : {std::tuple{1, 1, 4}, std::tuple{13, 31, 5}, std::tuple{40, 33, 64},
                                     std::tuple{67, 100, 128}, std::tuple{9, 655, 129}, std::tuple{6, 4200, 8}}) {
     SCOPED_TRACE("nx " + std::to_string(nx) + " nr " + std::to_string(nr) + " dim " + std::to_string(dim));
     const I8Problem p = MakeProblem(nx, nr, dim, 100 + nx);
-    std::vector<int32_t> best(nx, -1);
-    ArgmaxDotI8(p.xw.data(), p.x_sum.data(), nx, p.rows_t.data(), p.ld, nr, p.quads, best.data());
-    EXPECT_EQ(best, NaiveI8(p));  // exact integers: the same indices
+    EXPECT_EQ(RunArgmax(p), NaiveI8(p));  // exact integers: the same indices
   }
 }
 
 TEST(ArgmaxDotI8Test, CloseToFp32ArgmaxWithinQuantisationBound) {
   const int nx = 200, nr = 300, dim = 128;
   const I8Problem p = MakeProblem(nx, nr, dim, 7);
-  std::vector<int32_t> best(nx, -1);
-  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), nx, p.rows_t.data(), p.ld, nr, p.quads, best.data());
+  const std::vector<int32_t> best = RunArgmax(p);
   const float S = p.row_scale;
   int agree = 0;
   for (int i = 0; i < nx; ++i) {
@@ -213,24 +223,14 @@ TEST(ArgmaxDotI8Test, TiesGoToTheLowestRowAndPaddingIsNeverChosen) {
   // The last block's padding columns 40..63 hold the same winning bytes: never chosen.
   for (int r = 40; r < p.ld; ++r)
     for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = 0xffffffffu;
-  for (int i = 0; i < p.nx; ++i) {  // all-positive keys
-    for (int j = 0; j < p.quads; ++j) p.xw[static_cast<size_t>(i) * p.quads + j] = 0x64646464u;
-    p.x_sum[i] = 100 * 4 * p.quads;
-  }
-  std::vector<int32_t> best(p.nx, -1);
-  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
-  EXPECT_EQ(best, std::vector<int32_t>(p.nx, 5));
+  SetAllKeyBytes(&p, 100);
+  EXPECT_EQ(RunArgmax(p), std::vector<int32_t>(p.nx, 5));
   // Ties across row chunks (more than 128 blocks): the first chunk's row wins.
   I8Problem q = MakeProblem(3, 4200, 4, 21);
   for (int r : {100, 4150})
     for (int j = 0; j < q.quads; ++j) q.rows_t[static_cast<size_t>(j) * q.ld + r] = 0xffffffffu;
-  for (int i = 0; i < q.nx; ++i) {
-    for (int j = 0; j < q.quads; ++j) q.xw[static_cast<size_t>(i) * q.quads + j] = 0x7f7f7f7fu;
-    q.x_sum[i] = 127 * 4 * q.quads;
-  }
-  std::vector<int32_t> best_q(q.nx, -1);
-  ArgmaxDotI8(q.xw.data(), q.x_sum.data(), q.nx, q.rows_t.data(), q.ld, q.nr, q.quads, best_q.data());
-  EXPECT_EQ(best_q, std::vector<int32_t>(q.nx, 100));
+  SetAllKeyBytes(&q, 127);
+  EXPECT_EQ(RunArgmax(q), std::vector<int32_t>(q.nx, 100));
 }
 
 TEST(ArgmaxDotI8Test, AllScoresNegative) {
@@ -238,12 +238,8 @@ TEST(ArgmaxDotI8Test, AllScoresNegative) {
   I8Problem p = MakeProblem(8, 50, 8, 13);
   for (int r = 0; r < p.nr; ++r)
     for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = r == 33 ? 0x7f7f7f7fu : 0x01010101u;
-  for (int i = 0; i < p.nx; ++i) {
-    for (int j = 0; j < p.quads; ++j) p.xw[static_cast<size_t>(i) * p.quads + j] = 0x7f7f7f7fu;
-    p.x_sum[i] = 127 * 4 * p.quads;
-  }
-  std::vector<int32_t> best(p.nx, -1);
-  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
+  SetAllKeyBytes(&p, 127);
+  const std::vector<int32_t> best = RunArgmax(p);
   EXPECT_EQ(best, std::vector<int32_t>(p.nx, 33));
   EXPECT_EQ(best, NaiveI8(p));
 }
@@ -257,9 +253,7 @@ TEST(ArgmaxDotI8Test, HeadroomColumnsPastTheLastRowBlockAreNotRead) {
   p.rows_t.assign(static_cast<size_t>(p.quads) * p.ld, 0xffffffffu);
   for (int r = 0; r < p.nr; ++r)
     for (int j = 0; j < p.quads; ++j) p.rows_t[static_cast<size_t>(j) * p.ld + r] = p0.rows_t[static_cast<size_t>(j) * p0.ld + r];
-  std::vector<int32_t> best(p.nx, -1);
-  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
-  EXPECT_EQ(best, NaiveI8(p0));
+  EXPECT_EQ(RunArgmax(p), NaiveI8(p0));
 }
 
 std::unique_ptr<PagePool> MakePool(int dim, int64_t pages) {
