@@ -146,6 +146,24 @@ TEST(DciTreeUpperI8Test, NoUpperNodeAboveTheAnswerIsLeftOut) {
       CheckAnswer(*tree, data.keys, dim, data.queries.data() + static_cast<size_t>(grp + j) * dim, got[j], &checked);
   }
   EXPECT_GT(checked, 0);  // upper nodes did beat answers: the rule was exercised
+
+  // Insertions promote new level-1 nodes (appended to the int8 rows): the rule still holds.
+  const auto more = MakeSyntheticData(n + 3000, dim, 1, o);
+  const int64_t l1_before = tree->level_counts()[1];
+  for (int off = n; off < n + 3000; off += 250) {
+    const float* kp2 = more.keys.data() + static_cast<size_t>(off) * dim;
+    const float* vp2 = more.values.data() + static_cast<size_t>(off) * dim;
+    ASSERT_TRUE(tree->Insert(TokenBlock{off, 250, &kp2, &vp2, static_cast<size_t>(dim)}).ok());
+  }
+  EXPECT_GT(tree->level_counts()[1], l1_before);
+  checked = 0;
+  for (int j = 0; j < data.num_queries; ++j) {
+    const float* q = data.queries.data() + static_cast<size_t>(j) * dim;
+    std::vector<ScoredLeaf> got;
+    tree->Query(q, k, &got);
+    CheckAnswer(*tree, more.keys, dim, q, got, &checked);
+  }
+  EXPECT_GT(checked, 0);
 }
 
 }  // namespace
