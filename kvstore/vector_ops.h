@@ -114,8 +114,9 @@ struct RowBlocksI8 {
 };
 
 // out[h * rows.rows + r] = q_scale[h] * rows.scale[r] * (exact int32 dot of query h's s8 bytes
-// with row r's bytes - 128): every row against nq queries (QuantizeKeyI8 words with stride
-// qstride >= rows.quads; q_sum: their byte sums over the first rows.quads words).
+// with row r's bytes - 128): every row against nq queries, each quantised by QuantizeKeyI8 with
+// extra = 0 (words with stride qstride >= rows.quads, unused when nq == 1; only the first
+// rows.quads words are read; q_sum and q_scale: its return value and scale).
 void ScoreRowsI8(const RowBlocksI8& rows, const uint32_t* qw, int qstride, const int32_t* q_sum, const float* q_scale,
                  int nq, float* out);
 
