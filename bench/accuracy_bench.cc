@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -368,8 +369,7 @@ int RunAccuracy(int argc, char** argv) {
   bool json = false;
   kvstore::DciParams dci;
   std::string fov_mins_s, fov_fractions_s;
-  double group_fov = 0;
-  bool group_fov_set = false;  // else the preset's
+  std::optional<double> group_fov;  // unset: the preset's
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -388,7 +388,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--dci" && has && std::string(argv[i + 1]) == "flat") dci = kvstore::DciParams::Flat(), ++i;
     else if (f == "--dci-fov-min" && has) fov_mins_s = argv[++i];
     else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
-    else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]), group_fov_set = true;
+    else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]);
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
@@ -398,7 +398,7 @@ int RunAccuracy(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
-  if (group_fov_set) dci.group_fov = group_fov;  // out of range: refused by the sweep's validation
+  if (group_fov) dci.group_fov = *group_fov;  // out of range: refused by the sweep's validation
   auto sweep = FovSweep(dci, fov_mins_s, fov_fractions_s);
   if (!sweep.ok()) {
     std::fprintf(stderr, "accuracy: %s\n", sweep.status().ToString().c_str());

@@ -20,6 +20,7 @@
 
 #include "bench/workload.h"
 #include "decode_worker/decode_server.h"
+#include "kvstore/dci_tree.h"
 #include "kvstore/page_pool.h"
 #include "icecache/v1/worker.grpc.pb.h"
 #include "model/random_checkpoint.h"
@@ -249,13 +250,17 @@ int RunCluster(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.dci_preset != "reference" && o.dci_preset != "tuned" && o.dci_preset != "flat") {
-    std::fprintf(stderr, "cluster: --dci-preset must be reference, tuned or flat, got '%s'\n", o.dci_preset.c_str());
-    return 2;
-  }
-  if (!(o.dci_group_fov >= 0 && o.dci_group_fov <= 64)) {
-    std::fprintf(stderr, "cluster: --dci-group-fov must be in [0, 64], got %g\n", o.dci_group_fov);
-    return 2;
+  {  // the tree parameters the prefill worker will use, checked before any cluster starts
+    auto dci = kvstore::DciParamsPreset(o.dci_preset);
+    Status st = dci.status();
+    if (st.ok()) {
+      if (o.dci_group_fov != 0) dci->group_fov = o.dci_group_fov;  // 0: the preset's
+      st = kvstore::ValidateDciParams(*dci);
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "cluster: --dci-preset / --dci-group-fov: %s\n", st.ToString().c_str());
+      return 2;
+    }
   }
   auto has = [&](const char* p) { return o.parts.find(p) != std::string::npos; };
   nlohmann::json out;

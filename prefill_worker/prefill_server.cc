@@ -113,6 +113,12 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   auto preset = kvstore::DciParamsPreset(config.cache.dci_preset);
   if (!preset.ok()) return preset.status().WithContext("cache.dci_preset");
   eo.dci = preset.value();
+  if (config.cache.dci_fov_fraction > 0) eo.dci.fov_fraction = config.cache.dci_fov_fraction;
+  if (config.cache.dci_fov_min > 0) eo.dci.fov_min = config.cache.dci_fov_min;
+  if (config.cache.dci_group_fov > 0) eo.dci.group_fov = config.cache.dci_group_fov;
+  // A config built in code skips the YAML parser's range checks: refuse bad tree parameters at
+  // start (before loading the model) rather than on every request.
+  ICE_RETURN_IF_ERROR(kvstore::ValidateDciParams(eo.dci).WithContext("cache.dci_*"));
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
@@ -121,9 +127,6 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   eo.dense_layers = config.cache.dense_layers;
   eo.sink_pages = config.cache.sink_pages;
   eo.window_pages = config.cache.window_pages;
-  if (config.cache.dci_fov_fraction > 0) eo.dci.fov_fraction = config.cache.dci_fov_fraction;
-  if (config.cache.dci_fov_min > 0) eo.dci.fov_min = config.cache.dci_fov_min;
-  if (config.cache.dci_group_fov > 0) eo.dci.group_fov = config.cache.dci_group_fov;
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));

@@ -391,6 +391,13 @@ TEST(ClusterPresetName, PrefillWorkerRefusesAnUnknownPreset) {
   EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(p.status().message().find("cache.dci_preset"), std::string::npos) << p.status().ToString();
   EXPECT_NE(p.status().message().find("reference, tuned or flat"), std::string::npos) << p.status().ToString();
+  // Likewise a tree parameter out of range (the YAML parser would have refused it).
+  cfg.cache.dci_preset = "tuned";
+  cfg.cache.dci_group_fov = 100;
+  p = prefill::PrefillServer::Start(cfg);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("group_fov"), std::string::npos) << p.status().ToString();
 }
 
 }  // namespace
