@@ -164,7 +164,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   cells_.push_back(Cell{});
   // Each token's cell (cells numbered in order of their first child), then the children of every
   // cell gathered in token order (counting sort) and ordered by projection.
-  std::vector<int32_t> cell_of(n), start(1, 0);
+  std::vector<int32_t> cell_of(n);
   for (int t = 0; t < n; ++t) {
     int32_t cell = 0;
     if (parent_[t] >= 0) {
@@ -178,7 +178,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
     cell_of[t] = cell;
   }
   const size_t num_cells = cells_.size();
-  start.assign(num_cells + 1, 0);
+  std::vector<int32_t> start(num_cells + 1, 0);
   for (int t = 0; t < n; ++t) ++start[cell_of[t] + 1];
   for (size_t c = 0; c < num_cells; ++c) start[c + 1] += start[c];
   std::vector<int32_t> members(n), fill(start.begin(), start.end() - 1);
@@ -303,17 +303,20 @@ void DciTree::RebuildLevelRows() {
   const size_t rb = pool_->row_bytes();
   level_rows_.assign(level_keys_.size(), {});
   level_rows_i8_.assign(level_keys_.size(), {});
-  std::vector<float> v(dim_);
   for (size_t l = 0; l < level_keys_.size(); ++l) {
     const size_t rows = level_keys_[l].size() / dim_;
     level_rows_[l].resize(rows * rb);
     RowFromF32(pool_->dtype(), level_keys_[l].data(), level_rows_[l].data(), static_cast<int>(rows * dim_));
-    level_rows_i8_[l].Reset(dim_);
-    for (size_t r = 0; r < rows; ++r) {
-      RowToF32(pool_->dtype(), level_rows_[l].data() + r * rb, v.data(), dim_);  // the values queries score
-      level_rows_i8_[l].Append(v.data());
-    }
+    for (size_t r = 0; r < rows; ++r) AppendUpperI8(static_cast<int>(l), level_rows_[l].data() + r * rb);
   }
+}
+
+void DciTree::AppendUpperI8(int level, const void* row) {
+  RowBlocksI8& b = level_rows_i8_[level];
+  if (b.dim == 0) b.Reset(dim_);
+  std::vector<float> v(dim_);
+  RowToF32(pool_->dtype(), row, v.data(), dim_);  // the values the exact rescoring scores
+  b.Append(v.data());
 }
 
 const void* DciTree::UpperRow(int32_t node) const {

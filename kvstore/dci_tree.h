@@ -283,6 +283,7 @@ class DciTree {
   }
   void AddUpperNode(int level, int32_t t, const float* key);
   void RebuildLevelRows();  // level_rows_ and level_rows_i8_ from level_keys_
+  void AppendUpperI8(int level, const void* row);  // row (pool dtype) appended to level_rows_i8_[level]
   // Query helpers (dci_tree_query.cc).
   void ScoreLeaves(const float* q, Scratch* s, bool collect) const;
   void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;

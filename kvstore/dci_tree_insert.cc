@@ -88,16 +88,13 @@ void DciTree::AddUpperNode(int level, int32_t t, const float* key) {
   }
   if (static_cast<int>(level_rows_.size()) <= level) level_rows_.resize(level + 1);
   if (static_cast<int>(level_rows_i8_.size()) <= level) level_rows_i8_.resize(level + 1);
-  if (level_rows_i8_[level].dim == 0) level_rows_i8_[level].Reset(dim_);
   level_nodes_[level].push_back(t);  // t is the largest index so far: the list stays sorted
   level_keys_[level].insert(level_keys_[level].end(), key, key + dim_);
   const size_t rb = pool_->row_bytes();
   level_rows_[level].resize(level_rows_[level].size() + rb);
   uint8_t* row = level_rows_[level].data() + level_rows_[level].size() - rb;
   RowFromF32(pool_->dtype(), key, row, dim_);
-  std::vector<float> v(dim_);
-  RowToF32(pool_->dtype(), row, v.data(), dim_);
-  level_rows_i8_[level].Append(v.data());
+  AppendUpperI8(level, row);
 }
 
 void DciTree::Rekey(float new_max_norm2) {

@@ -8,6 +8,38 @@
 
 namespace icecache::kvstore {
 
+namespace {
+
+// Query heads in int8 (QuantizeKeyI8, extra 0) for the upper levels' first pass (ScoreRowsI8),
+// with what RowBlocksI8::ErrorBound needs to say how far those scores may lie from exact.
+struct I8Heads {
+  std::vector<uint32_t> words;  // [nq, stride]
+  std::vector<int32_t> sum;
+  std::vector<float> scale, l1;  // [nq]
+  int stride = 0;
+  void Set(const float* qs, int nq, int dim) {
+    stride = I8Quads(dim);
+    words.resize(static_cast<size_t>(nq) * stride);
+    sum.resize(nq);
+    scale.resize(nq);
+    l1.assign(nq, 0.f);
+    for (int j = 0; j < nq; ++j) {
+      const float* q = qs + static_cast<size_t>(j) * dim;
+      sum[j] = QuantizeKeyI8(q, dim, 0.f, words.data() + static_cast<size_t>(j) * stride, &scale[j]);
+      for (int i = 0; i < dim; ++i) l1[j] += std::fabs(q[i]);
+    }
+  }
+  // out: [nq, rows.rows]
+  void Score(const RowBlocksI8& rows, float* out) const {
+    ScoreRowsI8(rows, words.data(), stride, sum.data(), scale.data(), static_cast<int>(sum.size()), out);
+  }
+  // ErrorBound plus room for the fp32 roundings of both scores (each well under 1e-3 of the
+  // bound's l1 * S / 2 term at head_dim <= 1024).
+  float Slack(const RowBlocksI8& rows, int j) const { return 1.01f * rows.ErrorBound(l1[j], scale[j]); }
+};
+
+}  // namespace
+
 // Per-thread working memory of a query, reused across calls.
 class DciTree::Scratch {
  public:
@@ -40,11 +72,8 @@ class DciTree::Scratch {
   }
   std::vector<float> scores;
   std::vector<uint8_t> mark;   // per leaf, 1 while it is in the output
-  // The query in int8 (QuantizeKeyI8) for the upper levels' first pass, and the bound on how far
-  // an upper entry's score may lie from its exact score.
-  std::vector<uint32_t> qw;
-  int32_t q_sum = 0;
-  float q_scale = 0.f, upper_eps = 0.f;
+  I8Heads q8;               // the query in int8 for the upper levels' first pass
+  float upper_eps = 0.f;    // how far an `upper` score may lie from exact
   QueryStats stats;
 };
 
@@ -53,16 +82,6 @@ namespace {
 // Leaves ahead of the one being scored whose K rows are prefetched: enough to cover a miss to
 // L3/DRAM with a few 16-row leaves of work, few enough not to overrun the miss queues.
 constexpr size_t kPrefetchLeaves = 4;
-
-float L1Norm(const float* v, int n) {
-  float a = 0.f;
-  for (int i = 0; i < n; ++i) a += std::fabs(v[i]);
-  return a;
-}
-
-// ErrorBound plus room for the fp32 roundings of both scores (each well under 1e-3 of the bound's
-// q_l1 * S / 2 term at head_dim <= 1024).
-float UpperSlack(float bound) { return bound * 1.01f; }
 
 // Best first: higher score, then lower id. A functor so that the sorts inline it.
 struct Better {
@@ -276,18 +295,16 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   const int top = num_levels() - 1;
   if (params_.exhaustive_upper && top >= 1) {
     // Level 1 first: its scores pick the cells, whose pages are then prefetched while the small
-    // levels above are scored. Upper nodes are scored from the contiguous level rows.
-    // Upper nodes are scored from their int8 rows; SelectLeaves rescores the few that matter.
-    s->qw.resize(I8Quads(dim_));
-    s->q_sum = QuantizeKeyI8(q, dim_, 0.f, s->qw.data(), &s->q_scale);
-    const float q_l1 = L1Norm(q, dim_);
+    // levels above are scored. Upper nodes are scored from their int8 rows; SelectLeaves
+    // rescores exactly the few that can reach the answer.
+    s->q8.Set(q, 1, dim_);
     auto score_level = [&](int lvl) {
       const auto& nodes = level_nodes_[lvl];
       const int cnt = static_cast<int>(nodes.size());
       if (cnt == 0) return;
       if (s->scores.size() < static_cast<size_t>(cnt)) s->scores.resize(cnt);
-      ScoreRowsI8(level_rows_i8_[lvl], s->qw.data(), 0, &s->q_sum, &s->q_scale, 1, s->scores.data());
-      s->upper_eps = std::max(s->upper_eps, UpperSlack(level_rows_i8_[lvl].ErrorBound(q_l1, s->q_scale)));
+      s->q8.Score(level_rows_i8_[lvl], s->scores.data());
+      s->upper_eps = std::max(s->upper_eps, s->q8.Slack(level_rows_i8_[lvl], 0));
       s->stats.tokens_scored += cnt;
       for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
     };
@@ -354,9 +371,8 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     std::vector<uint8_t> leaf_mark;  // [num_leaves] 1 while in `touched`
     std::vector<float> cand;
     std::vector<float> col;  // one head's column of best, over touched leaves
-    std::vector<uint32_t> qw;     // [nq, I8Quads(dim)] the heads in int8
-    std::vector<int32_t> q_sum;
-    std::vector<float> q_scale, q_l1, eps, exact;  // [nq]
+    I8Heads q8;                    // the heads in int8
+    std::vector<float> eps, exact;  // [nq]: how far head j's upper scores may lie from exact; one row's exact scores
     Scratch query;
   };
   thread_local GroupScratch g;
@@ -388,25 +404,13 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     total += cnt * nq;
   }
   g.upper.resize(total);
-  // Every head in int8 (QuantizeKeyI8) for the upper levels' first pass; eps[j]: how far head
-  // j's int8 upper scores may lie from exact.
-  const int qq = I8Quads(dim_);
-  g.qw.resize(static_cast<size_t>(nq) * qq);
-  g.q_sum.resize(nq);
-  g.q_scale.resize(nq);
-  g.q_l1.resize(nq);
+  g.q8.Set(qs, nq, dim_);
   g.eps.assign(nq, 0.f);
-  for (int j = 0; j < nq; ++j) {
-    const float* qj = qs + static_cast<size_t>(j) * dim_;
-    g.q_sum[j] = QuantizeKeyI8(qj, dim_, 0.f, g.qw.data() + static_cast<size_t>(j) * qq, &g.q_scale[j]);
-    g.q_l1[j] = L1Norm(qj, dim_);
-  }
   const float* rank = nullptr;  // [nq, level-1 nodes]: what ranks the level-1 cells
   for (const auto& [lvl, off] : g.levels) {
     const int cnt = static_cast<int>(level_nodes_[lvl].size());
-    ScoreRowsI8(level_rows_i8_[lvl], g.qw.data(), qq, g.q_sum.data(), g.q_scale.data(), nq, g.upper.data() + off);
-    for (int j = 0; j < nq; ++j)
-      g.eps[j] = std::max(g.eps[j], UpperSlack(level_rows_i8_[lvl].ErrorBound(g.q_l1[j], g.q_scale[j])));
+    g.q8.Score(level_rows_i8_[lvl], g.upper.data() + off);
+    for (int j = 0; j < nq; ++j) g.eps[j] = std::max(g.eps[j], g.q8.Slack(level_rows_i8_[lvl], j));
     st.tokens_scored += cnt;
     if (lvl == 1) rank = g.upper.data() + off;
   }
@@ -491,6 +495,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
       g.floor[j] = g.cand[k - 1];
     }
   }
+  g.exact.resize(nq);
   for (const auto& [lvl, off] : g.levels) {
     const auto& nodes = level_nodes_[lvl];
     const size_t cnt = nodes.size();
@@ -500,7 +505,6 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
       bool near = false;
       for (int j = 0; j < nq && !near; ++j) near = blk[static_cast<size_t>(j) * cnt + i] + g.eps[j] >= g.floor[j];
       if (!near) continue;
-      g.exact.resize(nq);
       ScoreRowsMulti(pool_->dtype(), level_rows_[lvl].data() + i * rb, 1, dim_, qs, nq, g.exact.data());
       int32_t leaf = -1;
       for (int j = 0; j < nq; ++j) {

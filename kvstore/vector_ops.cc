@@ -224,26 +224,6 @@ void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int 
 constexpr int kArgmaxQueries = 8;
 using ArgmaxAcc = __m512[kArgmaxQueries][2];
 
-// Horizontal max / min of 16 lanes by halving (GCC 12's _mm512_reduce_* trip -Wmaybe-uninitialized).
-inline float HorizontalMax(__m512 v) {
-  const __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
-}
-inline int32_t HorizontalMax(__m512i v) {
-  const __m256i a = _mm256_max_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-  __m128i b = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  b = _mm_max_epi32(b, _mm_shuffle_epi32(b, 0x4e));
-  return _mm_cvtsi128_si32(_mm_max_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
-}
-inline int32_t HorizontalMin(__m512i v) {
-  const __m256i a = _mm256_min_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-  __m128i b = _mm_min_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  b = _mm_min_epi32(b, _mm_shuffle_epi32(b, 0x4e));
-  return _mm_cvtsi128_si32(_mm_min_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
-}
-
 // Only the 32-row blocks that hold rows are scanned (columns nr..ld are insertion headroom).
 template <typename Block>
 void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extra, Block&& block, int32_t* best) {
@@ -283,10 +263,10 @@ void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extr
     // Per query: the best of its 32 lanes, ties to the lowest row (vector reductions; a lane that
     // never beat -inf keeps row 0, as the scalar rule does).
     for (int t = 0; t < kT && i + t < nx; ++t) {
-      const __m512 mv = _mm512_set1_ps(HorizontalMax(_mm512_max_ps(bv[t][0], bv[t][1])));
+      const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(bv[t][0], bv[t][1])));
       const __mmask16 e0 = _mm512_cmp_ps_mask(bv[t][0], mv, _CMP_EQ_OQ), e1 = _mm512_cmp_ps_mask(bv[t][1], mv, _CMP_EQ_OQ);
       const __m512i big = _mm512_set1_epi32(INT32_MAX);
-      best[i + t] = HorizontalMin(_mm512_min_epi32(_mm512_mask_mov_epi32(big, e0, bi[t][0]), _mm512_mask_mov_epi32(big, e1, bi[t][1])));
+      best[i + t] = _mm512_reduce_min_epi32(_mm512_min_epi32(_mm512_mask_mov_epi32(big, e0, bi[t][0]), _mm512_mask_mov_epi32(big, e1, bi[t][1])));
     }
   }
 }
@@ -425,7 +405,7 @@ float MaxAbs(const float* v, int n) {
 #if defined(__AVX512F__)
   __m512 m = _mm512_setzero_ps();
   for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
-  mx = HorizontalMax(m);
+  mx = _mm512_reduce_max_ps(m);
 #endif
   for (; j < n; ++j) mx = std::max(mx, std::fabs(v[j]));
   return mx;
@@ -449,6 +429,17 @@ uint32_t Word(int b0, int b1, int b2, int b3) {
          static_cast<uint32_t>(b2 & 0xff) << 16 | static_cast<uint32_t>(b3 & 0xff) << 24;
 }
 
+// q[0..3] as a row word: each value + 128 (u8).
+uint32_t OffsetWord(const int8_t* q) { return Word(q[0] + 128, q[1] + 128, q[2] + 128, q[3] + 128); }
+
+// The four products of a key / query word (s8 bytes) with a row word (u8 bytes, value + 128),
+// summed: what one vpdpbusd lane adds, with the row offset removed.
+int32_t DotS8U8(uint32_t s8, uint32_t u8) {
+  int32_t d = 0;
+  for (int k = 0; k < 4; ++k) d += static_cast<int8_t>(s8 >> (8 * k)) * (static_cast<int32_t>((u8 >> (8 * k)) & 0xff) - 128);
+  return d;
+}
+
 }  // namespace
 
 float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int ld, uint32_t* rows_t) {
@@ -459,15 +450,13 @@ float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int
   std::vector<int8_t> q(static_cast<size_t>(dq) * 4, 0);
   for (int r = 0; r < nr; ++r) {
     RoundToI8(rows + static_cast<size_t>(r) * dim, dim, inv, q.data());
-    for (int j = 0; j < dq; ++j)
-      rows_t[static_cast<size_t>(j) * ld + r] = Word(q[4 * j] + 128, q[4 * j + 1] + 128, q[4 * j + 2] + 128, q[4 * j + 3] + 128);
+    for (int j = 0; j < dq; ++j) rows_t[static_cast<size_t>(j) * ld + r] = OffsetWord(&q[4 * j]);
     // The augmented coordinate: e <= 508 as four bytes of at most 127 (with the key's t in all
     // four bytes of its extra quad, the quad's dot is t * e).
     const int e = static_cast<int>(std::clamp(std::nearbyint(extra[r] * inv), 0.f, 508.f));
-    int b[4];
-    for (int k = 0; k < 4; ++k) b[k] = std::min(127, std::max(0, e - 127 * k));
-    for (int k = 0; k < kI8ExtraQuads; ++k)
-      rows_t[static_cast<size_t>(dq + k) * ld + r] = Word(b[0] + 128, b[1] + 128, b[2] + 128, b[3] + 128);
+    int8_t b[4];
+    for (int k = 0; k < 4; ++k) b[k] = static_cast<int8_t>(std::min(127, std::max(0, e - 127 * k)));
+    for (int k = 0; k < kI8ExtraQuads; ++k) rows_t[static_cast<size_t>(dq + k) * ld + r] = OffsetWord(b);
   }
   return s;
 }
@@ -477,34 +466,24 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, flo
   const float mx = std::max(MaxAbs(key, dim), extra);
   const float inv = mx > 0.f ? 127.f / mx : 0.f;
   if (scale != nullptr) *scale = mx / 127.f;
-  int8_t q[4] = {0, 0, 0, 0};
+  // The words' bytes, in order (little-endian: byte b of word j is value 4j + b); pad bytes 0.
+  std::memset(dst, 0, static_cast<size_t>(dq) * 4);
+  int8_t* b = reinterpret_cast<int8_t*>(dst);
   int32_t sum = 0;
-  if (dim % 4 == 0) {
-    int8_t* b = reinterpret_cast<int8_t*>(dst);  // little-endian: byte b of word j is value 4j + b
-    int j = 0;
+  int j = 0;
 #if defined(__AVX512F__)
-    const __m512 vi = _mm512_set1_ps(inv);
-    __m512i acc = _mm512_setzero_si512();
-    for (; j + 16 <= dim; j += 16) {
-      const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(key + j), vi));
-      acc = _mm512_add_epi32(acc, v);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(b + j), _mm512_cvtsepi32_epi8(v));
-    }
-    alignas(64) int32_t lanes[16];
-    _mm512_store_si512(lanes, acc);
-    for (int32_t l : lanes) sum += l;
-#endif
-    RoundToI8(key + j, dim - j, inv, b + j);
-    for (; j < dim; ++j) sum += b[j];
-  } else {
-    for (int w = 0; w < dq; ++w) {
-      const int n = std::min(4, dim - 4 * w);
-      q[1] = q[2] = q[3] = 0;
-      RoundToI8(key + 4 * w, n, inv, q);
-      dst[w] = Word(q[0], q[1], q[2], q[3]);
-      sum += q[0] + q[1] + q[2] + q[3];
-    }
+  // RoundToI8's conversion with the byte sum taken on the way (one pass instead of two).
+  const __m512 vi = _mm512_set1_ps(inv);
+  __m512i acc = _mm512_setzero_si512();
+  for (; j + 16 <= dim; j += 16) {
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(key + j), vi));
+    acc = _mm512_add_epi32(acc, v);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b + j), _mm512_cvtsepi32_epi8(v));
   }
+  sum = _mm512_reduce_add_epi32(acc);
+#endif
+  RoundToI8(key + j, dim - j, inv, b + j);
+  for (; j < dim; ++j) sum += b[j];
   const int t = static_cast<int>(std::clamp(std::nearbyint(extra * inv), 0.f, 127.f));
   dst[dq] = Word(t, t, t, t);
   return sum + 4 * t;
@@ -561,7 +540,7 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
       }
       for (int t = 0; t < kT; ++t) {
         // The best key; among lanes holding it, the lowest (same block, same dot).
-        const int32_t m = HorizontalMax(_mm512_max_epi32(bk[t][0], bk[t][1]));
+        const int32_t m = _mm512_reduce_max_epi32(_mm512_max_epi32(bk[t][0], bk[t][1]));
         const __m512i mv = _mm512_set1_epi32(m);
         const uint32_t eq = _mm512_cmpeq_epi32_mask(bk[t][0], mv) | static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(bk[t][1], mv)) << 16;
         const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - block
@@ -580,11 +559,7 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     int32_t bs = INT32_MIN, arg = 0;
     for (int r = 0; r < nr; ++r) {
       int32_t dot = 0;
-      for (int j = 0; j < quads; ++j) {
-        const uint32_t a = xi[j], b = rows_t[static_cast<size_t>(j) * ld + r];
-        for (int k = 0; k < 4; ++k)
-          dot += static_cast<int8_t>(a >> (8 * k)) * (static_cast<int32_t>((b >> (8 * k)) & 0xff) - 128);
-      }
+      for (int j = 0; j < quads; ++j) dot += DotS8U8(xi[j], rows_t[static_cast<size_t>(j) * ld + r]);
       if (dot > bs) { bs = dot; arg = r; }
     }
     best[i] = arg;
@@ -607,7 +582,7 @@ void RowBlocksI8::Append(const float* v) {
   std::vector<int8_t> q(static_cast<size_t>(quads) * 4, 0);
   RoundToI8(v, dim, inv, q.data());
   uint32_t* blk = words.data() + static_cast<size_t>(rows / 32) * quads * 32 + rows % 32;
-  for (int j = 0; j < quads; ++j) blk[j * 32] = Word(q[4 * j] + 128, q[4 * j + 1] + 128, q[4 * j + 2] + 128, q[4 * j + 3] + 128);
+  for (int j = 0; j < quads; ++j) blk[j * 32] = OffsetWord(&q[4 * j]);
   float l1 = 0.f;
   for (int j = 0; j < dim; ++j) l1 += std::fabs(v[j]);
   scale.push_back(mx / 127.f);
@@ -651,9 +626,7 @@ void ScoreRowsI8(const RowBlocksI8& rows, const uint32_t* qw, int qstride, const
         const uint32_t* q = qw + static_cast<size_t>(h0 + h) * qstride;
         for (int r = 0; r < cnt; ++r) {
           int32_t dot = 0;
-          for (int j = 0; j < quads; ++j)
-            for (int k = 0; k < 4; ++k)
-              dot += static_cast<int8_t>(q[j] >> (8 * k)) * (static_cast<int32_t>((blk[j * 32 + r] >> (8 * k)) & 0xff) - 128);
+          for (int j = 0; j < quads; ++j) dot += DotS8U8(q[j], blk[j * 32 + r]);
           out[static_cast<size_t>(h0 + h) * nr + r0 + r] = static_cast<float>(dot) * (q_scale[h0 + h] * rows.scale[r0 + r]);
         }
       }
