@@ -94,6 +94,7 @@ struct Args {
   int profile_loops = 0;  // > 0: only time sparse Select over the queries this many times (for profilers)
   int profile_evict_mb = 0;  // with profile_loops: bytes streamed through between queries (cold caches)
   int profile_builds = 0;  // > 0: only rebuild the tree this many more times and report the median build cpu
+  int profile_parent_search = 0;  // > 0: only time the int8 parent search kernel this many times
   bool json = false, faiss = true;
   DciParams dci;
 };
@@ -110,7 +111,44 @@ void Usage() {
                "  [--bf16-parents 0|1] [--int8-parents 0|1]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
+               "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
                "  [--json] [--dump-selection FILE]\n");
+}
+
+// The build's level-0 parent search alone, as DciParams::Tuned() runs it at this size: every key
+// (QuantizeKeyI8) against n / 50 rows (p1 = 0.02; here every 50th key, QuantizeRowsI8) with
+// ArgmaxDotI8 in chunks of 256 keys; augmented coordinates from the largest norm. Prints the
+// median thread CPU of quantising the keys and of the arg-max over `reps` repetitions.
+int ProfileParentSearch(const std::vector<float>& keys, int n, int d, int reps) {
+  const int nr = std::max(1, n / 50), ld = (nr + 31) / 32 * 32, quads = kvstore::I8Quads(d);
+  std::vector<float> norm2(n), rows(static_cast<size_t>(nr) * d), row_extra(nr), extra(n);
+  float mx = 0.f;
+  for (int t = 0; t < n; ++t) mx = std::max(mx, norm2[t] = kvstore::DotF32(&keys[static_cast<size_t>(t) * d], &keys[static_cast<size_t>(t) * d], d));
+  for (int t = 0; t < n; ++t) extra[t] = std::sqrt(std::max(0.f, mx - norm2[t]));
+  for (int r = 0; r < nr; ++r) {
+    std::copy_n(&keys[static_cast<size_t>(r) * 50 * d], d, &rows[static_cast<size_t>(r) * d]);
+    row_extra[r] = extra[static_cast<size_t>(r) * 50];
+  }
+  std::vector<uint32_t> rows_t(static_cast<size_t>(quads) * ld), x(static_cast<size_t>(n) * quads);
+  std::vector<int32_t> sums(n), best(n);
+  kvstore::QuantizeRowsI8(rows.data(), nr, d, row_extra.data(), ld, rows_t.data());
+  std::vector<double> quant_us, argmax_us;
+  for (int rep = 0; rep < reps; ++rep) {
+    const double c0 = ThreadCpuUs();
+    for (int t = 0; t < n; ++t)
+      sums[t] = kvstore::QuantizeKeyI8(&keys[static_cast<size_t>(t) * d], d, extra[t], &x[static_cast<size_t>(t) * quads]);
+    const double c1 = ThreadCpuUs();
+    for (int b = 0; b < n; b += 256)
+      kvstore::ArgmaxDotI8(&x[static_cast<size_t>(b) * quads], &sums[b], std::min(256, n - b), rows_t.data(), ld, nr, quads,
+                           &best[b]);
+    argmax_us.push_back(ThreadCpuUs() - c1);
+    quant_us.push_back(c1 - c0);
+  }
+  const double vnni = static_cast<double>(n) * ((nr + 31) / 32) * 2 * quads;  // zmm vpdpbusd issued
+  std::printf("parent search: %d keys x %d rows, d %d: quantise %.2f ms, arg-max %.2f ms thread cpu (medians of %d); "
+              "%.1f M vpdpbusd\n",
+              n, nr, d, Median(quant_us) / 1000.0, Median(argmax_us) / 1000.0, reps, vnni / 1e6);
+  return 0;
 }
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -139,6 +177,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--insert-tokens") a->insert_tokens = std::atoi(v);
     else if (k == "--profile-loops") a->profile_loops = std::atoi(v);
     else if (k == "--profile-builds") a->profile_builds = std::atoi(v);
+    else if (k == "--profile-parent-search") a->profile_parent_search = std::atoi(v);
     else if (k == "--profile-evict-mb") a->profile_evict_mb = std::atoi(v);
     else if (k == "--fov-min") a->dci.fov_min = std::atoi(v);
     else if (k == "--fov-fraction") a->dci.fov_fraction = std::atof(v);
@@ -230,6 +269,7 @@ int RunRetrieval(int argc, char** argv) {
     keys = std::move(data.keys);
     queries = std::move(data.queries);
   }
+  if (a.profile_parent_search > 0) return ProfileParentSearch(keys, n, d, a.profile_parent_search);
   kernels::DType dtype = a.dtype == "bf16" ? kernels::DType::kBF16 : a.dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
   std::vector<float> values(keys.size());
   {
