@@ -5,19 +5,19 @@
 // built into a kvstore::SequenceCache (2 dense layers, sparse layers as sink + DCI tree + window).
 // Then the last prompt token and the answer are decoded greedily under the method, so every answer
 // token (the first included) is produced by the method's attention:
-//   full      every page of every layer (Retriever kFull);
-//   oracle    sink + exact best-K tree leaves + window (Retriever kOracle);
-//   icecache  sink + DCI-tree top-K leaves + window: decode::IceCacheBackend, the decode worker's;
-//   retriever the same DCI-tree selection through kvstore::Retriever (kSparse) in this file's
-//             backend instead of the decode worker's: a cross-check of IceCacheBackend;
+//   full      every page of every layer (RetrievalMode kFull);
+//   oracle    sink + exact best-K tree leaves + window (RetrievalMode kOracle);
+//   icecache  sink + DCI-tree top-K leaves + window (RetrievalMode kSparse, what serves);
 //   window    sink + most recent pages only (StreamingLLM-style; the cache is built with a wider
-//             window and Retriever gets K = 0).
+//             window and the selection gets K = 0).
+// Every method decodes through decode::IceCacheBackend, the decode worker's backend, on the
+// model's device (the same selection, page cache and attention code that serve requests).
 // Budget B tokens = B/16 pages: oracle/icecache use 1 sink + 1 window + (B/16 - 2) retrieved pages,
 // window uses 1 sink + (B/16 - 1) window pages. A trial is correct when the greedy tokens equal
 // the answer ids exactly. Prompts come from eval_prompts.jsonl (tools/train/passkey_lib.py).
 // The DCI field of view (DciTree::FieldOfView() level-1 cells: max(fov_min, fov_fraction * n,
 // fov_sqrt * sqrt(n)), n = tree tokens) can be
-// swept: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists, over the
+// swept: icecache runs once per (fov_min, fov_fraction) pair of the two lists, over the
 // same prefill, so fov settings are compared on the same prompts in one run.
 #include <time.h>
 
@@ -42,7 +42,6 @@
 #include "bench/png_writer.h"
 #include "bench/workload.h"
 #include "decode_worker/icecache_backend.h"
-#include "kernels/attention.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/retriever.h"
 #include "kvstore/sequence_cache.h"
@@ -51,61 +50,6 @@
 
 namespace icecache::bench {
 namespace {
-
-// One sequence over a SequenceCache with pages chosen by a kvstore::Retriever; decode only.
-// The new token's K/V are written into the cache (BeginToken/WriteLayer) before attention, so
-// the window page always holds it and the selection covers it.
-class RetrieverBackend final : public model::AttentionBackend {
- public:
-  RetrieverBackend(const model::AttentionShape& shape, std::unique_ptr<kvstore::SequenceCache> cache,
-                   const kvstore::RetrievalPolicy& policy)
-      : shape_(shape), cache_(std::move(cache)), retriever_(policy) {}
-  const model::AttentionShape& shape() const override { return shape_; }
-  Status AddSequence(model::SequenceId) override { return FailedPreconditionError("RetrieverBackend: one sequence"); }
-  Status RemoveSequence(model::SequenceId) override { return FailedPreconditionError("RetrieverBackend: one sequence"); }
-  bool HasSequence(model::SequenceId id) const override { return id == 0; }
-  StatusOr<int> SequenceLength(model::SequenceId id) const override {
-    if (id != 0) return NotFoundError("sequence " + std::to_string(id) + " not found");
-    return static_cast<int>(cache_->num_tokens()) - (in_step_ ? 1 : 0);
-  }
-  Status BeginStep(std::span<const model::StepSegment> segs) override {
-    if (segs.size() != 1 || segs[0].seq_id != 0 || segs[0].num_tokens != 1) {
-      return InvalidArgumentError("RetrieverBackend decodes one token of sequence 0 per step");
-    }
-    ICE_RETURN_IF_ERROR(cache_->BeginToken());
-    in_step_ = true;
-    return Status::Ok();
-  }
-  Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override {
-    ICE_RETURN_IF_ERROR(cache_->WriteLayer(layer, k, v));
-    ICE_RETURN_IF_ERROR(retriever_.Select({cache_.get()}, layer, q, shape_.num_q_heads, &sel_));
-    kernels::PagedDecodeAttentionParams a;
-    a.q = q;
-    a.pages = cache_->pool()->base();
-    a.kv_dtype = cache_->pool()->dtype();
-    a.page_indptr = sel_.page_indptr.data();
-    a.page_ids = sel_.page_ids.data();
-    a.page_valid = sel_.page_valid.data();
-    a.out = out;
-    a.batch = 1;
-    a.num_q_heads = shape_.num_q_heads;
-    a.num_kv_heads = shape_.num_kv_heads;
-    a.head_dim = shape_.head_dim;
-    a.page_size = cache_->pool()->page_size();
-    a.scale = shape_.scale;
-    return kernels::PagedDecodeAttention(a);
-  }
-  // BeginToken already counted the token; a failed step leaves it with the layers written so far,
-  // which the bench never continues from.
-  void EndStep(bool) override { in_step_ = false; }
-
- private:
-  const model::AttentionShape shape_;
-  std::unique_ptr<kvstore::SequenceCache> cache_;
-  kvstore::Retriever retriever_;
-  kvstore::PageSelection sel_;
-  bool in_step_ = false;
-};
 
 struct Prompt {
   std::string task;
@@ -140,7 +84,7 @@ StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path) {
 struct Method {
   std::string name;
   int budget = 0;         // tokens; 0 for full
-  bool fov_swept = false;  // icecache/retriever: dci carries one point of the fov sweep
+  bool fov_swept = false;  // icecache: dci carries one point of the fov sweep
   kvstore::DciParams dci;
 };
 
@@ -196,18 +140,16 @@ StatusOr<bool> RunMethod(model::Model& m, kvstore::PagePool* pool, const std::ve
   if (const kvstore::DciTree* t = cache->tree(o.dense_layers, 0)) {
     *fov = t->FieldOfView();
   }
-  if (meth.name == "icecache") {
-    decode::IceCacheBackend be(shape, pool);
-    ICE_RETURN_IF_ERROR(be.Import(0, std::move(cache), pages));
-    return Decode(m, be, p);
-  }
-  kvstore::RetrievalPolicy pol;
-  pol.budget_pages = meth.name == "full" ? 1 : pages;
-  pol.mode = meth.name == "full" ? kvstore::RetrievalMode::kFull
-             : meth.name == "oracle" ? kvstore::RetrievalMode::kOracle
-                                     : kvstore::RetrievalMode::kSparse;  // window: K = pages - sink - window = 0
-  RetrieverBackend be(shape, std::move(cache), pol);
-  return Decode(m, be, p);
+  const kvstore::RetrievalMode mode = meth.name == "full"     ? kvstore::RetrievalMode::kFull
+                                     : meth.name == "oracle" ? kvstore::RetrievalMode::kOracle
+                                                             : kvstore::RetrievalMode::kSparse;  // window: K = 0
+  decode::IceCacheBackendOptions bo;
+  bo.device = m.device();
+  ICE_ASSIGN_OR_RETURN(auto be, decode::IceCacheBackend::Create(shape, pool, bo));
+  // full: any budget above sink + window (kFull takes every leaf).
+  const int budget = meth.name == "full" ? o.sink_pages + o.window_pages + 1 : pages;
+  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode));
+  return Decode(m, *be, p);
 }
 
 StatusOr<TrialResult> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
@@ -356,8 +298,8 @@ constexpr const char* kUsage =
     "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
     "         [--dci-group-fov G (cap on a GQA group's cells, G x fov; 0: none; default: the preset's)]\n"
     "         [--json] [--plot FILE.png]\n"
-    "methods: full, oracle, icecache (decode::IceCacheBackend), retriever (kvstore::Retriever kSparse), window\n"
-    "fov: icecache/retriever run once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
+    "methods: full, oracle, icecache, window (all through decode::IceCacheBackend)\n"
+    "fov: icecache runs once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
     "     the query expands DciTree::FieldOfView() = max(fov_min, ceil(fov_fraction * n), ceil(fov_sqrt * sqrt(n)))\n"
     "     level-1 cells, n = tree tokens (fov_sqrt: the preset's, 0 unless flat)\n";
 
@@ -413,7 +355,7 @@ int RunAccuracy(int argc, char** argv) {
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
       methods.push_back({name, 0, false, dci});
-    } else if (name == "oracle" || name == "icecache" || name == "retriever" || name == "window") {
+    } else if (name == "oracle" || name == "icecache" || name == "window") {
       for (int b : budgets) {
         const int min_pages = name == "window" ? 2 : 3;
         if (b % 16 != 0 || b / 16 < min_pages) {
@@ -421,7 +363,7 @@ int RunAccuracy(int argc, char** argv) {
                        name.c_str(), min_pages);
           return 2;
         }
-        if (name == "icecache" || name == "retriever") {
+        if (name == "icecache") {
           for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, true, d});
         } else {
           methods.push_back({name, b, false, dci});

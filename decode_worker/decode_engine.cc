@@ -81,7 +81,14 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model
   po.dtype = options.kv_dtype;
   po.num_pages = options.pool_pages;
   ICE_ASSIGN_OR_RETURN(e->pool_, kvstore::PagePool::Create(po));
-  e->backend_ = std::make_unique<IceCacheBackend>(model->attention_shape(), e->pool_.get());
+  const kernels::Device device = model->device();
+  ICE_ASSIGN_OR_RETURN(e->pool_pinned_, kernels::PinnedHostRegion::Register(device.backend, e->pool_->base(),
+                                                                             e->pool_->capacity_bytes()));
+  IceCacheBackendOptions bo;
+  bo.device = device;
+  bo.device_cache_pages = options.device_cache_pages;
+  ICE_ASSIGN_OR_RETURN(e->backend_, IceCacheBackend::Create(model->attention_shape(), e->pool_.get(), bo));
+  e->device_cache_stats_ = e->backend_->device_cache_stats();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   return e;
 }
@@ -187,7 +194,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
   run->cache = std::move(*cache);
   run->budget_pages = r->budget_pages;
   run->params = params;
-  run->sampler = std::make_unique<model::Sampler>(params.sampling);
+  run->sampler = std::make_unique<model::Sampler>(params.sampling, model_->device());
   run->generated.push_back(params.first_token);
   run->last = params.first_token;
   run->stream = std::make_shared<TokenStream>();
@@ -243,6 +250,8 @@ DecodeEngineStats DecodeEngine::stats() const {
   s.tokens_generated = tokens_generated_;
   s.pages_fetched = pages_fetched_;
   s.retrieval_seconds = retrieval_seconds_;
+  s.device_cache = device_cache_stats_;
+  s.device_weight_bytes = model_->device_weight_bytes();
   return s;
 }
 
@@ -342,8 +351,7 @@ void DecodeEngine::Step() {
     inputs.push_back({id, std::span<const int32_t>(&r->last, 1)});
     order.push_back(r.get());
   }
-  std::vector<float> logits;
-  Status st = model_->Forward(inputs, *backend_, model::LogitsMode::kLastToken, &logits);
+  Status st = model_->Forward(inputs, *backend_, model::LogitsMode::kLastToken);
   std::vector<uint64_t> finished;
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   const int max_position = model_->config().max_position;
@@ -356,7 +364,7 @@ void DecodeEngine::Step() {
       finished.push_back(r.id);
       continue;
     }
-    auto token = r.sampler->Sample(std::span<const float>(logits.data() + i * vocab, vocab), r.generated);
+    auto token = r.sampler->Sample(std::span<const float>(model_->logits() + i * vocab, vocab), r.generated);
     if (!token.ok()) {
       Finish(r, model::FinishReason::kNone, token.status());
       finished.push_back(r.id);
@@ -389,6 +397,7 @@ void DecodeEngine::Step() {
   for (uint64_t id : finished) running_.erase(id);
   std::lock_guard<std::mutex> lock(mu_);
   tokens_generated_ += produced;
+  device_cache_stats_ = backend_->device_cache_stats();
 }
 
 }  // namespace icecache::decode

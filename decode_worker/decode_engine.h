@@ -39,6 +39,7 @@ struct DecodeEngineOptions {
   double reservation_timeout_seconds = 120;
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
   kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
+  int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions); 0 = none (CPU only)
 };
 
 struct DecodeParams {
@@ -80,6 +81,8 @@ struct DecodeEngineStats {
   int64_t tokens_generated = 0;      // cumulative
   int64_t pages_fetched = 0;         // cumulative, sparse layers
   double retrieval_seconds = 0.0;    // cumulative
+  DevicePageCacheStats device_cache;  // cumulative counters; slots/bytes of the cache
+  int64_t device_weight_bytes = 0;    // the model's weights in device memory
 };
 
 class DecodeEngine {
@@ -119,6 +122,7 @@ class DecodeEngine {
   transport::Transport* const transport_;
   const DecodeEngineOptions options_;
   std::unique_ptr<kvstore::PagePool> pool_;
+  kernels::PinnedHostRegion pool_pinned_;     // the pool page-locked for the device's copies
   std::unique_ptr<IceCacheBackend> backend_;  // engine thread only
 
   mutable std::mutex mu_;
@@ -132,6 +136,7 @@ class DecodeEngine {
   int64_t tokens_generated_ = 0;                               // guarded by mu_
   int64_t pages_fetched_ = 0;                                  // guarded by mu_
   double retrieval_seconds_ = 0;                               // guarded by mu_
+  DevicePageCacheStats device_cache_stats_;                    // guarded by mu_ (copied after each step)
   bool stop_ = false;                                          // guarded by mu_
 
   std::map<uint64_t, std::unique_ptr<Running>> running_;  // engine thread only

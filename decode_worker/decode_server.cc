@@ -6,11 +6,13 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
 #include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
+#include "kernels/backend.h"
 #include "proto/grpc_util.h"
 #include "proto/metrics_exposer.h"
 #include "transport/kv_shipping.h"
@@ -57,7 +59,15 @@ struct Metrics {
         retrieval(prometheus::BuildCounter().Name("icecache_retrieval_seconds_total")
                       .Help("Seconds spent selecting pages (tree queries)").Register(r).Add({})),
         transfer_bytes(prometheus::BuildCounter().Name("icecache_transfer_bytes_total")
-                           .Help("KV bytes received over the transport").Register(r).Add({})) {}
+                           .Help("KV bytes received over the transport").Register(r).Add({})),
+        kv_gpu_bytes(prometheus::BuildGauge().Name("icecache_kv_gpu_bytes")
+                         .Help("Device bytes of the KV page cache (0 on the CPU)").Register(r).Add({})),
+        cache_hits(prometheus::BuildCounter().Name("icecache_device_page_cache_hits_total")
+                       .Help("Selected KV pages already resident on the device").Register(r).Add({})),
+        cache_misses(prometheus::BuildCounter().Name("icecache_device_page_cache_misses_total")
+                         .Help("Selected KV pages copied host to device").Register(r).Add({})),
+        h2d_bytes(prometheus::BuildCounter().Name("icecache_h2d_bytes_total")
+                      .Help("KV bytes copied host to device").Register(r).Add({})) {}
   prometheus::Gauge& kv_host_bytes;
   prometheus::Gauge& kv_usage;
   prometheus::Gauge& running;
@@ -65,6 +75,10 @@ struct Metrics {
   prometheus::Counter& pages_fetched;
   prometheus::Counter& retrieval;
   prometheus::Counter& transfer_bytes;
+  prometheus::Gauge& kv_gpu_bytes;
+  prometheus::Counter& cache_hits;
+  prometheus::Counter& cache_misses;
+  prometheus::Counter& h2d_bytes;
 };
 
 class DecodeServiceImpl final : public pb::DecodeWorker::Service {
@@ -176,6 +190,10 @@ struct DecodeServer::Impl {
     metrics->generation_tokens.Increment(static_cast<double>(s.tokens_generated - last.tokens_generated));
     metrics->pages_fetched.Increment(static_cast<double>(s.pages_fetched - last.pages_fetched));
     metrics->retrieval.Increment(s.retrieval_seconds - last.retrieval_seconds);
+    metrics->kv_gpu_bytes.Set(static_cast<double>(s.device_cache.bytes));
+    metrics->cache_hits.Increment(static_cast<double>(s.device_cache.hits - last.device_cache.hits));
+    metrics->cache_misses.Increment(static_cast<double>(s.device_cache.misses - last.device_cache.misses));
+    metrics->h2d_bytes.Increment(static_cast<double>(s.device_cache.h2d_bytes - last.device_cache.h2d_bytes));
     uint64_t bytes = transport->stats().bytes_received;
     metrics->transfer_bytes.Increment(static_cast<double>(bytes - last_bytes));
     last_bytes = bytes;
@@ -189,7 +207,9 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
-  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
+  model::ModelLoadOptions lo;
+  ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.decode.device));
+  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
   DecodeEngineOptions eo;
@@ -199,6 +219,10 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   eo.max_sequences = config.decode.max_sequences;
   eo.reservation_timeout_seconds = std::max(60.0, 4 * config.ucx.transfer_timeout_seconds);
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
+  eo.device_cache_pages = static_cast<int>(config.cache.device_cache_pages);
+  if (eo.device_cache_pages == 0 && impl->model->device().backend != kernels::Backend::kCpu) {
+    eo.device_cache_pages = static_cast<int>(std::min<int64_t>(config.decode.pool_pages, 65536));
+  }
   ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
   impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->model->config());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.decode.listen, {impl->service.get()},
@@ -222,7 +246,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
     }
   });
   ICE_LOG(INFO) << "decode worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
-                << ", " << config.decode.pool_pages << " pages)";
+                << " on " << kernels::DeviceName(impl->model->device()) << ", " << config.decode.pool_pages
+                << " host pages, " << eo.device_cache_pages << " device cache pages)";
   return std::unique_ptr<DecodeServer>(new DecodeServer(std::move(impl)));
 }
 

@@ -1,29 +1,41 @@
 #include "decode_worker/icecache_backend.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <unordered_set>
 
 #include "kernels/attention.h"
-#include "kvstore/retriever.h"
+#include "kernels/kv_pages.h"
 
 namespace icecache::decode {
 
 using model::SequenceId;
 
-namespace {
-constexpr int64_t kParallelSelectTokens = 32768;  // tree tokens of a layer's queries, summed
-}  // namespace
+StatusOr<std::unique_ptr<IceCacheBackend>> IceCacheBackend::Create(const model::AttentionShape& shape,
+                                                                   kvstore::PagePool* pool,
+                                                                   const IceCacheBackendOptions& options) {
+  const kernels::Device device = kernels::ResolveDevice(options.device);
+  if (options.device_cache_pages < 0) return InvalidArgumentError("device_cache_pages must be >= 0");
+  std::unique_ptr<kernels::PageResidencyCache> cache;
+  if (options.device_cache_pages > 0) {
+    ICE_ASSIGN_OR_RETURN(cache, kernels::PageResidencyCache::Create(device.backend, options.device_cache_pages,
+                                                                    pool->page_bytes()));
+  } else if (device.backend != kernels::Backend::kCpu) {
+    return InvalidArgumentError("the IceCache backend on " + kernels::DeviceName(device) +
+                                " needs a device page cache (cache.device_cache_pages > 0)");
+  }
+  return std::unique_ptr<IceCacheBackend>(new IceCacheBackend(shape, pool, device, std::move(cache)));
+}
 
-IceCacheBackend::IceCacheBackend(const model::AttentionShape& shape, kvstore::PagePool* pool)
-    : shape_(shape), pool_(pool) {}
+IceCacheBackend::IceCacheBackend(const model::AttentionShape& shape, kvstore::PagePool* pool, kernels::Device device,
+                                 std::unique_ptr<kernels::PageResidencyCache> cache)
+    : shape_(shape), pool_(pool), device_(device), device_cache_(std::move(cache)), retriever_(kvstore::RetrievalPolicy{}) {}
 
 IceCacheBackend::~IceCacheBackend() = default;  // each SequenceCache frees its pages
 
-Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages) {
+Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
+                               kvstore::RetrievalMode mode) {
   if (seqs_.count(id)) return AlreadyExistsError("sequence " + std::to_string(id) + " exists");
   const auto& o = cache->options();
   if (o.num_layers != shape_.num_layers || o.num_kv_heads != shape_.num_kv_heads ||
@@ -35,14 +47,14 @@ Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceC
                                 ")");
   }
   const bool sparse = o.dense_layers < o.num_layers;
-  if (sparse && budget_pages <= o.sink_pages + o.window_pages) {
-    return InvalidArgumentError("budget of " + std::to_string(budget_pages) + " pages must exceed sink + window = " +
+  if (sparse && budget_pages < o.sink_pages + o.window_pages) {
+    return InvalidArgumentError("budget of " + std::to_string(budget_pages) + " pages is less than sink + window = " +
                                 std::to_string(o.sink_pages + o.window_pages) + " pages");
   }
   Sequence s;
   s.cache = std::move(cache);
-  s.budget_pages = budget_pages;
-  s.leader_pick.resize(shape_.num_kv_heads);
+  s.policy.budget_pages = std::max(budget_pages, 1);
+  s.policy.mode = mode;
   seqs_.emplace(id, std::move(s));
   return Status::Ok();
 }
@@ -51,10 +63,20 @@ Status IceCacheBackend::AddSequence(SequenceId id) {
   return FailedPreconditionError("IceCacheBackend sequences are imported from a prefill worker, not added empty");
 }
 
+void IceCacheBackend::InvalidateAll(Sequence& s) {
+  if (device_cache_ == nullptr) return;
+  for (int64_t p : s.resident_tree) device_cache_->Invalidate(p);
+  for (int64_t p : s.resident_other) device_cache_->Invalidate(p);
+  s.resident_tree.clear();
+  s.resident_other.clear();
+}
+
 Status IceCacheBackend::RemoveSequence(SequenceId id) {
   if (in_step_) return FailedPreconditionError("RemoveSequence during a step");
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return NotFoundError("sequence " + std::to_string(id) + " not found");
+  // Its pages go back to the pool and may hold another sequence's KV next: forget their copies.
+  InvalidateAll(it->second);
   seqs_.erase(it);
   return Status::Ok();
 }
@@ -83,6 +105,18 @@ Status IceCacheBackend::SequenceError(SequenceId id) const {
   return it->second.error;
 }
 
+DevicePageCacheStats IceCacheBackend::device_cache_stats() const {
+  DevicePageCacheStats s;
+  if (device_cache_ == nullptr) return s;
+  const kernels::PageGatherStats& g = device_cache_->stats();
+  s.hits = g.hits;
+  s.misses = g.pages_copied;
+  s.h2d_bytes = g.bytes_copied;
+  s.slots = device_cache_->residency().num_slots();
+  s.bytes = static_cast<int64_t>(s.slots) * static_cast<int64_t>(device_cache_->page_bytes());
+  return s;
+}
+
 Status IceCacheBackend::BeginStep(std::span<const model::StepSegment> segments) {
   if (in_step_) return FailedPreconditionError("BeginStep called twice without EndStep");
   std::unordered_set<SequenceId> seen;
@@ -101,64 +135,70 @@ Status IceCacheBackend::BeginStep(std::span<const model::StepSegment> segments) 
   const size_t row = static_cast<size_t>(shape_.num_kv_heads) * shape_.head_dim;
   step_k_.resize(shape_.num_layers);
   step_v_.resize(shape_.num_layers);
+  selection_.resize(shape_.num_layers);
   for (int l = 0; l < shape_.num_layers; ++l) {
     step_k_[l].assign(seqs.size() * row, 0.f);
     step_v_[l].assign(seqs.size() * row, 0.f);
+  }
+  step_caches_.clear();
+  step_policies_.clear();
+  step_window_start_.clear();
+  for (Sequence* s : seqs) {
+    step_caches_.push_back(s->cache.get());
+    step_policies_.push_back(s->policy);
+    step_window_start_.push_back(s->cache->window_start());
   }
   step_seqs_ = std::move(seqs);
   in_step_ = true;
   return Status::Ok();
 }
 
-void IceCacheBackend::SelectLeaves(const kvstore::DciTree& tree, const float* q_group, int k,
-                                   std::vector<std::vector<kvstore::ScoredLeaf>>* per_head,
-                                   std::vector<int32_t>* picked) const {
-  picked->clear();
-  const int32_t n = tree.num_leaves();
-  if (n <= k) {
-    for (int32_t i = 0; i < n; ++i) picked->push_back(i);
-    return;
-  }
-  const int group = shape_.num_q_heads / shape_.num_kv_heads;
-  // The group's heads share one traversal of the tree (each page scored once for all of them).
-  tree.QueryGroup(q_group, group, k, per_head);
-  *picked = kvstore::MergeRankByRank(*per_head, k);
-}
-
-void IceCacheBackend::SelectAll(int layer, const float* q) {
-  const int kvh = shape_.num_kv_heads;
-  const int group = shape_.num_q_heads / kvh;
-  const int hd = shape_.head_dim;
-  // One task per (sequence, kv head) whose leader layer is this one.
-  select_tasks_.clear();
-  for (size_t b = 0; b < step_seqs_.size(); ++b) {
-    const kvstore::SequenceCache& c = *step_seqs_[b]->cache;
-    if (c.IsDense(layer) || c.LeaderOf(layer) != layer) continue;
-    for (int g = 0; g < kvh; ++g) {
-      if (c.tree(layer, g) != nullptr) select_tasks_.push_back({static_cast<int>(b), g, 0.0});
+Status IceCacheBackend::AttendRows(const kvstore::PageSelection& sel, size_t first, size_t last, const float* q,
+                                   float* out) {
+  const int kvh = shape_.num_kv_heads, nq = shape_.num_q_heads, hd = shape_.head_dim;
+  const int32_t begin = sel.page_indptr[first * kvh];
+  const int32_t end = sel.page_indptr[last * kvh];
+  const int count = end - begin;
+  // [indptr | ids | valid] of these rows, uploaded in one copy.
+  lists_.clear();
+  for (size_t u = first * kvh; u <= last * kvh; ++u) lists_.push_back(sel.page_indptr[u] - begin);
+  const void* pages = pool_->base();
+  if (device_cache_ != nullptr) {
+    host_pages_.assign(sel.page_ids.begin() + begin, sel.page_ids.begin() + end);
+    slots_.resize(count);
+    ICE_RETURN_IF_ERROR(device_cache_->Gather(pool_->base(), host_pages_.data(), count, slots_.data()));
+    lists_.insert(lists_.end(), slots_.begin(), slots_.end());
+    pages = device_cache_->device_pages();
+    for (size_t b = first; b < last; ++b) {
+      Sequence& s = *step_seqs_[b];
+      for (int32_t e = sel.page_indptr[b * kvh]; e < sel.page_indptr[(b + 1) * kvh]; ++e) {
+        (sel.tree_leaf[e] >= 0 ? s.resident_tree : s.resident_other).insert(sel.page_ids[e]);
+      }
     }
+  } else {
+    lists_.insert(lists_.end(), sel.page_ids.begin() + begin, sel.page_ids.begin() + end);
   }
-  const int tasks = static_cast<int>(select_tasks_.size());
-  if (tasks == 0) return;
-  // Trees are independent and Query is const: the tasks run on the kernels' OpenMP threads, when
-  // there is enough work to pay for waking them (a query over a few thousand tokens takes tens of
-  // microseconds, about what a parallel region costs on a loaded host).
-  int64_t tokens = 0;
-  for (const SelectTask& task : select_tasks_) tokens += step_seqs_[task.b]->cache->tree(layer, task.g)->size();
-  const bool parallel = tasks > 1 && tokens >= kParallelSelectTokens;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int t = 0; t < tasks; ++t) {
-    thread_local std::vector<std::vector<kvstore::ScoredLeaf>> per_head;
-    SelectTask& task = select_tasks_[t];
-    Sequence& s = *step_seqs_[task.b];
-    const kvstore::SequenceCache& c = *s.cache;
-    const auto t0 = std::chrono::steady_clock::now();
-    const int kk = s.budget_pages - c.options().sink_pages - c.options().window_pages;
-    SelectLeaves(*c.tree(layer, task.g), q + (task.b * shape_.num_q_heads + static_cast<size_t>(task.g) * group) * hd,
-                 kk, &per_head, &s.leader_pick[task.g]);
-    task.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  for (const SelectTask& task : select_tasks_) step_seqs_[task.b]->stats.retrieval_seconds += task.seconds;
+  lists_.insert(lists_.end(), sel.page_valid.begin() + begin, sel.page_valid.begin() + end);
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, lists_.size() * sizeof(int32_t), &lists_dev_));
+  ICE_RETURN_IF_ERROR(lists_dev_.CopyFromHost(lists_.data(), lists_.size() * sizeof(int32_t)));
+  const int32_t* dev = lists_dev_.as<int32_t>();
+  const size_t nlists = (last - first) * kvh + 1;
+  kernels::PagedDecodeAttentionParams a;
+  a.q = q + first * nq * hd;
+  a.pages = pages;
+  a.kv_dtype = pool_->dtype();
+  a.page_indptr = dev;
+  a.page_ids = dev + nlists;
+  a.page_valid = dev + nlists + count;
+  a.out = out + first * nq * hd;
+  a.lse = lse_.as<float>() + first * nq;
+  a.batch = static_cast<int>(last - first);
+  a.num_q_heads = nq;
+  a.num_kv_heads = kvh;
+  a.head_dim = hd;
+  a.page_size = pool_->page_size();
+  a.scale = shape_.scale;
+  return kernels::PagedDecodeAttention(a, device_.backend);
 }
 
 Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const float* v, float* out) {
@@ -166,95 +206,70 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
   const int hd = shape_.head_dim;
   const int kvh = shape_.num_kv_heads;
   const int nq = shape_.num_q_heads;
-  const int group = nq / kvh;
   const size_t batch = step_seqs_.size();
-  std::memcpy(step_k_[layer].data(), k, batch * kvh * hd * sizeof(float));
-  std::memcpy(step_v_[layer].data(), v, batch * kvh * hd * sizeof(float));
+  const kernels::Backend be = device_.backend;
+  const size_t kv_bytes = batch * kvh * hd * sizeof(float);
+  ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, step_k_[layer].data(), k, kv_bytes));
+  ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, step_v_[layer].data(), v, kv_bytes));
 
-  SelectAll(layer, q);
-  indptr_.assign(1, 0);
-  ids_.clear();
-  valid_.clear();
+  // Selection on the host. ICE(r) followers reuse their leader layer's selection; a tree query
+  // needs q on the host.
+  int leader = -1;
+  bool query = false;
+  for (const kvstore::SequenceCache* c : step_caches_) {
+    if (c->IsDense(layer)) continue;
+    if (c->LeaderOf(layer) != layer) {
+      leader = c->LeaderOf(layer);
+    } else {
+      query = true;
+    }
+  }
+  const float* q_host = nullptr;
+  if (query) {
+    q_host_.resize(batch * nq * hd);
+    ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, q_host_.data(), q, q_host_.size() * sizeof(float)));
+    q_host = q_host_.data();
+  }
+  kvstore::PageSelection& sel = selection_[layer];
+  ICE_RETURN_IF_ERROR(retriever_.SelectBatch(step_caches_, step_policies_, layer, q_host, nq, &sel,
+                                             leader >= 0 ? &selection_[leader] : nullptr));
   for (size_t b = 0; b < batch; ++b) {
     Sequence& s = *step_seqs_[b];
-    const kvstore::SequenceCache& c = *s.cache;
-    const bool dense = c.IsDense(layer);
-    const int payload = dense ? 0 : c.PayloadOf(layer);
-    for (int g = 0; g < kvh; ++g) {
-      const size_t before = ids_.size();
-      if (dense) {
-        const auto& pages = c.dense_pages(layer, g);
-        for (size_t i = 0; i < pages.size(); ++i) {
-          ids_.push_back(pages[i]);
-          valid_.push_back(c.dense_valid(i));
-        }
-      } else {
-        const auto& sink = c.sink_pages(layer, g);
-        for (size_t i = 0; i < sink.size(); ++i) {
-          ids_.push_back(sink[i]);
-          valid_.push_back(c.sink_valid(i));
-        }
-        const kvstore::DciTree* tree = c.tree(layer, g);
-        if (tree != nullptr) {
-          // Picked by SelectAll at this layer, or at its ICE(r) leader.
-          for (int32_t leaf : s.leader_pick[g]) {
-            ids_.push_back(tree->leaf_page(leaf, payload));
-            valid_.push_back(tree->leaf_valid(leaf));
-          }
-        }
-        const auto& window = c.window_pages(layer, g);
-        for (size_t i = 0; i < window.size(); ++i) {
-          ids_.push_back(window[i]);
-          valid_.push_back(c.window_valid(i));
-        }
-        s.stats.pages_fetched += static_cast<int64_t>(ids_.size() - before);
-      }
-      indptr_.push_back(static_cast<int32_t>(ids_.size()));
-    }
+    if (!s.cache->IsDense(layer)) s.stats.pages_fetched += sel.page_indptr[(b + 1) * kvh] - sel.page_indptr[b * kvh];
+    for (int g = 0; g < kvh; ++g) s.stats.retrieval_seconds += sel.unit_seconds[b * kvh + g];
   }
-  lse_.assign(batch * nq, 0.f);
-  kernels::PagedDecodeAttentionParams a;
-  a.q = q;
-  a.pages = pool_->base();
-  a.kv_dtype = pool_->dtype();
-  a.page_indptr = indptr_.data();
-  a.page_ids = ids_.data();
-  a.page_valid = valid_.data();
-  a.out = out;
-  a.lse = lse_.data();
-  a.batch = static_cast<int>(batch);
-  a.num_q_heads = nq;
-  a.num_kv_heads = kvh;
-  a.head_dim = hd;
-  a.page_size = pool_->page_size();
-  a.scale = shape_.scale;
-  ICE_RETURN_IF_ERROR(kernels::PagedDecodeAttention(a));
 
-  // Merge the new token (not yet in the cache): softmax over pages ∪ {new} from the paged result.
-  for (size_t b = 0; b < batch; ++b) {
-    for (int h = 0; h < nq; ++h) {
-      const int g = h / group;
-      const float* qh = q + (b * nq + h) * hd;
-      const float* kn = k + (b * kvh + g) * hd;
-      const float* vn = v + (b * kvh + g) * hd;
-      float* o = out + (b * nq + h) * hd;
-      float dot = 0.f;
-      for (int d = 0; d < hd; ++d) dot += qh[d] * kn[d];
-      const float s_new = dot * shape_.scale;
-      const float lse = ids_.empty() ? -std::numeric_limits<float>::infinity() : lse_[b * nq + h];
-      const bool no_pages = indptr_[b * kvh + g] == indptr_[b * kvh + g + 1] || !std::isfinite(lse);
-      if (no_pages) {
-        std::memcpy(o, vn, hd * sizeof(float));
-        continue;
-      }
-      const float m = std::max(lse, s_new);
-      const float w_old = std::exp(lse - m);
-      const float w_new = std::exp(s_new - m);
-      const float inv = 1.f / (w_old + w_new);
-      for (int d = 0; d < hd; ++d) o[d] = (o[d] * w_old + vn[d] * w_new) * inv;
+  // Attention on the device, in groups of sequences whose pages fit the device cache at once.
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, batch * nq * sizeof(float), &lse_));
+  const int64_t slots = device_cache_ == nullptr ? std::numeric_limits<int64_t>::max()
+                                                 : device_cache_->residency().num_slots();
+  size_t first = 0;
+  while (first < batch) {
+    size_t last = first;
+    while (last < batch && sel.page_indptr[(last + 1) * kvh] - sel.page_indptr[first * kvh] <= slots) ++last;
+    if (last == first) {
+      return ResourceExhaustedError("one sequence needs " +
+                                    std::to_string(sel.page_indptr[(first + 1) * kvh] - sel.page_indptr[first * kvh]) +
+                                    " device pages in layer " + std::to_string(layer) + ", more than the " +
+                                    std::to_string(slots) + " of the device page cache (cache.device_cache_pages)");
     }
+    ICE_RETURN_IF_ERROR(AttendRows(sel, first, last, q, out));
+    first = last;
   }
-  return Status::Ok();
+
+  // The new token (not yet in the cache): softmax over pages ∪ {new} from the paged result.
+  kernels::MergeTokenParams m;
+  m.q = q;
+  m.k_new = k;
+  m.v_new = v;
+  m.lse = lse_.as<float>();
+  m.out = out;
+  m.batch = static_cast<int>(batch);
+  m.num_q_heads = nq;
+  m.num_kv_heads = kvh;
+  m.head_dim = hd;
+  m.scale = shape_.scale;
+  return kernels::MergeToken(m, be);
 }
 
 void IceCacheBackend::EndStep(bool commit) {
@@ -262,12 +277,32 @@ void IceCacheBackend::EndStep(bool commit) {
     const size_t row = static_cast<size_t>(shape_.num_kv_heads) * shape_.head_dim;
     std::vector<const float*> kp(shape_.num_layers), vp(shape_.num_layers);
     for (size_t b = 0; b < step_seqs_.size(); ++b) {
+      Sequence& s = *step_seqs_[b];
       for (int l = 0; l < shape_.num_layers; ++l) {
         kp[l] = step_k_[l].data() + b * row;
         vp[l] = step_v_[l].data() + b * row;
       }
-      Status st = step_seqs_[b]->cache->Append(kp.data(), vp.data());
-      if (!st.ok()) step_seqs_[b]->error = st;
+      Status st = s.cache->Append(kp.data(), vp.data());
+      if (!st.ok()) {
+        s.error = st;
+        InvalidateAll(s);
+        continue;
+      }
+      if (device_cache_ == nullptr) continue;
+      // The device copies of pages that changed are stale: the page that took the token in every
+      // (layer, kv head); every tree page when the window pushed a page into the trees.
+      if (s.cache->window_start() != step_window_start_[b] || s.cache->options().window_pages == 0) {
+        for (int64_t p : s.resident_tree) device_cache_->Invalidate(p);
+        s.resident_tree.clear();
+      }
+      const int64_t pos = s.cache->num_tokens() - 1;
+      for (int l = 0; l < shape_.num_layers; ++l) {
+        for (int g = 0; g < shape_.num_kv_heads; ++g) {
+          int32_t page = -1;
+          s.cache->LocateToken(l, g, pos, &page);
+          if (page >= 0) device_cache_->Invalidate(page);
+        }
+      }
     }
   }
   step_seqs_.clear();

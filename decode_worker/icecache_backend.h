@@ -1,31 +1,41 @@
 // The IceCache attention backend of the decode worker (model/attention_backend.h): each sequence
 // is a kvstore::SequenceCache (dense layers in position order; sparse layers as sink pages + a
-// DCI-tree + window pages), all in one kvstore::PagePool.
+// DCI-tree + window pages), all in one kvstore::PagePool in host memory.
 //
 // Sequences arrive prefilled: Import() adopts a SequenceCache rebuilt from a shipped wire form.
 // Steps then add ONE token per sequence (decode); a multi-token segment is INVALID_ARGUMENT
 // (prompts are prefilled on prefill workers).
 //
-// Attend(layer) for each sequence and kv head attends over
-//   * dense layers: every page (exact);
-//   * sparse layers with budget B pages: sink pages + the K = B - sink_pages - window_pages best
-//     tree leaves for this token's queries (each query head of the GQA group queries the tree;
-//     their lists are merged rank by rank into K distinct leaves; every leaf when the tree has
-//     <= K) + window pages; ICE(r) followers reuse their leader layer's selection. The heads of a
-//     group share one tree traversal (DciTree::QueryGroup), and the (sequence, kv head) queries
-//     of a layer run in parallel on OpenMP threads;
-// plus the new token itself, whose contribution is merged into the paged result by log-sum-exp
-// (so the cache is only appended to, once per step, at EndStep with all layers' K/V).
-// Attention over pages is kernels::PagedDecodeAttention.
+// The split of work (the IceCache paper's): page selection on host threads, attention on the
+// device. Attend(layer) for the step's sequences:
+//   1. copies this layer's new K/V (and, where a tree is queried, q) to the host;
+//   2. selects pages with kvstore::Retriever::SelectBatch — the one selection path, the one the
+//      recall tests measure: dense layers every page; sparse layers sink pages + the K =
+//      budget - sink - window best tree leaves for the GQA group's queries + window pages (every
+//      leaf when the tree has <= K; ICE(r) followers reuse their leader layer's leaves);
+//   3. makes the selected pages visible to the device. With a device page cache
+//      (options.device_cache_pages > 0: kernels::PageResidencyCache, LRU over layer-steps) only
+//      the pages not resident are copied, in one batched host→device copy per group of
+//      sequences that fits the cache; without one (the CPU default, whose memory is the host
+//      pool) attention reads the pool in place;
+//   4. runs kernels::PagedDecodeAttention on the device, then kernels::MergeToken adds the new
+//      token itself (not yet in any page) by log-sum-exp.
+// EndStep appends each sequence's token to its host pages (and trees) and invalidates the device
+// copies of the pages that changed: the page that received the token in every (layer, kv head),
+// and, when the window pushed a page into the trees, every tree page of that sequence.
 //
 // Not thread-safe (AttentionBackend contract): one engine thread drives it.
 #pragma once
 
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "kernels/device_buffer.h"
+#include "kernels/page_gather.h"
 #include "kvstore/page_pool.h"
+#include "kvstore/retriever.h"
 #include "kvstore/sequence_cache.h"
 #include "model/attention_backend.h"
 
@@ -37,17 +47,37 @@ struct SequenceKvStats {
   double retrieval_seconds = 0.0;  // time spent querying trees and merging the selections
 };
 
+struct IceCacheBackendOptions {
+  kernels::Device device;      // where attention runs (the model's device)
+  // Device page slots (pages of the pool's page_bytes). 0: attention reads the host pool in place,
+  // which only a device whose memory is host memory (the CPU) can; a CUDA device needs > 0.
+  int device_cache_pages = 0;
+};
+
+// Device page cache counters (zero without a cache).
+struct DevicePageCacheStats {
+  int64_t hits = 0;          // selected pages already on the device
+  int64_t misses = 0;        // selected pages copied host→device
+  int64_t h2d_bytes = 0;     // bytes copied host→device
+  int64_t slots = 0;         // cache size in pages
+  int64_t bytes = 0;         // device memory of the cache
+};
+
 class IceCacheBackend final : public model::AttentionBackend {
  public:
   // `pool` is not owned and must outlive the backend; its head_dim must equal shape.head_dim.
-  IceCacheBackend(const model::AttentionShape& shape, kvstore::PagePool* pool);
+  // INVALID_ARGUMENT for a CUDA device without a page cache; errors of DeviceBuffer::Allocate.
+  static StatusOr<std::unique_ptr<IceCacheBackend>> Create(const model::AttentionShape& shape, kvstore::PagePool* pool,
+                                                           const IceCacheBackendOptions& options);
   ~IceCacheBackend() override;
 
   // Adopts `cache` (built in this backend's pool) as sequence `id`. budget_pages: the page budget
-  // of sparse layers (ignored when the cache has none); it must exceed the cache's sink_pages +
-  // window_pages. INVALID_ARGUMENT when the cache's geometry does not match the shape or the
-  // budget is too small; ALREADY_EXISTS for a used id. On error the cache is released.
-  Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages);
+  // of sparse layers (ignored when the cache has none); at least the cache's sink_pages +
+  // window_pages (equal: no retrieved pages, the StreamingLLM-style baseline). mode: kSparse serves; kFull and kOracle (exact best leaves) are the accuracy
+  // baselines. INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
+  // too small; ALREADY_EXISTS for a used id. On error the cache is released.
+  Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
+                kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse);
 
   // AddSequence is not supported (FAILED_PRECONDITION): sequences come from Import.
   Status AddSequence(model::SequenceId id) override;
@@ -60,8 +90,10 @@ class IceCacheBackend final : public model::AttentionBackend {
   // The error that broke a sequence in the last EndStep (pool exhausted while appending), or OK.
   // A broken sequence must be removed.
   Status SequenceError(model::SequenceId id) const;
+  DevicePageCacheStats device_cache_stats() const;
 
   const model::AttentionShape& shape() const override { return shape_; }
+  kernels::Device device() const override { return device_; }
   Status BeginStep(std::span<const model::StepSegment> segments) override;
   Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override;
   void EndStep(bool commit) override;
@@ -71,38 +103,41 @@ class IceCacheBackend final : public model::AttentionBackend {
  private:
   struct Sequence {
     std::unique_ptr<kvstore::SequenceCache> cache;
-    int budget_pages = 0;
+    kvstore::RetrievalPolicy policy;
     SequenceKvStats stats;
     Status error;
-    std::vector<std::vector<int32_t>> leader_pick;  // [num_kv_heads] leaves picked at the leader layer
+    // Pages copied to the device cache for this sequence: tree pages (invalidated when the trees
+    // change) and the others (sink, window, dense).
+    std::unordered_set<int64_t> resident_tree, resident_other;
   };
 
-  struct SelectTask {
-    int b = 0;               // index into step_seqs_
-    int g = 0;               // kv head
-    double seconds = 0.0;
-  };
-  // The k leaves of `tree` for the GQA group's queries q_group [group, head_dim]: the heads' ranked
-  // lists merged rank by rank into k distinct leaves (all leaves when the tree has <= k).
-  // Thread-safe (per_head is the caller's scratch).
-  void SelectLeaves(const kvstore::DciTree& tree, const float* q_group, int k,
-                    std::vector<std::vector<kvstore::ScoredLeaf>>* per_head, std::vector<int32_t>* picked) const;
-  // Fills leader_pick for every (step sequence, kv head) whose leader layer is `layer`, the tree
-  // queries spread over OpenMP threads.
-  void SelectAll(int layer, const float* q);
+  IceCacheBackend(const model::AttentionShape& shape, kvstore::PagePool* pool, kernels::Device device,
+                  std::unique_ptr<kernels::PageResidencyCache> cache);
+  // Attention over `sel` for step rows [first, last) with their pages made visible to the device.
+  Status AttendRows(const kvstore::PageSelection& sel, size_t first, size_t last, const float* q, float* out);
+  void InvalidateAll(Sequence& s);
 
   const model::AttentionShape shape_;
   kvstore::PagePool* const pool_;
+  const kernels::Device device_;
+  std::unique_ptr<kernels::PageResidencyCache> device_cache_;  // null: attention reads the pool
+  kvstore::Retriever retriever_;
   std::unordered_map<model::SequenceId, Sequence> seqs_;
 
   // Step in progress.
   bool in_step_ = false;
   std::vector<Sequence*> step_seqs_;
-  std::vector<std::vector<float>> step_k_, step_v_;  // [layer][batch, num_kv_heads, head_dim]
+  std::vector<const kvstore::SequenceCache*> step_caches_;
+  std::vector<kvstore::RetrievalPolicy> step_policies_;
+  std::vector<int64_t> step_window_start_;
+  std::vector<kvstore::PageSelection> selection_;     // [layer] this step's selection
+  std::vector<std::vector<float>> step_k_, step_v_;  // [layer][batch, num_kv_heads, head_dim] host
+  std::vector<float> q_host_;
   // Scratch.
-  std::vector<int32_t> indptr_, ids_, valid_;
-  std::vector<float> lse_;
-  std::vector<SelectTask> select_tasks_;
+  std::vector<int32_t> lists_;
+  std::vector<int64_t> host_pages_;
+  std::vector<int32_t> slots_;
+  kernels::DeviceBuffer lists_dev_, lse_;
 };
 
 }  // namespace icecache::decode

@@ -6,7 +6,10 @@
 // Backend::kCpu host memory. Activations are fp32; weights and KV pages may be f32/f16/bf16.
 #pragma once
 
+#include <string>
 #include <string_view>
+
+#include "common/status.h"
 
 namespace icecache::kernels {
 
@@ -23,6 +26,27 @@ bool CudaAvailable();
 
 // kAuto → kCuda if CudaAvailable() else kCpu; others unchanged.
 Backend ResolveBackend(Backend b);
+
+// An execution device: a backend and, for CUDA, the device ordinal (as CUDA numbers them, after
+// CUDA_VISIBLE_DEVICES). The CPU backend has one device, index 0.
+struct Device {
+  Backend backend = Backend::kAuto;
+  int index = 0;
+  bool operator==(const Device&) const = default;
+};
+
+// "auto", "cpu", "cuda" (= cuda:0) or "cuda:N". INVALID_ARGUMENT otherwise.
+StatusOr<Device> ParseDevice(std::string_view text);
+// "cpu", "cuda:N" ("auto" while unresolved).
+std::string DeviceName(Device d);
+// kAuto resolved as ResolveBackend does; the index kept (0 for the CPU).
+Device ResolveDevice(Device d);
+// Devices of a backend usable now: 1 for the CPU, the CUDA device count (0 without CUDA).
+int DeviceCount(Backend b);
+// Makes `d` the calling thread's current device (cudaSetDevice; nothing for the CPU). Every
+// thread that issues ops on a CUDA device other than 0 calls this first. FAILED_PRECONDITION when
+// the backend is unavailable, INVALID_ARGUMENT for an index >= DeviceCount.
+Status UseDevice(Device d);
 
 // Threads the CPU kernels use (OpenMP); 0 = all cores. Default: all cores.
 void SetCpuThreads(int n);

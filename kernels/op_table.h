@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
+#include "kernels/kv_pages.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -26,11 +27,18 @@ struct OpTable {
   Status (*embedding)(const EmbeddingParams&);
   Status (*prefill_attention)(const PrefillAttentionParams&);
   Status (*paged_decode_attention)(const PagedDecodeAttentionParams&);
+  Status (*store_kv)(const StoreKvParams&);
+  Status (*gather_kv)(const GatherKvParams&);
+  Status (*merge_token)(const MergeTokenParams&);
   Status (*argmax)(const ArgmaxParams&);
+  Status (*repetition_penalty)(const RepetitionPenaltyParams&);
   // Fills `sorted` ([vocab] capacity, descending by logit) with the top `count` (logit, id) pairs
   // of one row; count = vocab when k <= 0. Host output; logits in the backend's memory.
   Status (*top_logits)(const float* logits, int vocab, int count, float* sorted_logits,
                        int32_t* sorted_ids);
+  // True when this backend's memory is host memory (the CPU backend): buffers handed to it by the
+  // host may be used in place (see DeviceBuffer::Upload).
+  bool host_memory;
   // Memory of this backend (host memory for the CPU backend).
   Status (*alloc)(size_t bytes, void** out);
   void (*free)(void* ptr);
@@ -40,6 +48,13 @@ struct OpTable {
   // count host→device copies of `bytes` each (dst[i] device, src[i] host); complete on return.
   Status (*copy_pages_to_device)(void* const* dst, const void* const* src, size_t bytes, int count);
   Status (*synchronize)();
+  // Page-locks host memory for fast asynchronous host→device copies (cudaHostRegister); the CPU
+  // backend does nothing.
+  Status (*register_host)(void* ptr, size_t bytes);
+  void (*unregister_host)(void* ptr);
+  // Devices of this backend, and making one current for the calling thread.
+  int (*device_count)();
+  Status (*use_device)(int index);
 };
 
 // The CPU table (always present).

@@ -140,6 +140,76 @@ Status PagedDecodeAttention(const PagedDecodeAttentionParams& p, Backend backend
   return t->paged_decode_attention(p);
 }
 
+namespace {
+
+Status CheckKvRows(const char* op, int rows, int heads, int head_dim, int page_size, DType dtype) {
+  if (rows < 0 || heads <= 0 || head_dim <= 0 || page_size <= 0) {
+    return Invalid(op, "rows must be >= 0; num_heads, head_dim and page_size > 0");
+  }
+  if (!ValidDType(dtype)) return Invalid(op, "unknown kv dtype");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status StoreKv(const StoreKvParams& p, Backend backend) {
+  ICE_RETURN_IF_ERROR(CheckKvRows("StoreKv", p.rows, p.num_heads, p.head_dim, p.page_size, p.kv_dtype));
+  if (p.rows == 0) return Status::Ok();
+  if (p.k == nullptr || p.v == nullptr || p.pages == nullptr || p.slot_ids == nullptr) {
+    return Invalid("StoreKv", "null k, v, pages or slot_ids");
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->store_kv(p);
+}
+
+Status GatherKv(const GatherKvParams& p, Backend backend) {
+  ICE_RETURN_IF_ERROR(CheckKvRows("GatherKv", p.rows, p.num_heads, p.head_dim, p.page_size, p.kv_dtype));
+  if (p.rows == 0) return Status::Ok();
+  if (p.k == nullptr || p.v == nullptr || p.pages == nullptr || p.slot_ids == nullptr) {
+    return Invalid("GatherKv", "null k, v, pages or slot_ids");
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  if (t->host_memory) {
+    const size_t n = static_cast<size_t>(p.rows) * p.num_heads;
+    for (size_t i = 0; i < n; ++i) {
+      if (p.slot_ids[i] < 0) return Invalid("GatherKv", "negative slot id at " + std::to_string(i));
+    }
+  }
+  return t->gather_kv(p);
+}
+
+Status MergeToken(const MergeTokenParams& p, Backend backend) {
+  if (p.batch < 0) return Invalid("MergeToken", "batch must be >= 0");
+  if (p.num_kv_heads <= 0 || p.num_q_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
+    return Invalid("MergeToken", "num_q_heads must be a positive multiple of num_kv_heads");
+  }
+  if (p.head_dim <= 0) return Invalid("MergeToken", "head_dim must be > 0");
+  if (p.batch == 0) return Status::Ok();
+  if (p.q == nullptr || p.k_new == nullptr || p.v_new == nullptr || p.lse == nullptr || p.out == nullptr) {
+    return Invalid("MergeToken", "null q, k_new, v_new, lse or out");
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->merge_token(p);
+}
+
+Status RepetitionPenalty(const RepetitionPenaltyParams& p, Backend backend) {
+  if (p.vocab <= 0 || p.count < 0) return Invalid("RepetitionPenalty", "vocab > 0 and count >= 0 required");
+  if (!(p.penalty > 0.f) || !std::isfinite(p.penalty)) {
+    return Invalid("RepetitionPenalty", "penalty must be a finite number > 0");
+  }
+  if (p.count == 0) return Status::Ok();
+  if (p.logits == nullptr || p.ids == nullptr) return Invalid("RepetitionPenalty", "null logits or ids");
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  if (t->host_memory) {
+    for (int i = 0; i < p.count; ++i) {
+      if (p.ids[i] < 0 || p.ids[i] >= p.vocab) {
+        return Invalid("RepetitionPenalty", "id " + std::to_string(p.ids[i]) + " outside [0, vocab)");
+      }
+    }
+  }
+  return t->repetition_penalty(p);
+}
+
 Status Argmax(const ArgmaxParams& p, Backend backend) {
   if (p.logits == nullptr || p.out == nullptr) return Invalid("Argmax", "null logits or out");
   if (p.rows < 0 || p.vocab <= 0) return Invalid("Argmax", "rows >= 0 and vocab > 0 required");

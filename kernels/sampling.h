@@ -42,4 +42,15 @@ struct SamplingCandidates {
 StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p,
                                                 Backend backend = Backend::kCpu);
 
+// Repetition penalty (transformers' order: before temperature), in place on one row: for every
+// id in ids, a positive logit is divided by `penalty`, any other multiplied by it.
+struct RepetitionPenaltyParams {
+  float* logits = nullptr;       // [vocab] one row, in the backend's memory
+  const int32_t* ids = nullptr;  // [count] distinct ids in [0, vocab), in the backend's memory
+  int count = 0;
+  int vocab = 0;
+  float penalty = 1.f;           // > 0
+};
+Status RepetitionPenalty(const RepetitionPenaltyParams& p, Backend backend = Backend::kCpu);
+
 }  // namespace icecache::kernels

@@ -1,6 +1,7 @@
 #include "kvstore/retriever.h"
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -30,9 +31,9 @@ std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>&
   return out;
 }
 
-Status Retriever::SelectHead(const SequenceCache& seq, int layer, int kv_head, const float* q_group, int group,
-                             std::vector<int32_t>* ids, std::vector<int32_t>* valid,
-                             std::vector<int32_t>* leaves) const {
+Status Retriever::SelectHead(const RetrievalPolicy& policy, const SequenceCache& seq, int layer, int kv_head,
+                             const float* q_group, int group, std::vector<int32_t>* ids, std::vector<int32_t>* valid,
+                             std::vector<int32_t>* leaves) {
   auto push = [&](int32_t id, int v, int32_t leaf) {
     ids->push_back(id);
     valid->push_back(v);
@@ -49,13 +50,14 @@ Status Retriever::SelectHead(const SequenceCache& seq, int layer, int kv_head, c
   const DciTree* tree = seq.tree(layer, kv_head);
   const int payload = seq.PayloadOf(layer);
   if (tree != nullptr && tree->num_leaves() > 0) {
-    const int k = std::max(0, policy_.budget_pages - static_cast<int>(sink.size()) - static_cast<int>(window.size()));
-    if (policy_.mode == RetrievalMode::kFull || k >= tree->num_leaves()) {
+    const int k = std::max(0, policy.budget_pages - static_cast<int>(sink.size()) - static_cast<int>(window.size()));
+    if (policy.mode == RetrievalMode::kFull || k >= tree->num_leaves()) {
       for (int32_t leaf = 0; leaf < tree->num_leaves(); ++leaf) push(tree->leaf_page(leaf, payload), tree->leaf_valid(leaf), leaf);
     } else if (k > 0) {
       if (q_group == nullptr) return InvalidArgumentError("Retriever: query is required for sparse retrieval");
-      std::vector<std::vector<ScoredLeaf>> lists(group);
-      if (policy_.mode == RetrievalMode::kOracle) {
+      thread_local std::vector<std::vector<ScoredLeaf>> lists;
+      lists.resize(group);
+      if (policy.mode == RetrievalMode::kOracle) {
         for (int j = 0; j < group; ++j) tree->Oracle(q_group + static_cast<size_t>(j) * seq.pool()->head_dim(), k, &lists[j]);
       } else {
         tree->QueryGroup(q_group, group, k, &lists);
@@ -69,13 +71,23 @@ Status Retriever::SelectHead(const SequenceCache& seq, int layer, int kv_head, c
 
 Status Retriever::Select(const std::vector<const SequenceCache*>& seqs, int layer, const float* q, int num_q_heads,
                          PageSelection* out, const PageSelection* leader) const {
-  if (policy_.budget_pages < 1) return InvalidArgumentError("Retriever: budget_pages must be >= 1");
+  return SelectBatch(seqs, std::vector<RetrievalPolicy>(seqs.size(), policy_), layer, q, num_q_heads, out, leader);
+}
+
+Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, const std::vector<RetrievalPolicy>& policies,
+                              int layer, const float* q, int num_q_heads, PageSelection* out,
+                              const PageSelection* leader) const {
+  if (policies.size() != seqs.size()) return InvalidArgumentError("Retriever: one policy per sequence required");
+  for (const RetrievalPolicy& p : policies) {
+    if (p.budget_pages < 1) return InvalidArgumentError("Retriever: budget_pages must be >= 1");
+  }
   const int batch = static_cast<int>(seqs.size());
   out->batch = batch;
   out->page_indptr.assign(1, 0);
   out->page_ids.clear();
   out->page_valid.clear();
   out->tree_leaf.clear();
+  out->unit_seconds.assign(static_cast<size_t>(batch) * (batch > 0 ? seqs[0]->options().num_kv_heads : 0), 0.0);
   if (batch == 0) {
     out->num_kv_heads = 0;
     return Status::Ok();
@@ -103,11 +115,21 @@ Status Retriever::Select(const std::vector<const SequenceCache*>& seqs, int laye
     std::lock_guard<std::mutex> lock(mu);
     if (first.ok()) first = s;
   };
-  const bool follower = !s0.IsDense(layer) && s0.LeaderOf(layer) != layer;
-  if (follower) {
+  // ICE(r) followers (per sequence: a batch may mix dense-only and sparse sequences) reuse the
+  // leader layer's selection, which must be the same for all of them.
+  auto is_follower = [layer](const SequenceCache& c) { return !c.IsDense(layer) && c.LeaderOf(layer) != layer; };
+  int leader_layer = -1;
+  for (const SequenceCache* s : seqs) {
+    if (!is_follower(*s)) continue;
+    if (leader_layer >= 0 && s->LeaderOf(layer) != leader_layer)
+      return InvalidArgumentError("Retriever: the batch's sequences have different ICE(r) leaders for layer " +
+                                  std::to_string(layer));
+    leader_layer = s->LeaderOf(layer);
+  }
+  if (leader_layer >= 0) {
     if (leader == nullptr)
       return FailedPreconditionError("Retriever: layer " + std::to_string(layer) + " is an ICE(r) follower of layer " +
-                                     std::to_string(s0.LeaderOf(layer)) + "; pass the leader's selection");
+                                     std::to_string(leader_layer) + "; pass the leader's selection");
     if (leader->batch != batch || leader->num_kv_heads != nkv ||
         leader->page_indptr.size() != static_cast<size_t>(units) + 1)
       return InvalidArgumentError("Retriever: leader selection shape does not match the batch");
@@ -115,10 +137,12 @@ Status Retriever::Select(const std::vector<const SequenceCache*>& seqs, int laye
   auto task = [&](size_t u) {
     const int b = static_cast<int>(u / nkv), g = static_cast<int>(u % nkv);
     const SequenceCache& seq = *seqs[b];
-    if (!follower) {
+    if (!is_follower(seq)) {
+      const auto t0 = std::chrono::steady_clock::now();
       const float* qg = q == nullptr ? nullptr : q + (static_cast<size_t>(b) * num_q_heads + static_cast<size_t>(g) * group) * head_dim;
-      Status s = SelectHead(seq, layer, g, qg, group, &ids[u], &valid[u], &leaves[u]);
+      Status s = SelectHead(policies[b], seq, layer, g, qg, group, &ids[u], &valid[u], &leaves[u]);
       if (!s.ok()) fail(s);
+      out->unit_seconds[u] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return;
     }
     // Follower: own sink pages, the leader's leaves in this layer's payload, own window pages.
@@ -148,9 +172,17 @@ Status Retriever::Select(const std::vector<const SequenceCache*>& seqs, int laye
       leaves[u].push_back(-1);
     }
   };
+  int64_t tree_tokens = 0;
+  for (int u = 0; u < units; ++u) {
+    const SequenceCache& seq = *seqs[u / nkv];
+    const DciTree* t = seq.IsDense(layer) || is_follower(seq) ? nullptr : seq.tree(layer, u % nkv);
+    if (t != nullptr) tree_tokens += t->size();
+  }
   if (threads_ != nullptr && units > 1) {
     threads_->ParallelFor(0, units, task);
   } else {
+    const bool parallel = units > 1 && tree_tokens >= kParallelSelectTokens;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (int u = 0; u < units; ++u) task(u);
   }
   ICE_RETURN_IF_ERROR(first);

@@ -20,6 +20,14 @@
 // kv head g, the pages of (b, g) are page_ids[page_indptr[b*H+g] .. page_indptr[b*H+g+1]) with
 // page_valid giving the valid slots of each.
 //
+// This is the selection that serves: the decode worker's IceCache backend calls SelectBatch for
+// every layer of every step, and the recall tests and benchmarks measure the same code.
+//
+// Parallelism: with a ThreadPool the (sequence, kv head) units of a batch spread over it; without
+// one they spread over the kernels' OpenMP threads when the batch's trees hold at least
+// kParallelSelectTokens tokens (a query over a few thousand tokens takes tens of microseconds,
+// about what waking a parallel region costs on a loaded host).
+//
 // Thread safety: Select is const and may run concurrently (it only reads the caches).
 #pragma once
 
@@ -46,7 +54,10 @@ struct PageSelection {
   std::vector<int32_t> page_ids;     // [page_indptr.back()] pool page ids
   std::vector<int32_t> page_valid;   // [same] valid slots, 1..page_size
   std::vector<int32_t> tree_leaf;    // [same] tree leaf index, or -1 for sink/window/dense pages
+  std::vector<double> unit_seconds;  // [batch * num_kv_heads] time spent selecting each unit
 };
+
+inline constexpr int64_t kParallelSelectTokens = 32768;
 
 class Retriever {
  public:
@@ -61,10 +72,15 @@ class Retriever {
   // for kFull and for ICE(r) followers. leader: see above (required for follower layers).
   Status Select(const std::vector<const SequenceCache*>& seqs, int layer, const float* q, int num_q_heads,
                 PageSelection* out, const PageSelection* leader = nullptr) const;
+  // Select with a policy per sequence (policies: [batch]; this retriever's own policy unused).
+  Status SelectBatch(const std::vector<const SequenceCache*>& seqs, const std::vector<RetrievalPolicy>& policies,
+                     int layer, const float* q, int num_q_heads, PageSelection* out,
+                     const PageSelection* leader = nullptr) const;
 
-  // One (sequence, kv head): appends to the three arrays. q_group: [group, head_dim].
-  Status SelectHead(const SequenceCache& seq, int layer, int kv_head, const float* q_group, int group,
-                    std::vector<int32_t>* ids, std::vector<int32_t>* valid, std::vector<int32_t>* leaves) const;
+  // One (sequence, kv head) under `policy`: appends to the three arrays. q_group: [group, head_dim].
+  static Status SelectHead(const RetrievalPolicy& policy, const SequenceCache& seq, int layer, int kv_head,
+                           const float* q_group, int group, std::vector<int32_t>* ids, std::vector<int32_t>* valid,
+                           std::vector<int32_t>* leaves);
 
  private:
   RetrievalPolicy policy_;

@@ -17,6 +17,7 @@
 //        k   [T, num_kv_heads, head_dim] post-RoPE (and post k-norm), keys of the new tokens
 //        v   [T, num_kv_heads, head_dim] values of the new tokens
 //        out [T, num_q_heads, head_dim]  written by the backend
+//      q, k, v and out are memory of the backend's device() (the model's device).
 //      The backend stores this layer's new K/V, then computes for every new token i of a
 //      sequence causal attention over that sequence's tokens 0 .. position(i) of this layer
 //      (earlier steps' tokens and the new tokens up to and including i), GQA-mapped (query head h
@@ -36,6 +37,7 @@
 #include <span>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 
 namespace icecache::model {
 
@@ -60,6 +62,8 @@ class AttentionBackend {
 
   // The model shape this backend was built for.
   virtual const AttentionShape& shape() const = 0;
+  // The device whose memory Attend's pointers are in, resolved (never auto).
+  virtual kernels::Device device() const = 0;
 
   // ALREADY_EXISTS if the id is in use; RESOURCE_EXHAUSTED if no state can be allocated.
   virtual Status AddSequence(SequenceId id) = 0;

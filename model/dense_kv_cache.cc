@@ -6,11 +6,12 @@
 #include <unordered_set>
 
 #include "kernels/attention.h"
+#include "kernels/kv_pages.h"
 
 namespace icecache::model {
 
 DenseKvCache::DenseKvCache(const AttentionShape& shape, const DenseKvCacheOptions& options)
-    : shape_(shape), options_(options) {
+    : shape_(shape), options_(options), device_(kernels::ResolveDevice(options.device)) {
   assert(shape.num_layers > 0 && shape.num_q_heads > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0);
   assert(shape.num_q_heads % shape.num_kv_heads == 0 && options.page_size >= 1);
 }
@@ -54,7 +55,11 @@ Status DenseKvCache::AllocatePage(int32_t* page) {
     int64_t grow = std::max<int64_t>(64, pool_pages_);
     if (options_.max_pages > 0) grow = std::min(grow, options_.max_pages - pool_pages_);
     if (pool_pages_ + grow > INT32_MAX) return ResourceExhaustedError("DenseKvCache: page id space exhausted");
-    pool_.resize(static_cast<size_t>(pool_pages_ + grow) * page_bytes());
+    // Grow the device pool: a larger buffer, the old pages copied over.
+    ICE_ASSIGN_OR_RETURN(kernels::DeviceBuffer bigger,
+                         kernels::DeviceBuffer::Allocate(device_.backend, static_cast<size_t>(pool_pages_ + grow) * page_bytes()));
+    if (pool_pages_ > 0) ICE_RETURN_IF_ERROR(bigger.CopyFrom(pool_, static_cast<size_t>(pool_pages_) * page_bytes()));
+    pool_ = std::move(bigger);
     for (int64_t p = pool_pages_ + grow - 1; p >= pool_pages_; --p) free_pages_.push_back(static_cast<int32_t>(p));
     pool_pages_ += grow;
   }
@@ -126,31 +131,52 @@ Status DenseKvCache::BeginStep(std::span<const StepSegment> segments) {
   return Status::Ok();
 }
 
-void DenseKvCache::WriteNewKv(int layer, const float* k, const float* v) {
-  const int hkv = shape_.num_kv_heads, hd = shape_.head_dim, ps = options_.page_size;
-  const size_t esz = kernels::DTypeSize(options_.kv_dtype);
+template <typename T>
+Status DenseKvCache::Upload(const std::vector<T>& host, kernels::DeviceBuffer* buf) const {
+  const size_t bytes = host.size() * sizeof(T);
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, bytes == 0 ? sizeof(T) : bytes, buf));
+  return buf->CopyFromHost(host.data(), bytes);
+}
+
+void DenseKvCache::AppendSlots(const Sequence& s, int layer, int kv_head, int len, std::vector<int64_t>* slots) const {
+  const int ps = options_.page_size;
+  const auto& list = s.pages[static_cast<size_t>(layer) * shape_.num_kv_heads + kv_head];
+  for (int pos = 0; pos < len; ++pos) slots->push_back(static_cast<int64_t>(list[pos / ps]) * ps + pos % ps);
+}
+
+Status DenseKvCache::WriteNewKv(int layer, const float* k, const float* v) {
+  const int hkv = shape_.num_kv_heads, ps = options_.page_size;
+  int rows = 0;
+  slots_.clear();
   for (size_t i = 0; i < step_.size(); ++i) {
-    Sequence* s = step_seqs_[i];
+    const Sequence* s = step_seqs_[i];
     for (int t = 0; t < step_[i].num_tokens; ++t) {
       const int pos = s->length + t;
-      const size_t row = static_cast<size_t>(step_row_[i] + t);
       for (int g = 0; g < hkv; ++g) {
         const int32_t page = s->pages[static_cast<size_t>(layer) * hkv + g][pos / ps];
-        uint8_t* base = PagePtr(page);
-        const int slot = pos % ps;
-        const float* ksrc = k + (row * hkv + g) * hd;
-        const float* vsrc = v + (row * hkv + g) * hd;
-        kernels::ConvertFromF32(options_.kv_dtype, ksrc, base + static_cast<size_t>(slot) * hd * esz, hd);
-        kernels::ConvertFromF32(options_.kv_dtype, vsrc, base + static_cast<size_t>(ps + slot) * hd * esz, hd);
+        slots_.push_back(static_cast<int64_t>(page) * ps + pos % ps);
       }
     }
+    rows += step_[i].num_tokens;
   }
+  ICE_RETURN_IF_ERROR(Upload(slots_, &slots_dev_));
+  kernels::StoreKvParams p;
+  p.k = k;
+  p.v = v;
+  p.pages = pool_.data();
+  p.kv_dtype = options_.kv_dtype;
+  p.slot_ids = slots_dev_.as<int64_t>();
+  p.rows = rows;
+  p.num_heads = hkv;
+  p.head_dim = shape_.head_dim;
+  p.page_size = ps;
+  return kernels::StoreKv(p, device_.backend);
 }
 
 Status DenseKvCache::Attend(int layer, const float* q, const float* k, const float* v, float* out) {
   if (!in_step_) return FailedPreconditionError("DenseKvCache: Attend outside a step");
   if (layer < 0 || layer >= shape_.num_layers) return InvalidArgumentError("DenseKvCache: layer out of range");
-  WriteNewKv(layer, k, v);
+  ICE_RETURN_IF_ERROR(WriteNewKv(layer, k, v));
   if (!decode_segs_.empty()) ICE_RETURN_IF_ERROR(DecodeAttention(layer, q, out));
   for (size_t i = 0; i < step_.size(); ++i) {
     if (step_[i].num_tokens > 1) ICE_RETURN_IF_ERROR(PrefillSegmentAttention(layer, i, q, k, v, out));
@@ -160,61 +186,55 @@ Status DenseKvCache::Attend(int layer, const float* q, const float* k, const flo
 
 Status DenseKvCache::DecodeAttention(int layer, const float* q, float* out) {
   const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, hd = shape_.head_dim, ps = options_.page_size;
-  const int batch = static_cast<int>(decode_segs_.size());
-  indptr_.assign(1, 0);
-  page_ids_.clear();
-  page_valid_.clear();
-  for (size_t seg : decode_segs_) {
-    const Sequence* s = step_seqs_[seg];
-    const int len = s->length + 1;
-    const int npages = (len + ps - 1) / ps;
-    for (int g = 0; g < hkv; ++g) {
-      const auto& list = s->pages[static_cast<size_t>(layer) * hkv + g];
-      for (int p = 0; p < npages; ++p) {
-        page_ids_.push_back(list[p]);
-        page_valid_.push_back(std::min(ps, len - p * ps));
+  // One batched call when the decode rows are the whole step; else one call per decode segment
+  // (a step mixing prefill and decode segments), each over its own rows.
+  const size_t calls = decode_rows_contiguous_ ? 1 : decode_segs_.size();
+  for (size_t c = 0; c < calls; ++c) {
+    const size_t first = decode_rows_contiguous_ ? 0 : c;
+    const size_t last = decode_rows_contiguous_ ? decode_segs_.size() : c + 1;
+    std::vector<int32_t> indptr(1, 0), ids, valid;
+    for (size_t i = first; i < last; ++i) {
+      const Sequence* s = step_seqs_[decode_segs_[i]];
+      const int len = s->length + 1;
+      const int npages = (len + ps - 1) / ps;
+      for (int g = 0; g < hkv; ++g) {
+        const auto& list = s->pages[static_cast<size_t>(layer) * hkv + g];
+        for (int p = 0; p < npages; ++p) {
+          ids.push_back(list[p]);
+          valid.push_back(std::min(ps, len - p * ps));
+        }
+        indptr.push_back(static_cast<int32_t>(ids.size()));
       }
-      indptr_.push_back(static_cast<int32_t>(page_ids_.size()));
     }
-  }
-  const size_t row_elems = static_cast<size_t>(hq) * hd;
-  const float* dq = q;
-  float* dout = out;
-  if (!decode_rows_contiguous_) {
-    dq_.resize(batch * row_elems);
-    dout_.resize(batch * row_elems);
-    for (int b = 0; b < batch; ++b) {
-      std::copy_n(q + step_row_[decode_segs_[b]] * row_elems, row_elems, dq_.data() + b * row_elems);
-    }
-    dq = dq_.data();
-    dout = dout_.data();
-  }
-  kernels::PagedDecodeAttentionParams p;
-  p.q = dq;
-  p.pages = pool_.data();
-  p.kv_dtype = options_.kv_dtype;
-  p.page_indptr = indptr_.data();
-  p.page_ids = page_ids_.data();
-  p.page_valid = page_valid_.data();
-  p.out = dout;
-  p.batch = batch;
-  p.num_q_heads = hq;
-  p.num_kv_heads = hkv;
-  p.head_dim = hd;
-  p.page_size = ps;
-  p.scale = shape_.scale;
-  ICE_RETURN_IF_ERROR(kernels::PagedDecodeAttention(p, kernels::Backend::kCpu));
-  if (!decode_rows_contiguous_) {
-    for (int b = 0; b < batch; ++b) {
-      std::copy_n(dout_.data() + b * row_elems, row_elems, out + step_row_[decode_segs_[b]] * row_elems);
-    }
+    // [indptr | ids | valid] in one upload.
+    lists_.assign(indptr.begin(), indptr.end());
+    lists_.insert(lists_.end(), ids.begin(), ids.end());
+    lists_.insert(lists_.end(), valid.begin(), valid.end());
+    ICE_RETURN_IF_ERROR(Upload(lists_, &lists_dev_));
+    const int32_t* dev = lists_dev_.as<int32_t>();
+    const size_t row = static_cast<size_t>(step_row_[decode_segs_[first]]) * hq * hd;
+    kernels::PagedDecodeAttentionParams p;
+    p.q = q + row;
+    p.pages = pool_.data();
+    p.kv_dtype = options_.kv_dtype;
+    p.page_indptr = dev;
+    p.page_ids = dev + indptr.size();
+    p.page_valid = dev + indptr.size() + ids.size();
+    p.out = out + row;
+    p.batch = static_cast<int>(last - first);
+    p.num_q_heads = hq;
+    p.num_kv_heads = hkv;
+    p.head_dim = hd;
+    p.page_size = ps;
+    p.scale = shape_.scale;
+    ICE_RETURN_IF_ERROR(kernels::PagedDecodeAttention(p, device_.backend));
   }
   return Status::Ok();
 }
 
 Status DenseKvCache::PrefillSegmentAttention(int layer, size_t seg, const float* q, const float* k, const float* v,
                                              float* out) {
-  const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, hd = shape_.head_dim, ps = options_.page_size;
+  const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, hd = shape_.head_dim;
   const Sequence* s = step_seqs_[seg];
   const int n = step_[seg].num_tokens;
   const int kv_len = s->length + n;
@@ -233,24 +253,31 @@ Status DenseKvCache::PrefillSegmentAttention(int layer, size_t seg, const float*
     p.v = v + row * hkv * hd;
   } else {
     // Earlier tokens exist: gather this layer's K/V from the pages into [kv_len, hkv, hd].
-    const size_t esz = kernels::DTypeSize(options_.kv_dtype);
-    gk_.resize(static_cast<size_t>(kv_len) * hkv * hd);
-    gv_.resize(gk_.size());
-    for (int g = 0; g < hkv; ++g) {
-      const auto& list = s->pages[static_cast<size_t>(layer) * hkv + g];
-      for (int pos = 0; pos < kv_len; ++pos) {
-        const uint8_t* base = PagePtr(list[pos / ps]);
-        const int slot = pos % ps;
-        float* kd = gk_.data() + (static_cast<size_t>(pos) * hkv + g) * hd;
-        float* vd = gv_.data() + (static_cast<size_t>(pos) * hkv + g) * hd;
-        kernels::ConvertToF32(options_.kv_dtype, base + static_cast<size_t>(slot) * hd * esz, kd, hd);
-        kernels::ConvertToF32(options_.kv_dtype, base + static_cast<size_t>(ps + slot) * hd * esz, vd, hd);
-      }
+    slots_.clear();
+    std::vector<std::vector<int64_t>> per_head(hkv);
+    for (int g = 0; g < hkv; ++g) AppendSlots(*s, layer, g, kv_len, &per_head[g]);
+    for (int pos = 0; pos < kv_len; ++pos) {
+      for (int g = 0; g < hkv; ++g) slots_.push_back(per_head[g][pos]);
     }
-    p.k = gk_.data();
-    p.v = gv_.data();
+    ICE_RETURN_IF_ERROR(Upload(slots_, &slots_dev_));
+    const size_t elems = static_cast<size_t>(kv_len) * hkv * hd;
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gk_));
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gv_));
+    kernels::GatherKvParams g;
+    g.pages = pool_.data();
+    g.kv_dtype = options_.kv_dtype;
+    g.slot_ids = slots_dev_.as<int64_t>();
+    g.k = gk_.as<float>();
+    g.v = gv_.as<float>();
+    g.rows = kv_len;
+    g.num_heads = hkv;
+    g.head_dim = hd;
+    g.page_size = options_.page_size;
+    ICE_RETURN_IF_ERROR(kernels::GatherKv(g, device_.backend));
+    p.k = gk_.as<float>();
+    p.v = gv_.as<float>();
   }
-  return kernels::PrefillAttention(p, kernels::Backend::kCpu);
+  return kernels::PrefillAttention(p, device_.backend);
 }
 
 Status DenseKvCache::ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const {
@@ -259,16 +286,27 @@ Status DenseKvCache::ReadKv(SequenceId id, int layer, int kv_head, float* k, flo
   if (layer < 0 || layer >= shape_.num_layers || kv_head < 0 || kv_head >= shape_.num_kv_heads) {
     return InvalidArgumentError("DenseKvCache: layer or kv head out of range");
   }
-  const int hd = shape_.head_dim, ps = options_.page_size;
-  const size_t esz = kernels::DTypeSize(options_.kv_dtype);
-  const auto& list = it->second.pages[static_cast<size_t>(layer) * shape_.num_kv_heads + kv_head];
-  for (int pos = 0; pos < it->second.length; ++pos) {
-    const uint8_t* base = PagePtr(list[pos / ps]);
-    const int slot = pos % ps;
-    kernels::ConvertToF32(options_.kv_dtype, base + static_cast<size_t>(slot) * hd * esz, k + static_cast<size_t>(pos) * hd, hd);
-    kernels::ConvertToF32(options_.kv_dtype, base + static_cast<size_t>(ps + slot) * hd * esz, v + static_cast<size_t>(pos) * hd, hd);
-  }
-  return Status::Ok();
+  const int len = it->second.length;
+  if (len == 0) return Status::Ok();
+  read_slots_.clear();
+  AppendSlots(it->second, layer, kv_head, len, &read_slots_);
+  ICE_RETURN_IF_ERROR(Upload(read_slots_, &slots_dev_));
+  const size_t elems = static_cast<size_t>(len) * shape_.head_dim;
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gk_));
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gv_));
+  kernels::GatherKvParams g;
+  g.pages = pool_.data();
+  g.kv_dtype = options_.kv_dtype;
+  g.slot_ids = slots_dev_.as<int64_t>();
+  g.k = gk_.as<float>();
+  g.v = gv_.as<float>();
+  g.rows = len;
+  g.num_heads = 1;
+  g.head_dim = shape_.head_dim;
+  g.page_size = options_.page_size;
+  ICE_RETURN_IF_ERROR(kernels::GatherKv(g, device_.backend));
+  ICE_RETURN_IF_ERROR(gk_.CopyToHost(k, elems * sizeof(float)));
+  return gv_.CopyToHost(v, elems * sizeof(float));
 }
 
 void DenseKvCache::EndStep(bool commit) {

@@ -1,14 +1,17 @@
-// Exact dense attention over a paged KV cache held in host memory: the reference
-// AttentionBackend (model/attention_backend.h).
+// Exact dense attention over a paged KV cache held in the memory of one device (host memory for
+// the CPU): the reference AttentionBackend (model/attention_backend.h).
 //
 // Page layout is kernels/attention.h's: one page holds page_size token slots of ONE (layer,
 // kv-head), its K block [page_size, head_dim] followed by its V block [page_size, head_dim], in
 // kv_dtype. Token at position p of a sequence lives, for every (layer, kv-head), in slot
 // p % page_size of that (layer, kv-head)'s (p / page_size)-th page. Pages come from one pool
-// (one contiguous buffer that grows on demand up to max_pages) with a free list.
-// Decode segments (one new token) go through kernels::PagedDecodeAttention over all of the
-// sequence's pages, in one batched call per layer; longer segments (prefill) through
-// kernels::PrefillAttention (K/V gathered from the pages when the sequence already had tokens).
+// (one contiguous device buffer that grows on demand up to max_pages) with a free list; the page
+// tables stay on the host and each step's slot and page lists are uploaded in one copy.
+// New K/V are written by kernels::StoreKv. Decode segments (one new token) go through
+// kernels::PagedDecodeAttention over all of the sequence's pages, in one batched call per layer
+// (one call per segment when prefill and decode segments are mixed in a step); longer segments
+// (prefill) through kernels::PrefillAttention (K/V gathered from the pages by kernels::GatherKv
+// when the sequence already had tokens).
 //
 // Not thread-safe (see the AttentionBackend contract).
 #pragma once
@@ -18,6 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/backend.h"
+#include "kernels/device_buffer.h"
 #include "kernels/dtype.h"
 #include "model/attention_backend.h"
 
@@ -27,6 +32,7 @@ struct DenseKvCacheOptions {
   int page_size = 16;
   kernels::DType kv_dtype = kernels::DType::kF32;
   int64_t max_pages = 0;  // pool limit in pages (0 = grow without limit)
+  kernels::Device device;  // where the pages live and attention runs (the model's device)
 };
 
 class DenseKvCache final : public AttentionBackend {
@@ -35,6 +41,7 @@ class DenseKvCache final : public AttentionBackend {
   DenseKvCache(const AttentionShape& shape, const DenseKvCacheOptions& options = {});
 
   const AttentionShape& shape() const override { return shape_; }
+  kernels::Device device() const override { return device_; }
   Status AddSequence(SequenceId id) override;
   Status RemoveSequence(SequenceId id) override;
   bool HasSequence(SequenceId id) const override { return seqs_.count(id) > 0; }
@@ -43,7 +50,7 @@ class DenseKvCache final : public AttentionBackend {
   Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override;
   void EndStep(bool commit) override;
 
-  // Copies the stored K and V of one sequence, layer and kv head as fp32:
+  // Copies the stored K and V of one sequence, layer and kv head as fp32 to host memory:
   // k, v [SequenceLength(id), head_dim]. For handing a prefilled sequence to another cache
   // (e.g. IceCache's tree build). NOT_FOUND / INVALID_ARGUMENT on a bad id, layer or head.
   Status ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const;
@@ -63,16 +70,20 @@ class DenseKvCache final : public AttentionBackend {
 
   Status AllocatePage(int32_t* page);
   void FreePage(int32_t page);
-  uint8_t* PagePtr(int32_t page) { return pool_.data() + static_cast<size_t>(page) * page_bytes(); }
-  const uint8_t* PagePtr(int32_t page) const { return pool_.data() + static_cast<size_t>(page) * page_bytes(); }
-  void WriteNewKv(int layer, const float* k, const float* v);
+  Status WriteNewKv(int layer, const float* k, const float* v);
   Status DecodeAttention(int layer, const float* q, float* out);
   Status PrefillSegmentAttention(int layer, size_t seg, const float* q, const float* k, const float* v, float* out);
+  // Slot ids of positions [0, len) of one (layer, kv head) list, appended to *slots.
+  void AppendSlots(const Sequence& s, int layer, int kv_head, int len, std::vector<int64_t>* slots) const;
+  // Uploads `count` int32 or int64 values to the given device buffer (grown as needed).
+  template <typename T>
+  Status Upload(const std::vector<T>& host, kernels::DeviceBuffer* buf) const;
 
   const AttentionShape shape_;
   const DenseKvCacheOptions options_;
+  const kernels::Device device_;
   std::unordered_map<SequenceId, Sequence> seqs_;
-  std::vector<uint8_t> pool_;
+  kernels::DeviceBuffer pool_;
   int64_t pool_pages_ = 0;
   int64_t pages_in_use_ = 0;
   std::vector<int32_t> free_pages_;
@@ -85,9 +96,12 @@ class DenseKvCache final : public AttentionBackend {
   std::vector<size_t> decode_segs_;  // segments with one token
   bool decode_rows_contiguous_ = false;
 
-  // Scratch.
-  std::vector<int32_t> indptr_, page_ids_, page_valid_;
-  std::vector<float> dq_, dout_, gk_, gv_;
+  // Host staging of the step's page lists ([indptr | ids | valid], one upload) and slot ids.
+  std::vector<int32_t> lists_;
+  std::vector<int64_t> slots_;
+  // Device scratch.
+  mutable kernels::DeviceBuffer lists_dev_, slots_dev_, gk_, gv_;
+  mutable std::vector<int64_t> read_slots_;
 };
 
 }  // namespace icecache::model

@@ -8,7 +8,7 @@
 namespace icecache::model {
 
 struct Generator::Seq {
-  explicit Seq(const SamplingParams& p) : params(p), sampler(p) {}
+  Seq(const SamplingParams& p, kernels::Device device) : params(p), sampler(p, device) {}
   SamplingParams params;
   Sampler sampler;
   std::vector<int32_t> tokens;  // prompt + generated
@@ -61,7 +61,7 @@ StatusOr<std::unique_ptr<Generator::Seq>> Generator::NewSeq(std::vector<int32_t>
   if (!params.stop_strings.empty() && tok_ == nullptr) {
     return InvalidArgumentError("stop strings need a tokenizer, and this model directory has no tokenizer.json");
   }
-  auto s = std::make_unique<Seq>(params);
+  auto s = std::make_unique<Seq>(params, model_.device());
   s->prompt_len = prompt.size();
   s->tokens = std::move(prompt);
   s->stop_ids = params.stop_ids;
@@ -194,14 +194,14 @@ Status Generator::Step(std::vector<GenerationEvent>* events) {
     }
   }
   if (inputs.empty()) return Status::Ok();
-  ICE_RETURN_IF_ERROR(model_.Forward(inputs, backend_, LogitsMode::kLastToken, &logits_));
+  ICE_RETURN_IF_ERROR(model_.Forward(inputs, backend_, LogitsMode::kLastToken));
   const int vocab = model_.config().vocab_size;
   std::vector<SequenceId> finished;
   for (size_t i = 0; i < inputs.size(); ++i) {
     Seq& s = *order[i];
     s.fed += inputs[i].tokens.size();
     if (s.fed < s.tokens.size()) continue;  // prompt chunk: more to feed before sampling
-    std::span<const float> row(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    std::span<const float> row(model_.logits() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
     ICE_ASSIGN_OR_RETURN(int32_t token, s.sampler.Sample(row, s.tokens));
     s.tokens.push_back(token);
     ++s.generated;

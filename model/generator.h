@@ -101,7 +101,6 @@ class Generator {
   GeneratorOptions options_;
   SequenceId next_id_;
   std::map<SequenceId, std::unique_ptr<Seq>> seqs_;  // ordered: older sequences first
-  std::vector<float> logits_;
 };
 
 }  // namespace icecache::model

@@ -15,23 +15,13 @@
 namespace icecache::model {
 namespace {
 
-constexpr kernels::Backend kCpu = kernels::Backend::kCpu;
-
 bool FileExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
 }
 
-Status Bind(const Checkpoint& ckpt, const std::string& name, const std::vector<int64_t>& shape, WeightRef* out) {
-  ICE_ASSIGN_OR_RETURN(TensorView v, ckpt.GetWithShape(name, shape));
-  out->data = v.data;
-  out->dtype = v.info->dtype;
-  out->bytes = v.info->end - v.info->begin;
-  return Status::Ok();
-}
-
-Status Linear(const float* x, int m, const WeightRef& w, const WeightRef* bias, int n, int k, float* y,
-              bool accumulate = false) {
+Status Linear(kernels::Backend be, const float* x, int m, const WeightRef& w, const WeightRef* bias, int n, int k,
+              float* y, bool accumulate = false) {
   kernels::MatmulParams p;
   p.x = x;
   p.w = w.data;
@@ -45,10 +35,10 @@ Status Linear(const float* x, int m, const WeightRef& w, const WeightRef* bias, 
   p.n = n;
   p.k = k;
   p.accumulate = accumulate;
-  return kernels::Matmul(p, kCpu);
+  return kernels::Matmul(p, be);
 }
 
-Status Norm(const float* x, int rows, int dim, const WeightRef& w, float eps, float* y) {
+Status Norm(kernels::Backend be, const float* x, int rows, int dim, const WeightRef& w, float eps, float* y) {
   kernels::RmsNormParams p;
   p.x = x;
   p.weight = w.data;
@@ -57,20 +47,24 @@ Status Norm(const float* x, int rows, int dim, const WeightRef& w, float eps, fl
   p.rows = rows;
   p.dim = dim;
   p.eps = eps;
-  return kernels::RmsNorm(p, kCpu);
+  return kernels::RmsNorm(p, be);
 }
 
 }  // namespace
 
 Model::~Model() = default;
 
-StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
+  m->device_ = kernels::ResolveDevice(options.device);
+  ICE_RETURN_IF_ERROR(kernels::UseDevice(m->device_));
   ICE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
   ICE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
   ICE_RETURN_IF_ERROR(m->BindWeights());
-  m->inv_freq_ = kernels::ComputeRopeInvFreq(m->config_.rope);
+  const std::vector<float> inv_freq = kernels::ComputeRopeInvFreq(m->config_.rope);
+  ICE_RETURN_IF_ERROR(m->Scratch(&m->inv_freq_, inv_freq.size()));
+  ICE_RETURN_IF_ERROR(m->inv_freq_.CopyFromHost(inv_freq.data(), inv_freq.size() * sizeof(float)));
   const std::string tok_path = dir + "/tokenizer.json";
   if (FileExists(tok_path)) {
 #if ICECACHE_HAVE_TOKENIZER
@@ -84,43 +78,58 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   return m;
 }
 
+Status Model::Bind(const std::string& name, const std::vector<int64_t>& shape, WeightRef* out) {
+  ICE_ASSIGN_OR_RETURN(TensorView v, checkpoint_->GetWithShape(name, shape));
+  const size_t bytes = v.info->end - v.info->begin;
+  ICE_ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, kernels::DeviceBuffer::Upload(device_.backend, v.data, bytes));
+  if (buf.data() != v.data) device_weight_bytes_ += static_cast<int64_t>(bytes);
+  out->data = buf.data();
+  out->dtype = v.info->dtype;
+  out->bytes = bytes;
+  weights_.push_back(std::move(buf));
+  return Status::Ok();
+}
+
+Status Model::Scratch(kernels::DeviceBuffer* buf, size_t count) {
+  return kernels::DeviceBuffer::Reserve(device_.backend, count * sizeof(float), buf);
+}
+
 Status Model::BindWeights() {
   const ModelConfig& c = config_;
-  const Checkpoint& ck = *checkpoint_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
   const int64_t QD = c.num_heads * D, KD = c.num_kv_heads * D;
-  ICE_RETURN_IF_ERROR(Bind(ck, "model.embed_tokens.weight", {V, H}, &embed_));
-  ICE_RETURN_IF_ERROR(Bind(ck, "model.norm.weight", {H}, &final_norm_));
+  ICE_RETURN_IF_ERROR(Bind("model.embed_tokens.weight", {V, H}, &embed_));
+  ICE_RETURN_IF_ERROR(Bind("model.norm.weight", {H}, &final_norm_));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    ICE_RETURN_IF_ERROR(Bind(ck, "lm_head.weight", {V, H}, &lm_head_));
+    ICE_RETURN_IF_ERROR(Bind("lm_head.weight", {V, H}, &lm_head_));
   }
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights& w = layers_[l];
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "input_layernorm.weight", {H}, &w.input_norm));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "post_attention_layernorm.weight", {H}, &w.post_attention_norm));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.q_proj.weight", {QD, H}, &w.q_proj));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.k_proj.weight", {KD, H}, &w.k_proj));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.v_proj.weight", {KD, H}, &w.v_proj));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.o_proj.weight", {H, QD}, &w.o_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "input_layernorm.weight", {H}, &w.input_norm));
+    ICE_RETURN_IF_ERROR(Bind(p + "post_attention_layernorm.weight", {H}, &w.post_attention_norm));
+    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.q_proj.weight", {QD, H}, &w.q_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.k_proj.weight", {KD, H}, &w.k_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.v_proj.weight", {KD, H}, &w.v_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.o_proj.weight", {H, QD}, &w.o_proj));
     if (c.attention_bias) {
-      ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.q_proj.bias", {QD}, &w.q_bias));
-      ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.k_proj.bias", {KD}, &w.k_bias));
-      ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.v_proj.bias", {KD}, &w.v_bias));
+      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.q_proj.bias", {QD}, &w.q_bias));
+      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.k_proj.bias", {KD}, &w.k_bias));
+      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.v_proj.bias", {KD}, &w.v_bias));
       if (c.arch != Architecture::kQwen2) {  // Llama/Qwen3 attention_bias also covers o_proj
-        ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.o_proj.bias", {H}, &w.o_bias));
+        ICE_RETURN_IF_ERROR(Bind(p + "self_attn.o_proj.bias", {H}, &w.o_bias));
       }
     }
     if (c.qk_norm) {
-      ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.q_norm.weight", {D}, &w.q_norm));
-      ICE_RETURN_IF_ERROR(Bind(ck, p + "self_attn.k_norm.weight", {D}, &w.k_norm));
+      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.q_norm.weight", {D}, &w.q_norm));
+      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.k_norm.weight", {D}, &w.k_norm));
     }
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "mlp.gate_proj.weight", {I, H}, &w.gate_proj));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "mlp.up_proj.weight", {I, H}, &w.up_proj));
-    ICE_RETURN_IF_ERROR(Bind(ck, p + "mlp.down_proj.weight", {H, I}, &w.down_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "mlp.gate_proj.weight", {I, H}, &w.gate_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "mlp.up_proj.weight", {I, H}, &w.up_proj));
+    ICE_RETURN_IF_ERROR(Bind(p + "mlp.down_proj.weight", {H, I}, &w.down_proj));
   }
   return Status::Ok();
 }
@@ -149,6 +158,12 @@ int64_t Model::decode_weight_bytes() const {
 
 Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& backend, LogitsMode mode,
                       std::vector<float>* logits) {
+  ICE_RETURN_IF_ERROR(Forward(inputs, backend, mode));
+  logits->resize(static_cast<size_t>(logits_rows_) * config_.vocab_size);
+  return logits_.CopyToHost(logits->data(), logits->size() * sizeof(float));
+}
+
+Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& backend, LogitsMode mode) {
   const ModelConfig& c = config_;
   if (inputs.empty()) return InvalidArgumentError("Forward: no input sequences");
   const AttentionShape want = attention_shape();
@@ -157,9 +172,15 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
       have.num_kv_heads != want.num_kv_heads || have.head_dim != want.head_dim) {
     return InvalidArgumentError("Forward: attention backend shape does not match the model");
   }
+  if (!(backend.device() == device_)) {
+    return InvalidArgumentError("Forward: the attention backend is on " + kernels::DeviceName(backend.device()) +
+                                ", the model on " + kernels::DeviceName(device_));
+  }
+  ICE_RETURN_IF_ERROR(kernels::UseDevice(device_));
   int total = 0;
   ids_.clear();
   positions_.clear();
+  last_rows_.clear();
   std::vector<StepSegment> segments;
   segments.reserve(inputs.size());
   for (const SequenceInput& in : inputs) {
@@ -181,91 +202,115 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
     }
     segments.push_back({in.seq_id, static_cast<int>(in.tokens.size())});
     total += static_cast<int>(in.tokens.size());
+    last_rows_.push_back(total - 1);
   }
+  const size_t n = static_cast<size_t>(total);
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, n * sizeof(int32_t), &ids_dev_));
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, n * sizeof(int), &positions_dev_));
+  ICE_RETURN_IF_ERROR(ids_dev_.CopyFromHost(ids_.data(), n * sizeof(int32_t)));
+  ICE_RETURN_IF_ERROR(positions_dev_.CopyFromHost(positions_.data(), n * sizeof(int)));
   ICE_RETURN_IF_ERROR(backend.BeginStep(segments));
   Status st = RunLayers(backend, total);
   backend.EndStep(st.ok());
   ICE_RETURN_IF_ERROR(st);
 
   // Final norm and lm_head on the rows that need logits.
+  const kernels::Backend be = device_.backend;
   const int H = c.hidden_size;
   int rows = total;
-  const float* src = x_.data();
-  if (mode == LogitsMode::kLastToken) {
+  const float* src = x_.as<float>();
+  if (mode == LogitsMode::kLastToken && rows != static_cast<int>(inputs.size())) {
+    // Each sequence's last row, gathered on the device (the embedding lookup over x's rows).
     rows = static_cast<int>(inputs.size());
-    sel_.resize(static_cast<size_t>(rows) * H);
-    int end = 0;
-    for (int r = 0; r < rows; ++r) {
-      end += static_cast<int>(inputs[r].tokens.size());
-      std::copy_n(x_.data() + static_cast<size_t>(end - 1) * H, H, sel_.data() + static_cast<size_t>(r) * H);
-    }
-    src = sel_.data();
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, rows * sizeof(int32_t), &last_rows_dev_));
+    ICE_RETURN_IF_ERROR(last_rows_dev_.CopyFromHost(last_rows_.data(), rows * sizeof(int32_t)));
+    ICE_RETURN_IF_ERROR(Scratch(&sel_, static_cast<size_t>(rows) * H));
+    kernels::EmbeddingParams gp;
+    gp.ids = last_rows_dev_.as<int32_t>();
+    gp.table = x_.data();
+    gp.table_dtype = kernels::DType::kF32;
+    gp.out = sel_.as<float>();
+    gp.n = rows;
+    gp.vocab = total;
+    gp.dim = H;
+    ICE_RETURN_IF_ERROR(kernels::Embedding(gp, be));
+    src = sel_.as<float>();
   }
-  h_.resize(static_cast<size_t>(rows) * H);
-  ICE_RETURN_IF_ERROR(Norm(src, rows, H, final_norm_, c.rms_norm_eps, h_.data()));
-  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
-  return Linear(h_.data(), rows, lm_head_, nullptr, c.vocab_size, H, logits->data());
+  ICE_RETURN_IF_ERROR(Scratch(&h_, static_cast<size_t>(rows) * H));
+  ICE_RETURN_IF_ERROR(Norm(be, src, rows, H, final_norm_, c.rms_norm_eps, h_.as<float>()));
+  ICE_RETURN_IF_ERROR(Scratch(&logits_, static_cast<size_t>(rows) * c.vocab_size));
+  logits_rows_ = rows;
+  return Linear(be, h_.as<float>(), rows, lm_head_, nullptr, c.vocab_size, H, logits_.as<float>());
 }
 
 Status Model::RunLayers(AttentionBackend& backend, int T) {
   const ModelConfig& c = config_;
+  const kernels::Backend be = device_.backend;
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int QD = c.num_heads * D, KD = c.num_kv_heads * D;
   const size_t t = static_cast<size_t>(T);
-  x_.resize(t * H);
-  h_.resize(t * H);
-  q_.resize(t * QD);
-  k_.resize(t * KD);
-  v_.resize(t * KD);
-  attn_.resize(t * QD);
-  gate_.resize(t * I);
-  up_.resize(t * I);
+  ICE_RETURN_IF_ERROR(Scratch(&x_, t * H));
+  ICE_RETURN_IF_ERROR(Scratch(&h_, t * H));
+  ICE_RETURN_IF_ERROR(Scratch(&q_, t * QD));
+  ICE_RETURN_IF_ERROR(Scratch(&k_, t * KD));
+  ICE_RETURN_IF_ERROR(Scratch(&v_, t * KD));
+  ICE_RETURN_IF_ERROR(Scratch(&attn_, t * QD));
+  ICE_RETURN_IF_ERROR(Scratch(&gate_, t * I));
+  ICE_RETURN_IF_ERROR(Scratch(&up_, t * I));
+  float* x = x_.as<float>();
+  float* h = h_.as<float>();
+  float* q = q_.as<float>();
+  float* k = k_.as<float>();
+  float* v = v_.as<float>();
+  float* attn = attn_.as<float>();
+  float* gate = gate_.as<float>();
+  float* up = up_.as<float>();
 
   kernels::EmbeddingParams ep;
-  ep.ids = ids_.data();
+  ep.ids = ids_dev_.as<int32_t>();
   ep.table = embed_.data;
   ep.table_dtype = embed_.dtype;
-  ep.out = x_.data();
+  ep.out = x;
   ep.n = T;
   ep.vocab = c.vocab_size;
   ep.dim = H;
-  ICE_RETURN_IF_ERROR(kernels::Embedding(ep, kCpu));
+  ICE_RETURN_IF_ERROR(kernels::Embedding(ep, be));
 
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    ICE_RETURN_IF_ERROR(Norm(x_.data(), T, H, w.input_norm, c.rms_norm_eps, h_.data()));
-    ICE_RETURN_IF_ERROR(Linear(h_.data(), T, w.q_proj, &w.q_bias, QD, H, q_.data()));
-    ICE_RETURN_IF_ERROR(Linear(h_.data(), T, w.k_proj, &w.k_bias, KD, H, k_.data()));
-    ICE_RETURN_IF_ERROR(Linear(h_.data(), T, w.v_proj, &w.v_bias, KD, H, v_.data()));
+    ICE_RETURN_IF_ERROR(Norm(be, x, T, H, w.input_norm, c.rms_norm_eps, h));
+    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.q_proj, &w.q_bias, QD, H, q));
+    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.k_proj, &w.k_bias, KD, H, k));
+    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.v_proj, &w.v_bias, KD, H, v));
     if (c.qk_norm) {
-      ICE_RETURN_IF_ERROR(Norm(q_.data(), T * c.num_heads, D, w.q_norm, c.rms_norm_eps, q_.data()));
-      ICE_RETURN_IF_ERROR(Norm(k_.data(), T * c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, k_.data()));
+      ICE_RETURN_IF_ERROR(Norm(be, q, T * c.num_heads, D, w.q_norm, c.rms_norm_eps, q));
+      ICE_RETURN_IF_ERROR(Norm(be, k, T * c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, k));
     }
     kernels::RopeParams rp;
-    rp.positions = positions_.data();
-    rp.inv_freq = inv_freq_.data();
+    rp.positions = positions_dev_.as<int>();
+    rp.inv_freq = inv_freq_.as<float>();
     rp.tokens = T;
     rp.head_dim = D;
     rp.rotary_dim = D;
-    rp.x = q_.data();
+    rp.x = q;
     rp.heads = c.num_heads;
-    ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, kCpu));
-    rp.x = k_.data();
+    ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, be));
+    rp.x = k;
     rp.heads = c.num_kv_heads;
-    ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, kCpu));
-    ICE_RETURN_IF_ERROR(backend.Attend(l, q_.data(), k_.data(), v_.data(), attn_.data()));
-    ICE_RETURN_IF_ERROR(Linear(attn_.data(), T, w.o_proj, &w.o_bias, H, QD, x_.data(), /*accumulate=*/true));
+    ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, be));
+    ICE_RETURN_IF_ERROR(backend.Attend(l, q, k, v, attn));
+    ICE_RETURN_IF_ERROR(Linear(be, attn, T, w.o_proj, &w.o_bias, H, QD, x, /*accumulate=*/true));
 
-    ICE_RETURN_IF_ERROR(Norm(x_.data(), T, H, w.post_attention_norm, c.rms_norm_eps, h_.data()));
-    ICE_RETURN_IF_ERROR(Linear(h_.data(), T, w.gate_proj, nullptr, I, H, gate_.data()));
-    ICE_RETURN_IF_ERROR(Linear(h_.data(), T, w.up_proj, nullptr, I, H, up_.data()));
+    ICE_RETURN_IF_ERROR(Norm(be, x, T, H, w.post_attention_norm, c.rms_norm_eps, h));
+    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.gate_proj, nullptr, I, H, gate));
+    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.up_proj, nullptr, I, H, up));
     kernels::SwiGluParams sp;
-    sp.gate = gate_.data();
-    sp.up = up_.data();
-    sp.out = gate_.data();
+    sp.gate = gate;
+    sp.up = up;
+    sp.out = gate;
     sp.n = static_cast<long>(t) * I;
-    ICE_RETURN_IF_ERROR(kernels::SwiGlu(sp, kCpu));
-    ICE_RETURN_IF_ERROR(Linear(gate_.data(), T, w.down_proj, nullptr, H, I, x_.data(), /*accumulate=*/true));
+    ICE_RETURN_IF_ERROR(kernels::SwiGlu(sp, be));
+    ICE_RETURN_IF_ERROR(Linear(be, gate, T, w.down_proj, nullptr, H, I, x, /*accumulate=*/true));
   }
   return Status::Ok();
 }

@@ -23,34 +23,47 @@ Status ValidateSamplingParams(const SamplingParams& p) {
   return Status::Ok();
 }
 
-Sampler::Sampler(const SamplingParams& params)
-    : params_(params), rng_(params.seed.has_value() ? *params.seed : std::random_device{}()) {}
+Sampler::Sampler(const SamplingParams& params, kernels::Device device)
+    : params_(params),
+      device_(kernels::ResolveDevice(device)),
+      rng_(params.seed.has_value() ? *params.seed : std::random_device{}()) {}
 
 StatusOr<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
   if (logits.empty()) return InvalidArgumentError("Sample: empty logits");
+  const kernels::Backend be = device_.backend;
   const int vocab = static_cast<int>(logits.size());
   const float* row = logits.data();
   if (params_.repetition_penalty != 1.f && !context.empty()) {
-    work_.assign(logits.begin(), logits.end());
-    const float pen = params_.repetition_penalty;
-    std::vector<int32_t> seen(context.begin(), context.end());
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (int32_t id : seen) {
-      if (id < 0 || id >= vocab) continue;
-      float& l = work_[id];
-      l = l > 0.f ? l / pen : l * pen;
+    // The penalty runs on a copy of the row, over the distinct context ids.
+    seen_.clear();
+    for (int32_t id : context) {
+      if (id >= 0 && id < vocab) seen_.push_back(id);
     }
-    row = work_.data();
+    std::sort(seen_.begin(), seen_.end());
+    seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, vocab * sizeof(float), &work_));
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, std::max<size_t>(1, seen_.size()) * sizeof(int32_t), &ids_));
+    ICE_RETURN_IF_ERROR(work_.CopyFromDevice(row, vocab * sizeof(float)));
+    ICE_RETURN_IF_ERROR(ids_.CopyFromHost(seen_.data(), seen_.size() * sizeof(int32_t)));
+    kernels::RepetitionPenaltyParams rp;
+    rp.logits = work_.as<float>();
+    rp.ids = ids_.as<int32_t>();
+    rp.count = static_cast<int>(seen_.size());
+    rp.vocab = vocab;
+    rp.penalty = params_.repetition_penalty;
+    ICE_RETURN_IF_ERROR(kernels::RepetitionPenalty(rp, be));
+    row = work_.as<float>();
   }
   if (params_.temperature == 0.f || params_.top_k == 1) {
-    int32_t best = 0;
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, sizeof(int32_t), &best_));
     kernels::ArgmaxParams ap;
     ap.logits = row;
-    ap.out = &best;
+    ap.out = best_.as<int32_t>();
     ap.rows = 1;
     ap.vocab = vocab;
-    ICE_RETURN_IF_ERROR(kernels::Argmax(ap, kernels::Backend::kCpu));
+    ICE_RETURN_IF_ERROR(kernels::Argmax(ap, be));
+    int32_t best = 0;
+    ICE_RETURN_IF_ERROR(best_.CopyToHost(&best, sizeof(best)));
     return best;
   }
   kernels::TopKTopPParams tp;
@@ -59,7 +72,7 @@ StatusOr<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
   tp.temperature = params_.temperature;
   tp.top_k = params_.top_k;
   tp.top_p = params_.top_p;
-  ICE_ASSIGN_OR_RETURN(kernels::SamplingCandidates cand, kernels::TopKTopPCandidates(tp, kernels::Backend::kCpu));
+  ICE_ASSIGN_OR_RETURN(kernels::SamplingCandidates cand, kernels::TopKTopPCandidates(tp, be));
   if (cand.ids.empty()) return InternalError("Sample: no candidate tokens");
   // Inverse-CDF draw with 53 random bits; the last candidate absorbs rounding.
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;

@@ -6,7 +6,9 @@
 // (argmax, lowest id on ties); top_k == 1 is greedy too.
 //
 // Reproducibility: the same params (seed included) and the same logits give the same tokens.
-// A Sampler is not thread-safe; one per sequence.
+// The logits are in the memory of the sampler's device, where the penalty and the arg-max / top-k
+// selection run; only the chosen token (greedy) or the sorted candidate set comes back to the
+// host for the seeded draw. A Sampler is not thread-safe; one per sequence.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/device_buffer.h"
 
 namespace icecache::model {
 
@@ -37,16 +41,20 @@ Status ValidateSamplingParams(const SamplingParams& params);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
+  // `device`: where the logits passed to Sample live (the model's device).
+  Sampler(const SamplingParams& params, kernels::Device device);
 
-  // Picks the next token from logits [vocab]. `context` = prompt + generated tokens so far
-  // (used by the repetition penalty). INVALID_ARGUMENT on empty logits.
+  // Picks the next token from logits [vocab] in the device's memory (not modified). `context` =
+  // prompt + generated tokens so far (used by the repetition penalty). INVALID_ARGUMENT on empty
+  // logits.
   StatusOr<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context);
 
  private:
   SamplingParams params_;
+  kernels::Device device_;
   std::mt19937_64 rng_;
-  std::vector<float> work_;
+  kernels::DeviceBuffer work_, ids_, best_;  // penalised row, context ids, arg-max result
+  std::vector<int32_t> seen_;
 };
 
 }  // namespace icecache::model

@@ -49,12 +49,26 @@ Status CaptureBackend::Attend(int layer, const float* q, const float* k, const f
     Seq& s = seqs_.at(id);
     auto& ks = s.kv->k[layer];
     auto& vs = s.kv->v[layer];
-    ks.insert(ks.end(), k + row * kv_row, k + (row + n) * kv_row);
-    vs.insert(vs.end(), v + row * kv_row, v + (row + n) * kv_row);
+    const size_t before = ks.size();
+    const size_t bytes = static_cast<size_t>(n) * kv_row * sizeof(float);
+    ks.resize(before + static_cast<size_t>(n) * kv_row);
+    vs.resize(ks.size());
+    ICE_RETURN_IF_ERROR(kernels::CopyToHost(device_.backend, ks.data() + before, k + row * kv_row, bytes));
+    ICE_RETURN_IF_ERROR(kernels::CopyToHost(device_.backend, vs.data() + before, v + row * kv_row, bytes));
     kernels::PrefillAttentionParams p;
     p.q = q + row * q_row;
-    p.k = ks.data();
-    p.v = vs.data();
+    if (s.length == 0) {
+      p.k = k + row * kv_row;
+      p.v = v + row * kv_row;
+    } else {
+      const size_t all = ks.size() * sizeof(float);
+      ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, all, &history_k_));
+      ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, all, &history_v_));
+      ICE_RETURN_IF_ERROR(history_k_.CopyFromHost(ks.data(), all));
+      ICE_RETURN_IF_ERROR(history_v_.CopyFromHost(vs.data(), all));
+      p.k = history_k_.as<float>();
+      p.v = history_v_.as<float>();
+    }
     p.out = out + row * q_row;
     p.q_len = n;
     p.kv_len = s.length + n;
@@ -62,7 +76,7 @@ Status CaptureBackend::Attend(int layer, const float* q, const float* k, const f
     p.num_kv_heads = shape_.num_kv_heads;
     p.head_dim = shape_.head_dim;
     p.scale = shape_.scale;
-    ICE_RETURN_IF_ERROR(kernels::PrefillAttention(p));
+    ICE_RETURN_IF_ERROR(kernels::PrefillAttention(p, device_.backend));
     if (listener_ && s.expected > 0 && s.length + n == s.expected) listener_(id, layer);
     row += n;
   }

@@ -1,7 +1,9 @@
-// CaptureBackend: the prefill worker's attention backend. Dense prefill attention that keeps
-// every layer's K/V in fp32 (what SequenceCache::BuildLayers consumes) and tells a listener when
-// a layer's K/V of a sequence is complete, so that the layer's trees can be built while the
-// forward pass computes the next layers.
+// CaptureBackend: the prefill worker's attention backend. Dense prefill attention on the model's
+// device that copies every layer's K/V to host memory in fp32 (what SequenceCache::BuildLayers
+// consumes) and tells a listener when a layer's K/V of a sequence is complete, so that the
+// layer's trees can be built on host threads while the forward pass computes the next layers.
+// A segment that continues a sequence (chunked prefill) attends over its earlier K/V, uploaded
+// from the host copy.
 //
 // K/V of a sequence live in a shared CapturedKv ([layer] -> [n, num_kv_heads, head_dim] fp32),
 // which the listener may hand to other threads: once a layer is reported complete its vector is
@@ -17,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/device_buffer.h"
 #include "model/attention_backend.h"
 
 namespace icecache::prefill {
@@ -31,10 +34,12 @@ class CaptureBackend final : public model::AttentionBackend {
   // `layer` (see ExpectLength).
   using LayerListener = std::function<void(model::SequenceId id, int layer)>;
 
-  explicit CaptureBackend(const model::AttentionShape& shape, LayerListener listener = nullptr)
-      : shape_(shape), listener_(std::move(listener)) {}
+  // `device`: the model's device (resolved here).
+  CaptureBackend(const model::AttentionShape& shape, kernels::Device device, LayerListener listener = nullptr)
+      : shape_(shape), device_(kernels::ResolveDevice(device)), listener_(std::move(listener)) {}
 
   const model::AttentionShape& shape() const override { return shape_; }
+  kernels::Device device() const override { return device_; }
   Status AddSequence(model::SequenceId id) override;
   Status RemoveSequence(model::SequenceId id) override;
   bool HasSequence(model::SequenceId id) const override { return seqs_.count(id) > 0; }
@@ -55,7 +60,9 @@ class CaptureBackend final : public model::AttentionBackend {
     std::shared_ptr<CapturedKv> kv;
   };
   model::AttentionShape shape_;
+  kernels::Device device_;
   LayerListener listener_;
+  kernels::DeviceBuffer history_k_, history_v_;  // a continued segment's K/V on the device
   std::unordered_map<model::SequenceId, Seq> seqs_;
   std::vector<std::pair<model::SequenceId, int>> step_;  // (sequence, tokens) of the current step
 };

@@ -191,7 +191,7 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     // EndsGroup reads only the cache's options, which never change.
     if (b->cache->EndsGroup(layer)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
   };
-  CaptureBackend backend(model_->attention_shape(),
+  CaptureBackend backend(model_->attention_shape(), model_->device(),
                          options_.overlap_tree_build ? CaptureBackend::LayerListener(on_layer) : nullptr);
   std::vector<model::SequenceInput> inputs;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -208,8 +208,7 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     (*b)->kv = backend.kv(i);
     builds[i] = std::move(*b);
   }
-  std::vector<float> logits;
-  Status st = model_->Forward(inputs, backend, model::LogitsMode::kLastToken, &logits);
+  Status st = model_->Forward(inputs, backend, model::LogitsMode::kLastToken);
   const auto computed = Clock::now();
   int64_t batch_tokens = 0;
   for (auto& in : inputs) batch_tokens += static_cast<int64_t>(in.tokens.size());
@@ -225,8 +224,8 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
       p->done.set_value(st);
       continue;
     }
-    model::Sampler sampler(p->job.sampling);
-    auto token = sampler.Sample(std::span<const float>(logits.data() + i * vocab, vocab), p->job.tokens);
+    model::Sampler sampler(p->job.sampling, model_->device());
+    auto token = sampler.Sample(std::span<const float>(model_->logits() + i * vocab, vocab), p->job.tokens);
     if (!token.ok()) {
       p->done.set_value(token.status());
       continue;

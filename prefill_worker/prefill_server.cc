@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
+#include "kernels/backend.h"
 #include "prefill_worker/prefill_engine.h"
 #include "proto/grpc_util.h"
 #include "proto/metrics_exposer.h"
@@ -119,7 +120,9 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   // A config built in code skips the YAML parser's range checks: refuse bad tree parameters at
   // start (before loading the model) rather than on every request.
   ICE_RETURN_IF_ERROR(kvstore::ValidateDciParams(eo.dci).WithContext("cache.dci_*"));
-  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
+  model::ModelLoadOptions lo;
+  ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.prefill.device));
+  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
   eo.page_size = config.cache.page_size;
@@ -127,6 +130,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   eo.dense_layers = config.cache.dense_layers;
   eo.sink_pages = config.cache.sink_pages;
   eo.window_pages = config.cache.window_pages;
+  eo.ice_group = config.cache.ice_group;
   eo.max_batch_tokens = config.prefill.max_batch_tokens;
   eo.transfer_timeout_seconds = config.ucx.transfer_timeout_seconds;
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));

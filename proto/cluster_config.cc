@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/yaml_config.h"
+#include "kernels/backend.h"
 
 namespace icecache::cluster {
 namespace {
@@ -176,7 +177,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   MapReader cache = top.Sub("cache");
   ICE_RETURN_IF_ERROR(
       cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages", "dci_preset",
-                        "dci_fov_fraction", "dci_fov_min", "dci_group_fov", "kv_dtype"}));
+                        "dci_fov_fraction", "dci_fov_min", "dci_group_fov", "kv_dtype", "ice_group",
+                        "device_cache_pages"}));
   ICE_RETURN_IF_ERROR(cache.Number("page_size", &c.cache.page_size, 1, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("default_budget_pages", &c.cache.default_budget_pages, 0, kIntMax));
   ICE_RETURN_IF_ERROR(cache.Number("dense_layers", &c.cache.dense_layers, 0, 4096));
@@ -195,6 +197,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
     return InvalidArgumentError(origin + ": cache.kv_dtype: must be bf16, f16 or f32, got '" + c.cache.kv_dtype +
                                 "'");
   }
+  ICE_RETURN_IF_ERROR(cache.Number("ice_group", &c.cache.ice_group, 1, 64));
+  ICE_RETURN_IF_ERROR(cache.Number<int64_t>("device_cache_pages", &c.cache.device_cache_pages, 0, int64_t{1} << 31));
   if (c.cache.default_budget_pages != 0 &&
       c.cache.default_budget_pages <= c.cache.sink_pages + c.cache.window_pages) {
     return InvalidArgumentError(origin + ": cache.default_budget_pages: must be 0 (full) or more than "
@@ -222,20 +226,28 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
       router.Number("kv_transfer_timeout_seconds", &c.router.kv_transfer_timeout_seconds, 0.001, 1e5));
 
   MapReader prefill = top.Sub("prefill");
-  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build"}));
+  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "device"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(prefill.Number("max_batch_tokens", &c.prefill.max_batch_tokens, 1, kIntMax));
   ICE_RETURN_IF_ERROR(prefill.Bool("overlap_tree_build", &c.prefill.overlap_tree_build));
+  ICE_RETURN_IF_ERROR(prefill.String("device", &c.prefill.device));
+  if (auto d = kernels::ParseDevice(c.prefill.device); !d.ok()) {
+    return InvalidArgumentError(origin + ": prefill.device: " + d.status().message());
+  }
 
   MapReader decode = top.Sub("decode");
-  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences"}));
+  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences", "device"}));
   ICE_RETURN_IF_ERROR(ReadAddress(decode, "listen", &c.decode.listen, origin, "decode"));
   ICE_RETURN_IF_ERROR(decode.Number("metrics_port", &c.decode.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(decode.Number("threads", &c.decode.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(decode.Number<int64_t>("pool_pages", &c.decode.pool_pages, 1, int64_t{1} << 40));
   ICE_RETURN_IF_ERROR(decode.Number("max_sequences", &c.decode.max_sequences, 1, 1 << 20));
+  ICE_RETURN_IF_ERROR(decode.String("device", &c.decode.device));
+  if (auto d = kernels::ParseDevice(c.decode.device); !d.ok()) {
+    return InvalidArgumentError(origin + ": decode.device: " + d.status().message());
+  }
 
   MapReader ucx = top.Sub("ucx");
   ICE_RETURN_IF_ERROR(ucx.CheckShape({"tls", "net_devices", "transfer_timeout_seconds", "max_segment_bytes"}));
@@ -302,10 +314,13 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
       overrides.push_back(section + ".metrics_port=" + value);
     } else if (take("--kv-dtype")) {
       overrides.push_back("cache.kv_dtype=" + value);
+    } else if (take("--device")) {
+      if (section == "router") return InvalidArgumentError("--device: the router runs no model");
+      overrides.push_back(section + ".device=" + value);
     } else {
       return InvalidArgumentError("unknown or incomplete option '" + arg +
                                   "' (options: --config FILE, --set SECTION.KEY=VALUE, --model DIR, "
-                                  "--listen HOST:PORT, --metrics-port PORT, --kv-dtype bf16|f16|f32)");
+                                  "--listen HOST:PORT, --metrics-port PORT, --kv-dtype bf16|f16|f32, --device auto|cpu|cuda:N)");
     }
   }
   return LoadClusterConfig(config_path, overrides);
@@ -331,7 +346,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "dci_fov_fraction" << YAML::Value << c.cache.dci_fov_fraction;
   out << YAML::Key << "dci_fov_min" << YAML::Value << c.cache.dci_fov_min;
   out << YAML::Key << "dci_group_fov" << YAML::Value << c.cache.dci_group_fov;
-  out << YAML::Key << "kv_dtype" << YAML::Value << c.cache.kv_dtype << YAML::EndMap;
+  out << YAML::Key << "kv_dtype" << YAML::Value << c.cache.kv_dtype;
+  out << YAML::Key << "ice_group" << YAML::Value << c.cache.ice_group;
+  out << YAML::Key << "device_cache_pages" << YAML::Value << c.cache.device_cache_pages << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
   out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens << YAML::EndMap;
@@ -350,13 +367,15 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "metrics_port" << YAML::Value << c.prefill.metrics_port;
   out << YAML::Key << "threads" << YAML::Value << c.prefill.threads;
   out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens;
-  out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build << YAML::EndMap;
+  out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build;
+  out << YAML::Key << "device" << YAML::Value << c.prefill.device << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;
   out << YAML::Key << "threads" << YAML::Value << c.decode.threads;
   out << YAML::Key << "pool_pages" << YAML::Value << c.decode.pool_pages;
-  out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences << YAML::EndMap;
+  out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences;
+  out << YAML::Key << "device" << YAML::Value << c.decode.device << YAML::EndMap;
   out << YAML::Key << "ucx" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tls" << YAML::Value << c.ucx.tls;
   out << YAML::Key << "net_devices" << YAML::Value << c.ucx.net_devices;

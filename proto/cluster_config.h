@@ -45,6 +45,13 @@ struct CacheSection {
   // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both
   // workers must agree: a decode worker refuses pages of another size.
   std::string kv_dtype = "bf16";
+  // ICE(r) layer reuse (DESIGN §3): groups of ice_group consecutive sparse layers share the first
+  // one's page selection (followers build no tree and run no query). 1 = off; the paper uses 3.
+  int ice_group = 1;
+  // Device page cache of each decode worker, in pages (IceCacheBackendOptions): the selected pages
+  // stay on the device between steps and only missing ones are copied. 0 = automatic: none on the
+  // CPU (attention reads the host pool in place), min(decode.pool_pages, 65536) on a GPU.
+  int64_t device_cache_pages = 0;
 };
 
 struct LimitsSection {
@@ -78,6 +85,8 @@ struct PrefillSection {
   // Build layer l's DCI trees while the forward pass computes layer l+1 (false: build every
   // layer after the forward pass, the old schedule; kept for comparison).
   bool overlap_tree_build = true;
+  // Execution device (kernels::ParseDevice): auto (a GPU when one is present), cpu, cuda or cuda:N.
+  std::string device = "auto";
 };
 
 struct DecodeSection {
@@ -86,6 +95,7 @@ struct DecodeSection {
   int threads = 0;
   int64_t pool_pages = 16384;  // host KV pages (each holds page_size tokens of every layer's K and V)
   int max_sequences = 64;
+  std::string device = "auto";  // as prefill.device
 };
 
 struct UcxSection {

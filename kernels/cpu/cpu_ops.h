@@ -14,7 +14,11 @@ Status Add(const AddParams& p);
 Status Embedding(const EmbeddingParams& p);
 Status PrefillAttention(const PrefillAttentionParams& p);
 Status PagedDecodeAttention(const PagedDecodeAttentionParams& p);
+Status StoreKv(const StoreKvParams& p);
+Status GatherKv(const GatherKvParams& p);
+Status MergeToken(const MergeTokenParams& p);
 Status Argmax(const ArgmaxParams& p);
+Status RepetitionPenalty(const RepetitionPenaltyParams& p);
 Status TopLogits(const float* logits, int vocab, int count, float* sorted_logits,
                  int32_t* sorted_ids);
 

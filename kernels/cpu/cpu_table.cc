@@ -41,15 +41,28 @@ Status HostCopyPages(void* const* dst, const void* const* src, size_t bytes, int
 
 Status NoSync() { return Status::Ok(); }
 
+Status NoRegister(void*, size_t) { return Status::Ok(); }
+void NoUnregister(void*) {}
+
+int OneDevice() { return 1; }
+
+Status UseCpu(int index) {
+  if (index != 0) return InvalidArgumentError("the CPU backend has one device (cpu), not cpu:" + std::to_string(index));
+  return Status::Ok();
+}
+
 }  // namespace
 
 const OpTable& CpuOpTable() {
   static const OpTable table = {
       Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
       cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
-      cpu::PagedDecodeAttention, cpu::Argmax, cpu::TopLogits, HostAlloc,
+      cpu::PagedDecodeAttention, cpu::StoreKv, cpu::GatherKv, cpu::MergeToken,
+      cpu::Argmax,          cpu::RepetitionPenalty, cpu::TopLogits,
+      /*host_memory=*/true, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,
-      HostCopyPages,        NoSync,
+      HostCopyPages,        NoSync,        NoRegister,     NoUnregister,
+      OneDevice,            UseCpu,
   };
   return table;
 }

@@ -43,6 +43,30 @@ Status CopyPagesToDevice(void* const* dst, const void* const* src, size_t bytes,
 
 Status Synchronize() { return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize"); }
 
+Status RegisterHost(void* ptr, size_t bytes) {
+  return CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+}
+
+void UnregisterHost(void* ptr) { cudaHostUnregister(ptr); }
+
+int DeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+Status UseDevice(int index) {
+  const int count = DeviceCount();
+  if (index < 0 || index >= count) {
+    return InvalidArgumentError("cuda:" + std::to_string(index) + " does not exist (" + std::to_string(count) +
+                                " CUDA devices visible; CUDA_VISIBLE_DEVICES renumbers them from 0)");
+  }
+  return CudaStatus(cudaSetDevice(index), "cudaSetDevice");
+}
+
 struct ThreadWorkspace {
   void* ptr = nullptr;
   size_t bytes = 0;
@@ -92,8 +116,11 @@ const OpTable& CudaOpTable() {
   static const OpTable table = {
       Backend::kCuda,     Matmul,      RmsNorm,           ApplyRope,     SwiGlu,
       Add,                Embedding,   PrefillAttention,  PagedDecodeAttention,
-      Argmax,             TopLogits,   Alloc,             Free,          CopyToDevice,
+      StoreKv,            GatherKv,    MergeToken,
+      Argmax,             RepetitionPenalty, TopLogits,   /*host_memory=*/false,
+      Alloc,              Free,          CopyToDevice,
       CopyToHost,         CopyOnDevice, CopyPagesToDevice, Synchronize,
+      RegisterHost,       UnregisterHost,    DeviceCount,   UseDevice,
   };
   return table;
 }

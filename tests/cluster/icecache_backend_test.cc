@@ -65,6 +65,16 @@ class BackendTest : public ::testing::Test {
     pool_ = std::move(*pool);
   }
 
+  // The backend on the CPU; device_cache_pages > 0 routes attention through the device page cache.
+  std::unique_ptr<IceCacheBackend> NewBackend(int device_cache_pages = 0) {
+    IceCacheBackendOptions o;
+    o.device = kernels::Device{kernels::Backend::kCpu, 0};
+    o.device_cache_pages = device_cache_pages;
+    auto b = IceCacheBackend::Create(Shape(), pool_.get(), o);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return std::move(*b);
+  }
+
   // Builds a sequence of n random tokens (keys/values per layer kept in k_/v_) and imports it.
   void Import(IceCacheBackend& b, model::SequenceId id, int n, int dense_layers, int budget) {
     std::mt19937 rng(static_cast<uint32_t>(id * 31 + n));
@@ -117,7 +127,8 @@ class BackendTest : public ::testing::Test {
 };
 
 TEST_F(BackendTest, FullAttentionMatchesNaive) {
-  IceCacheBackend b(Shape(), pool_.get());
+  auto owned = NewBackend();
+  IceCacheBackend& b = *owned;
   Import(b, 1, 37, /*dense_layers=*/kLayers, /*budget=*/0);
   std::mt19937 rng(1);
   for (int step = 0; step < 10; ++step) {
@@ -128,7 +139,8 @@ TEST_F(BackendTest, FullAttentionMatchesNaive) {
 }
 
 TEST_F(BackendTest, BudgetCoveringEveryPageIsExactAcrossWindowEvictions) {
-  IceCacheBackend b(Shape(), pool_.get());
+  auto owned = NewBackend();
+  IceCacheBackend& b = *owned;
   Import(b, 2, 150, /*dense_layers=*/1, /*budget=*/1000);
   std::mt19937 rng(2);
   // 20 steps of page size 4 move several window pages into the trees.
@@ -137,7 +149,8 @@ TEST_F(BackendTest, BudgetCoveringEveryPageIsExactAcrossWindowEvictions) {
 }
 
 TEST_F(BackendTest, SmallBudgetAttendsAtMostBudgetPages) {
-  IceCacheBackend b(Shape(), pool_.get());
+  auto owned = NewBackend();
+  IceCacheBackend& b = *owned;
   Import(b, 3, 200, /*dense_layers=*/1, /*budget=*/6);
   std::mt19937 rng(3);
   const int steps = 8;
@@ -152,7 +165,8 @@ TEST_F(BackendTest, SmallBudgetAttendsAtMostBudgetPages) {
 }
 
 TEST_F(BackendTest, RejectsBadUse) {
-  IceCacheBackend b(Shape(), pool_.get());
+  auto owned = NewBackend();
+  IceCacheBackend& b = *owned;
   Import(b, 4, 10, 1, 8);
   model::StepSegment two{4, 2};
   EXPECT_EQ(b.BeginStep(std::span(&two, 1)).code(), StatusCode::kInvalidArgument);
@@ -167,12 +181,13 @@ TEST_F(BackendTest, RejectsBadUse) {
   o.window_pages = 2;
   auto cache = kvstore::SequenceCache::Create(o, pool_.get());
   ASSERT_TRUE(cache.ok());
-  EXPECT_EQ(b.Import(6, std::move(*cache), /*budget=*/3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Import(6, std::move(*cache), /*budget=*/2).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(BackendTest, RemovingSequencesFreesEveryPage) {
   {
-    IceCacheBackend b(Shape(), pool_.get());
+    auto owned = NewBackend();
+  IceCacheBackend& b = *owned;
     Import(b, 7, 90, 1, 8);
     std::mt19937 rng(7);
     for (int i = 0; i < 9; ++i) StepAndCompare(b, 7, rng);
@@ -182,6 +197,85 @@ TEST_F(BackendTest, RemovingSequencesFreesEveryPage) {
     Import(b, 8, 30, 1, 8);
   }
   EXPECT_EQ(pool_->used_pages(), 0);  // the destructor frees what is left
+}
+
+// The device page cache (the GPU path's residency cache, here with the CPU's memory) must not
+// change a single output: a cache of a few slots evicts every step, across window pushes into
+// the trees, and still gives bit-identical attention to reading the pool in place.
+TEST_F(BackendTest, DevicePageCacheGivesTheSameOutputsAsReadingThePool) {
+  auto direct = NewBackend();
+  // A step needs ~2 x 50 pages in layer 0 (dense) and 2 x 6 in each sparse layer, ~124 in all:
+  // 120 slots force evictions in every step.
+  auto cached = NewBackend(/*device_cache_pages=*/120);
+  ASSERT_TRUE(direct && cached);
+  Import(*direct, 1, 200, /*dense_layers=*/1, /*budget=*/6);
+  const auto k_ref = k_, v_ref = v_;
+  Import(*cached, 2, 200, /*dense_layers=*/1, /*budget=*/6);
+  // Same keys and values in both (Import seeds by id: copy the first sequence's into the second).
+  ASSERT_TRUE(cached->RemoveSequence(2).ok());
+  {
+    std::vector<const float*> kp, vp;
+    for (int l = 0; l < kLayers; ++l) {
+      kp.push_back(k_ref[l].data());
+      vp.push_back(v_ref[l].data());
+    }
+    kvstore::SequenceCacheOptions o;
+    o.num_layers = kLayers;
+    o.num_kv_heads = kKvHeads;
+    o.dense_layers = 1;
+    o.sink_pages = 1;
+    o.window_pages = 2;
+    auto cache = kvstore::SequenceCache::Create(o, pool_.get());
+    ASSERT_TRUE(cache.ok());
+    ASSERT_TRUE((*cache)->Build(kp.data(), vp.data(), 200).ok());
+    ASSERT_TRUE(cached->Import(2, std::move(*cache), 6).ok());
+  }
+  std::mt19937 rng(5);
+  for (int step = 0; step < 24; ++step) {  // page size 4: six window pushes into the trees
+    model::StepSegment s1{1, 1}, s2{2, 1};
+    ASSERT_TRUE(direct->BeginStep(std::span(&s1, 1)).ok());
+    ASSERT_TRUE(cached->BeginStep(std::span(&s2, 1)).ok());
+    for (int l = 0; l < kLayers; ++l) {
+      auto q = Random(kQHeads * kHeadDim, rng);
+      auto kn = Random(kKvHeads * kHeadDim, rng);
+      auto vn = Random(kKvHeads * kHeadDim, rng);
+      std::vector<float> a(kQHeads * kHeadDim), b(kQHeads * kHeadDim);
+      ASSERT_TRUE(direct->Attend(l, q.data(), kn.data(), vn.data(), a.data()).ok());
+      Status st = cached->Attend(l, q.data(), kn.data(), vn.data(), b.data());
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "step " << step << " layer " << l << " i " << i;
+    }
+    direct->EndStep(true);
+    cached->EndStep(true);
+  }
+  const DevicePageCacheStats st = cached->device_cache_stats();
+  EXPECT_GT(st.misses, 124 + 24 * 4);  // the first step's copies, then at least 4 evictions a step
+  EXPECT_GT(st.hits, 0);           // pages selected again in the next step stay
+  EXPECT_EQ(st.h2d_bytes, st.misses * static_cast<int64_t>(pool_->page_bytes()));
+  EXPECT_EQ(st.slots, 120);
+  EXPECT_EQ(direct->device_cache_stats().misses, 0);
+}
+
+TEST_F(BackendTest, DevicePageCacheTooSmallForOneSequenceIsResourceExhausted) {
+  auto b = NewBackend(/*device_cache_pages=*/10);
+  Import(*b, 1, 200, /*dense_layers=*/1, /*budget=*/6);
+  model::StepSegment seg{1, 1};
+  ASSERT_TRUE(b->BeginStep(std::span(&seg, 1)).ok());
+  std::mt19937 rng(1);
+  auto q = Random(kQHeads * kHeadDim, rng);
+  auto kn = Random(kKvHeads * kHeadDim, rng);
+  std::vector<float> out(kQHeads * kHeadDim);
+  Status st = b->Attend(0, q.data(), kn.data(), kn.data(), out.data());
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("device_cache_pages"), std::string::npos) << st.message();
+  b->EndStep(false);
+}
+
+TEST_F(BackendTest, CudaWithoutDevicePageCacheIsRefused) {
+  IceCacheBackendOptions o;
+  o.device = kernels::Device{kernels::Backend::kCuda, 0};
+  auto b = IceCacheBackend::Create(Shape(), pool_.get(), o);
+  EXPECT_FALSE(b.ok());  // INVALID_ARGUMENT with a GPU, FAILED_PRECONDITION without one
 }
 
 }  // namespace

@@ -18,19 +18,22 @@ std::vector<float> RandomLogits(int n, uint64_t seed) {
   return v;
 }
 
+// Host logits: the CPU device.
+constexpr kernels::Device kHost{kernels::Backend::kCpu, 0};
+
 int Argmax(const std::vector<float>& v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }
 
 TEST(Sampler, GreedyIsArgmaxAndTopK1IsGreedy) {
   for (uint64_t s = 0; s < 20; ++s) {
     auto logits = RandomLogits(1000, s);
     SamplingParams greedy;
-    Sampler g(greedy);
+    Sampler g(greedy, kHost);
     EXPECT_EQ(*g.Sample(logits, {}), Argmax(logits));
     SamplingParams k1;
     k1.temperature = 1.5f;
     k1.top_k = 1;
     k1.seed = s;
-    Sampler k(k1);
+    Sampler k(k1, kHost);
     EXPECT_EQ(*k.Sample(logits, {}), Argmax(logits));
   }
 }
@@ -42,7 +45,7 @@ TEST(Sampler, SeededRunsAreReproducibleAndSeedsDiffer) {
   p.top_p = 0.95f;
   p.seed = 1234;
   auto draw = [&](SamplingParams params) {
-    Sampler s(params);
+    Sampler s(params, kHost);
     std::vector<int32_t> out;
     for (int i = 0; i < 64; ++i) out.push_back(*s.Sample(logits, {}));
     return out;
@@ -74,7 +77,7 @@ TEST(Sampler, DistributionMatchesTopKTopP) {
   }
   double kept = 0;
   for (double x : prob) kept += x;
-  Sampler s(p);
+  Sampler s(p, kHost);
   std::map<int, int> counts;
   const int n = 40000;
   for (int i = 0; i < n; ++i) ++counts[*s.Sample(logits, {})];
@@ -90,7 +93,7 @@ TEST(Sampler, RepetitionPenalty) {
   std::vector<float> logits = {3.0f, 2.9f, -1.0f, -1.05f};
   SamplingParams p;
   p.repetition_penalty = 1.5f;
-  Sampler s(p);
+  Sampler s(p, kHost);
   std::vector<int32_t> ctx = {0};
   EXPECT_EQ(*s.Sample(logits, ctx), 1);  // 3.0 / 1.5 = 2.0 < 2.9
   std::vector<float> neg = {-1.0f, -1.2f};

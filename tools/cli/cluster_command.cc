@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "router/client.h"
 #include "tools/cli/command.h"
 
@@ -23,11 +24,14 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: icecache cluster --model DIR --port P [--prefill N] [--decode M] [--config FILE]\n"
-    "                        [--metrics-port BASE] [--set SECTION.KEY=VALUE ...] [--once]\n"
+    "                        [--metrics-port BASE] [--device auto|cpu|cuda] [--set SECTION.KEY=VALUE ...] [--once]\n"
     "  Router on 127.0.0.1:P; prefill workers on P+1..P+N, decode workers on P+N+1..P+N+M.\n"
     "  --metrics-port BASE: /metrics of the router on BASE, prefill workers on BASE+1.., decode\n"
     "  workers after them (monitoring/prometheus.yml scrapes 9400-9402).\n"
     "  --config/--set are passed to every process (keys: docs/config.md).\n"
+    "  --device: auto (default) puts the workers on the visible GPUs round-robin (prefill workers\n"
+    "    first: cuda:0, cuda:1, ...; CUDA_VISIBLE_DEVICES decides what is visible), or all on the\n"
+    "    CPU when there is none; cpu forces the CPU; cuda or cuda:N round-robin from N.\n"
     "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n";
 
 struct Child {
@@ -97,6 +101,7 @@ Child* Reap(std::vector<Child>& children, std::string* how) {
 int RunCluster(int argc, char** argv) {
   std::string model, config;
   int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0;
+  kernels::Device device;
   bool once = false;
   std::vector<std::string> sets;
   for (int i = 1; i < argc; ++i) {
@@ -117,6 +122,13 @@ int RunCluster(int argc, char** argv) {
       config = v;
     } else if (a == "--set" && (v = next())) {
       sets.push_back(v);
+    } else if (a == "--device" && (v = next())) {
+      auto d = kernels::ParseDevice(v);
+      if (!d.ok()) {
+        std::fprintf(stderr, "icecache cluster: %s\n", d.status().message().c_str());
+        return 2;
+      }
+      device = *d;
     } else if (a == "--once") {
       once = true;
     } else if (a == "--help" || a == "-h") {
@@ -154,6 +166,23 @@ int RunCluster(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  // Placement: worker w (prefill workers first) on GPU (first + w) % G, or on the CPU.
+  const kernels::Device resolved = kernels::ResolveDevice(device);
+  const int gpus = resolved.backend == kernels::Backend::kCuda ? kernels::DeviceCount(kernels::Backend::kCuda) : 0;
+  if (device.backend == kernels::Backend::kCuda && gpus == 0) {
+    std::fprintf(stderr, "icecache cluster: --device %s, but no CUDA device is usable\n",
+                 kernels::DeviceName(device).c_str());
+    return 1;
+  }
+  int worker = 0;
+  auto placed = [&](std::vector<std::string> args, const std::string& what) {
+    const std::string d = gpus > 0 ? "cuda:" + std::to_string((resolved.index + worker) % gpus) : "cpu";
+    ++worker;
+    std::printf("icecache cluster: %s on %s\n", what.c_str(), d.c_str());
+    args.insert(args.end(), {"--device", d});
+    return args;
+  };
+
   std::vector<Child> children;
   std::string prefill_list, decode_list;
   next_metrics = metrics_base + 1;  // the router (started last) takes BASE itself
@@ -161,12 +190,14 @@ int RunCluster(int argc, char** argv) {
   for (int i = 0; i < num_prefill; ++i, ++next_port) {
     std::string listen = "127.0.0.1:" + std::to_string(next_port);
     prefill_list += (prefill_list.empty() ? "" : ",") + listen;
-    children.push_back({"prefill worker " + listen, Spawn((bin / "icecache-prefill").string(), common(listen))});
+    children.push_back({"prefill worker " + listen,
+                        Spawn((bin / "icecache-prefill").string(), placed(common(listen), "prefill worker " + listen))});
   }
   for (int i = 0; i < num_decode; ++i, ++next_port) {
     std::string listen = "127.0.0.1:" + std::to_string(next_port);
     decode_list += (decode_list.empty() ? "" : ",") + listen;
-    children.push_back({"decode worker " + listen, Spawn((bin / "icecache-decode").string(), common(listen))});
+    children.push_back({"decode worker " + listen,
+                        Spawn((bin / "icecache-decode").string(), placed(common(listen), "decode worker " + listen))});
   }
   std::string router = "127.0.0.1:" + std::to_string(port);
   next_metrics = metrics_base;

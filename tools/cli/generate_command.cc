@@ -63,7 +63,9 @@ int RunGenerate(int argc, char** argv) {
 #endif
   }
   if (o.threads > 0) kernels::SetCpuThreads(o.threads);
-  auto loaded = model::Model::Load(o.model_dir);
+  model::ModelLoadOptions lo;
+  lo.device = o.device;
+  auto loaded = model::Model::Load(o.model_dir, lo);
   if (!loaded.ok()) return Fail(loaded.status());
   model::Model& m = **loaded;
   const tokenizer::Tokenizer* tok = m.tokenizer();
@@ -89,6 +91,7 @@ int RunGenerate(int argc, char** argv) {
   }
   model::DenseKvCacheOptions kv;
   kv.page_size = o.kv_page_size;
+  kv.device = m.device();
   model::DenseKvCache cache(m.attention_shape(), kv);
   model::Generator gen(m, cache, tok, {});
   auto id = gen.Add(prompt, o.sampling);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "model/sampler.h"
 
 namespace icecache::cli {
@@ -32,6 +33,7 @@ inline constexpr const char* kGenerateUsage =
     "  --output text|ids       stream text (default when the model has a tokenizer) or print ids\n"
     "  --kv-page-size N        tokens per KV page (default 16)\n"
     "  --threads N             CPU threads for the kernels (default: all)\n"
+    "  --device D              auto (a GPU when present; default), cpu, cuda or cuda:N\n"
     "  --router HOST:PORT      generate on an icecache cluster instead of locally (no --model)\n"
     "  --budget full|PAGES     remote: KV page budget of sparse layers (default: the cluster's)\n";
 
@@ -45,6 +47,7 @@ struct GenerateOptions {
   bool chat = false;
   int kv_page_size = 16;
   int threads = 0;
+  kernels::Device device;  // where the model runs (auto: a GPU when present)
   std::string router;  // remote mode (HOST:PORT of an icecache router); empty = run the model locally
   int budget_pages = -1;  // remote mode: -1 = the cluster's default, 0 = full attention, else pages
 };
@@ -162,6 +165,9 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       ICE_ASSIGN_OR_RETURN(int64_t n, internal::ParseInteger("--threads", v, 0, 4096));
       o.threads = static_cast<int>(n);
+    } else if (flag == "--device") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      ICE_ASSIGN_OR_RETURN(o.device, kernels::ParseDevice(v));
     } else if (flag == "--router") {
       ICE_ASSIGN_OR_RETURN(o.router, value());
     } else if (flag == "--budget") {
