@@ -220,7 +220,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   eo.reservation_timeout_seconds = std::max(60.0, 4 * config.ucx.transfer_timeout_seconds);
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   eo.device_cache_pages = static_cast<int>(config.cache.device_cache_pages);
-  if (eo.device_cache_pages == 0 && impl->model->device().backend != kernels::Backend::kCpu) {
+  if (eo.device_cache_pages == 0 && !kernels::MemoryIsHost(impl->model->device().backend)) {
     eo.device_cache_pages = static_cast<int>(std::min<int64_t>(config.decode.pool_pages, 65536));
   }
   ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));

@@ -1,6 +1,7 @@
 #include "decode_worker/icecache_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <unordered_set>
@@ -12,6 +13,19 @@ namespace icecache::decode {
 
 using model::SequenceId;
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the time since `t0` to *acc and restarts t0.
+void Lap(Clock::time_point* t0, double* acc) {
+  const Clock::time_point now = Clock::now();
+  *acc += std::chrono::duration<double>(now - *t0).count();
+  *t0 = now;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<IceCacheBackend>> IceCacheBackend::Create(const model::AttentionShape& shape,
                                                                    kvstore::PagePool* pool,
                                                                    const IceCacheBackendOptions& options) {
@@ -21,7 +35,7 @@ StatusOr<std::unique_ptr<IceCacheBackend>> IceCacheBackend::Create(const model::
   if (options.device_cache_pages > 0) {
     ICE_ASSIGN_OR_RETURN(cache, kernels::PageResidencyCache::Create(device.backend, options.device_cache_pages,
                                                                     pool->page_bytes()));
-  } else if (device.backend != kernels::Backend::kCpu) {
+  } else if (!kernels::MemoryIsHost(device.backend)) {
     return InvalidArgumentError("the IceCache backend on " + kernels::DeviceName(device) +
                                 " needs a device page cache (cache.device_cache_pages > 0)");
   }
@@ -164,6 +178,7 @@ Status IceCacheBackend::AttendRows(const kvstore::PageSelection& sel, size_t fir
   for (size_t u = first * kvh; u <= last * kvh; ++u) lists_.push_back(sel.page_indptr[u] - begin);
   const void* pages = pool_->base();
   if (device_cache_ != nullptr) {
+    const Clock::time_point g0 = Clock::now();
     host_pages_.assign(sel.page_ids.begin() + begin, sel.page_ids.begin() + end);
     slots_.resize(count);
     ICE_RETURN_IF_ERROR(device_cache_->Gather(pool_->base(), host_pages_.data(), count, slots_.data()));
@@ -175,6 +190,9 @@ Status IceCacheBackend::AttendRows(const kvstore::PageSelection& sel, size_t fir
         (sel.tree_leaf[e] >= 0 ? s.resident_tree : s.resident_other).insert(sel.page_ids[e]);
       }
     }
+    const double g = std::chrono::duration<double>(Clock::now() - g0).count();
+    timings_.gather += g;
+    timings_.attention -= g;  // Attend's attention lap spans this call: count the gather once
   } else {
     lists_.insert(lists_.end(), sel.page_ids.begin() + begin, sel.page_ids.begin() + end);
   }
@@ -208,6 +226,7 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
   const int nq = shape_.num_q_heads;
   const size_t batch = step_seqs_.size();
   const kernels::Backend be = device_.backend;
+  Clock::time_point t0 = Clock::now();
   const size_t kv_bytes = batch * kvh * hd * sizeof(float);
   ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, step_k_[layer].data(), k, kv_bytes));
   ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, step_v_[layer].data(), v, kv_bytes));
@@ -230,6 +249,7 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
     ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, q_host_.data(), q, q_host_.size() * sizeof(float)));
     q_host = q_host_.data();
   }
+  Lap(&t0, &timings_.kv_to_host);
   kvstore::PageSelection& sel = selection_[layer];
   ICE_RETURN_IF_ERROR(retriever_.SelectBatch(step_caches_, step_policies_, layer, q_host, nq, &sel,
                                              leader >= 0 ? &selection_[leader] : nullptr));
@@ -238,6 +258,7 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
     if (!s.cache->IsDense(layer)) s.stats.pages_fetched += sel.page_indptr[(b + 1) * kvh] - sel.page_indptr[b * kvh];
     for (int g = 0; g < kvh; ++g) s.stats.retrieval_seconds += sel.unit_seconds[b * kvh + g];
   }
+  Lap(&t0, &timings_.selection);
 
   // Attention on the device, in groups of sequences whose pages fit the device cache at once.
   ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, batch * nq * sizeof(float), &lse_));
@@ -269,10 +290,13 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
   m.num_kv_heads = kvh;
   m.head_dim = hd;
   m.scale = shape_.scale;
-  return kernels::MergeToken(m, be);
+  Status st = kernels::MergeToken(m, be);
+  Lap(&t0, &timings_.attention);
+  return st;
 }
 
 void IceCacheBackend::EndStep(bool commit) {
+  Clock::time_point t0 = Clock::now();
   if (commit) {
     const size_t row = static_cast<size_t>(shape_.num_kv_heads) * shape_.head_dim;
     std::vector<const float*> kp(shape_.num_layers), vp(shape_.num_layers);
@@ -307,6 +331,8 @@ void IceCacheBackend::EndStep(bool commit) {
   }
   step_seqs_.clear();
   in_step_ = false;
+  ++timings_.steps;
+  Lap(&t0, &timings_.append);
 }
 
 }  // namespace icecache::decode

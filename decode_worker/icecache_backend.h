@@ -63,6 +63,18 @@ struct DevicePageCacheStats {
   int64_t bytes = 0;         // device memory of the cache
 };
 
+// Where the backend's time goes, cumulative over steps (wall seconds on the engine thread). On a
+// GPU, device work is asynchronous: `attention` counts launching it and waiting for its results
+// where a copy back forces that.
+struct IceCacheTimings {
+  double kv_to_host = 0;  // the layer's new K/V (and q) copied to the host
+  double selection = 0;   // page selection on host threads (Retriever::SelectBatch)
+  double gather = 0;      // device page cache: residency bookkeeping and the host→device copies
+  double attention = 0;   // paged attention + the new token's merge (launch, on a GPU)
+  double append = 0;      // EndStep: appending tokens to host pages and trees, invalidation
+  int64_t steps = 0;
+};
+
 class IceCacheBackend final : public model::AttentionBackend {
  public:
   // `pool` is not owned and must outlive the backend; its head_dim must equal shape.head_dim.
@@ -91,6 +103,7 @@ class IceCacheBackend final : public model::AttentionBackend {
   // A broken sequence must be removed.
   Status SequenceError(model::SequenceId id) const;
   DevicePageCacheStats device_cache_stats() const;
+  const IceCacheTimings& timings() const { return timings_; }
 
   const model::AttentionShape& shape() const override { return shape_; }
   kernels::Device device() const override { return device_; }
@@ -138,6 +151,7 @@ class IceCacheBackend final : public model::AttentionBackend {
   std::vector<int64_t> host_pages_;
   std::vector<int32_t> slots_;
   kernels::DeviceBuffer lists_dev_, lse_;
+  IceCacheTimings timings_;
 };
 
 }  // namespace icecache::decode

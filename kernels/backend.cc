@@ -56,6 +56,11 @@ int DeviceCount(Backend b) {
   return table.ok() ? (*table)->device_count() : 0;
 }
 
+bool MemoryIsHost(Backend b) {
+  auto table = GetOpTable(b);
+  return table.ok() && (*table)->host_memory;
+}
+
 Status UseDevice(Device d) {
   ICE_ASSIGN_OR_RETURN(const OpTable* table, GetOpTable(d.backend));
   return table->use_device(d.index);

@@ -43,6 +43,8 @@ std::string DeviceName(Device d);
 Device ResolveDevice(Device d);
 // Devices of a backend usable now: 1 for the CPU, the CUDA device count (0 without CUDA).
 int DeviceCount(Backend b);
+// True when the backend's memory is host memory (the CPU): host buffers can be used in place.
+bool MemoryIsHost(Backend b);
 // Makes `d` the calling thread's current device (cudaSetDevice; nothing for the CPU). Every
 // thread that issues ops on a CUDA device other than 0 calls this first. FAILED_PRECONDITION when
 // the backend is unavailable, INVALID_ARGUMENT for an index >= DeviceCount.

@@ -135,6 +135,8 @@ Status ValidateDciParams(const DciParams& p);
 // The preset of a config's cache.dci_preset: "reference" (DciParams{}), "tuned" or "flat";
 // INVALID_ARGUMENT naming the accepted names otherwise.
 StatusOr<DciParams> DciParamsPreset(const std::string& name);
+// The preset that serves by default (cache.dci_preset's default; benchmarks default to it too).
+inline constexpr const char kServingDciPreset[] = "tuned";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
 // truncated or a flag is not 0/1 (ranges are the caller's ValidateDciParams).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kvstore/dci_tree.h"
 
 namespace icecache::cluster {
 
@@ -26,7 +27,7 @@ struct CacheSection {
   // the default, chosen by measurement in docs/BENCHMARKS.md), "flat" (kvstore::DciParams::Flat():
   // Tuned() with a selection cost that grows sub-linearly in the context) or "reference" (the
   // paper's code defaults, DESIGN §3).
-  std::string dci_preset = "tuned";
+  std::string dci_preset = kvstore::kServingDciPreset;
   // > 0: overrides the preset's field-of-view fraction (a query expands max(fov_min, f * tokens)
   // level-1 cells). Smaller = cheaper decode steps at long context for a little recall
   // (docs/BENCHMARKS.md, sparse-layer). 0 = the preset's (tuned: 1e-3, reference: 1.5e-3).

@@ -5,11 +5,15 @@
 #                                a bare GPU machine lacks into .gpu-deps/ (GoogleTest sources,
 #                                yaml-cpp and nlohmann-json .debs). Carry .gpu-deps with the tree.
 #   scripts/gpu-check.sh [run]   THERE (nvcc, cmake, ninja; no -dev packages, no network): builds
-#                                only the core libraries, kernels_test and icecache-bench with
-#                                CUDA on, runs the kernels tests (GPU differential cases included)
-#                                and the attention/gemv benchmarks on the CUDA backend, and prints
-#                                one summary. Exit status 0 only if every test passed and no
-#                                GPU differential case was skipped.
+#                                only the core libraries, their GPU tests and icecache-bench with
+#                                CUDA on, runs kernels_test (every CUDA kernel against its CPU
+#                                twin), model_device_test (the engine on CUDA against the CPU on
+#                                every fixture architecture: 32 greedy tokens, logits) and
+#                                decode_backend_test (IceCache decode through the device page
+#                                cache against the CPU), the attention/gemv benchmarks and the
+#                                decode benchmark on the CUDA device, and prints one summary.
+#                                Exit status 0 only if every test passed and no GPU case was
+#                                skipped.
 #
 # Environment: ICECACHE_CUDA_ARCHS (default 90 = H100/H200), ICECACHE_GPU_BUILD (default
 # build-gpu). Logs and benchmark JSON go to <build>/gpu-check-logs; when $OUT is set (the device
@@ -95,7 +99,8 @@ if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DICECACHE_CUDA=
   echo "gpu-check: configure failed (log: $LOGS/configure.log)" >&2
   exit 1
 fi
-if ! cmake --build "$BUILD" --target kernels_test icecache-bench -j "$JOBS" >"$LOGS/build.log" 2>&1; then
+if ! cmake --build "$BUILD" --target kernels_test model_device_test decode_backend_test icecache-bench -j "$JOBS" \
+    >"$LOGS/build.log" 2>&1; then
   grep -E "error|FAILED" "$LOGS/build.log" | head -40
   [[ -n "${OUT:-}" && -d "${OUT:-}" ]] && cp "$LOGS/build.log" "$OUT/"
   echo "gpu-check: build failed (log: $LOGS/build.log)" >&2
@@ -104,20 +109,27 @@ fi
 note "configure + build: $(( $(date +%s) - t0 )) s (CUDA archs $ARCHS)"
 
 status=0
-"$BUILD/bin/kernels_test" --gtest_output="json:$LOGS/kernels_test.json" >"$LOGS/kernels_test.log" 2>&1
-test_rc=$?
-passed=$(grep -c '^\[       OK \]' "$LOGS/kernels_test.log")
-failed=$(grep -c '^\[  FAILED  \].*(' "$LOGS/kernels_test.log")
-skipped=$(grep -c '^\[  SKIPPED \].*(' "$LOGS/kernels_test.log")
-note "kernels_test: rc=$test_rc passed=$passed failed=$failed skipped=$skipped"
-if [[ $test_rc -ne 0 ]]; then
-  grep -E '^\[  FAILED  \]|Failure|off;' "$LOGS/kernels_test.log" | head -40
-  status=1
-fi
-if grep -q "no CUDA device: GPU differential cases skipped" "$LOGS/kernels_test.log"; then
-  note "WARNING: GPU differential cases were skipped (no usable CUDA device)"
-  status=1
-fi
+run_test() {
+  local name=$1
+  "$BUILD/bin/$name" --gtest_output="json:$LOGS/$name.json" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  local passed failed skipped
+  passed=$(grep -c '^\[       OK \]' "$LOGS/$name.log")
+  failed=$(grep -c '^\[  FAILED  \].*(' "$LOGS/$name.log")
+  skipped=$(grep -c '^\[  SKIPPED \].*(' "$LOGS/$name.log")
+  note "$name: rc=$rc passed=$passed failed=$failed skipped=$skipped"
+  if [[ $rc -ne 0 ]]; then
+    grep -E '^\[  FAILED  \]|Failure|off;' "$LOGS/$name.log" | head -40
+    status=1
+  fi
+  if grep -q "no CUDA device" "$LOGS/$name.log"; then
+    note "WARNING: $name skipped GPU cases (no usable CUDA device)"
+    status=1
+  fi
+}
+run_test kernels_test
+run_test model_device_test
+run_test decode_backend_test
 
 bench() {
   local name=$1; shift
@@ -134,6 +146,9 @@ done
 bench attention_b1_ctx32768 attention --backend cuda --batch 1 --context 32768 --budget-pages 16 --page-size 16 --dtype bf16
 bench gemv_m1 gemv --backend cuda --m 1 --n 14336 --k 4096 --dtype bf16
 bench gemm_m256 gemv --backend cuda --m 256 --n 14336 --k 4096 --dtype bf16
+# The engine end to end on the GPU: an 8B-shaped model (4 layers), dense decode at 4k and 32k.
+bench decode_8b_ctx4096 decode --device cuda --layers 4 --context 4096 --batch 1 --steps 16
+bench decode_8b_ctx32768 decode --device cuda --layers 4 --context 32768 --batch 1 --steps 16
 
 {
   echo "================ gpu-check summary ================"
@@ -142,7 +157,7 @@ bench gemm_m256 gemv --backend cuda --m 256 --n 14336 --k 4096 --dtype bf16
   echo "result: $([[ $status -eq 0 ]] && echo PASS || echo FAIL)"
 } | tee "$LOGS/summary.txt"
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-  cp "$LOGS/summary.txt" "$LOGS/kernels_test.log" "$OUT/" 2>/dev/null
+  cp "$LOGS/summary.txt" "$LOGS"/*_test.log "$OUT/" 2>/dev/null
   tar czf "$OUT/gpu-check-logs.tgz" -C "$LOGS" . 2>/dev/null
 fi
 exit $status
