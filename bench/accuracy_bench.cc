@@ -86,6 +86,7 @@ struct Method {
   int budget = 0;         // tokens; 0 for full
   bool fov_swept = false;  // icecache: dci carries one point of the fov sweep
   kvstore::DciParams dci;
+  int ice_group = 1;       // ICE(r) layer reuse over the sparse layers (cache.ice_group)
 };
 
 struct TrialResult {
@@ -128,6 +129,7 @@ StatusOr<bool> RunMethod(model::Model& m, kvstore::PagePool* pool, const std::ve
   o.dense_layers = 2;
   o.sink_pages = 1;
   o.dci = meth.dci;
+  o.ice_group = meth.ice_group;
   const int pages = meth.budget / pool->page_size();
   o.window_pages = meth.name == "window" ? pages - 1 : 1;
   ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(o, pool));
@@ -297,6 +299,7 @@ constexpr const char* kUsage =
     "         [--dci-fov-min N[,N..] (field of view minimum, >= 1)]\n"
     "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
     "         [--dci-group-fov G (cap on a GQA group's cells, G x fov; 0: none; default: the preset's)]\n"
+    "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods: full, oracle, icecache, window (all through decode::IceCacheBackend)\n"
     "fov: icecache runs once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
@@ -312,6 +315,7 @@ int RunAccuracy(int argc, char** argv) {
   kvstore::DciParams dci;
   std::string fov_mins_s, fov_fractions_s;
   std::optional<double> group_fov;  // unset: the preset's
+  int ice_group = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -331,12 +335,13 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--dci-fov-min" && has) fov_mins_s = argv[++i];
     else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
     else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]);
+    else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
     }
   }
-  if (dir.empty() || max_trials < 1) {
+  if (dir.empty() || max_trials < 1 || ice_group < 1) {
     std::fputs(kUsage, stderr);
     return 2;
   }
@@ -354,7 +359,7 @@ int RunAccuracy(int argc, char** argv) {
   std::vector<Method> methods;
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
-      methods.push_back({name, 0, false, dci});
+      methods.push_back({name, 0, false, dci, ice_group});
     } else if (name == "oracle" || name == "icecache" || name == "window") {
       for (int b : budgets) {
         const int min_pages = name == "window" ? 2 : 3;
@@ -364,9 +369,9 @@ int RunAccuracy(int argc, char** argv) {
           return 2;
         }
         if (name == "icecache") {
-          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, true, d});
+          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, true, d, ice_group});
         } else {
-          methods.push_back({name, b, false, dci});
+          methods.push_back({name, b, false, dci, ice_group});
         }
       }
     } else {

@@ -84,6 +84,7 @@ struct SparseOptions {
   int dense_layers = 2;
   int sink_pages = 2;
   int window_pages = 2;
+  int ice_group = 1;           // cache.ice_group
   int device_cache_pages = 0;  // 0: none on the CPU, min(pool, 65536) on a GPU (as the decode worker)
 };
 
@@ -148,6 +149,7 @@ StatusOr<DecodeResult> TimeSparseDecode(model::Model& m, int batch, int prompt_l
     co.dense_layers = so.dense_layers;
     co.sink_pages = so.sink_pages;
     co.window_pages = so.window_pages;
+    co.ice_group = so.ice_group;
     co.dci = dci;
     ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(co, pool.get()));
     std::vector<const float*> kp, vp;
@@ -252,7 +254,7 @@ constexpr const char* kUsage =
     "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)]\n"
     "                             [--page-size N (DenseKvCache default)] [--json]\n"
     "                             [--budget-pages B (0 = dense; else IceCache decode, sink and window included)]\n"
-    "                             [--dense-layers N (2)] [--device-cache-pages P (0: the decode worker's rule)]\n";
+    "                             [--dense-layers N (2)] [--ice-group G (1)] [--device-cache-pages P (0: the decode worker's rule)]\n";
 
 
 int RunDecode(int argc, char** argv) {
@@ -276,6 +278,7 @@ int RunDecode(int argc, char** argv) {
     else if (f == "--prompt-len" || f == "--context") ok = next_int(&prompt_len) && prompt_len >= 1;
     else if (f == "--budget-pages") ok = next_int(&so.budget_pages) && so.budget_pages >= 0;
     else if (f == "--dense-layers") ok = next_int(&so.dense_layers) && so.dense_layers >= 0;
+    else if (f == "--ice-group") ok = next_int(&so.ice_group) && so.ice_group >= 1;
     else if (f == "--device-cache-pages") ok = next_int(&so.device_cache_pages) && so.device_cache_pages >= 0;
     else if (f == "--device") {
       auto d = i + 1 < argc ? kernels::ParseDevice(argv[++i]) : StatusOr<kernels::Device>(InvalidArgumentError(""));
