@@ -31,6 +31,7 @@ StatusOr<std::unique_ptr<IceCacheBackend>> IceCacheBackend::Create(const model::
                                                                    const IceCacheBackendOptions& options) {
   const kernels::Device device = kernels::ResolveDevice(options.device);
   if (options.device_cache_pages < 0) return InvalidArgumentError("device_cache_pages must be >= 0");
+  ICE_RETURN_IF_ERROR(kernels::UseDevice(device));  // the cache's memory on this device
   std::unique_ptr<kernels::PageResidencyCache> cache;
   if (options.device_cache_pages > 0) {
     ICE_ASSIGN_OR_RETURN(cache, kernels::PageResidencyCache::Create(device.backend, options.device_cache_pages,

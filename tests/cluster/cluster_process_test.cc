@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/backend.h"
 #include "model/random_checkpoint.h"
 #include "router/client.h"
 
@@ -130,6 +131,29 @@ TEST(ClusterProcess, OnceExitsWhenServing) {
   EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "cluster", "--model", dir, "--port", std::to_string(port), "--once",
                           "--set", "ucx.net_devices=lo"})),
             0);
+}
+
+// Placement: every worker is stated with its device; without a GPU (or with --device cpu) all
+// run on the CPU, and a CUDA device that is not there is refused before anything starts.
+TEST(ClusterProcess, PlacesWorkersOnDevices) {
+  std::string dir = ::testing::TempDir() + "/icecache_cluster_process_model_place";
+  model::RandomModelSpec spec;
+  spec.layers = 2;
+  spec.vocab = 300;
+  ASSERT_TRUE(model::WriteRandomCheckpoint(dir, spec).ok());
+  int port = FreePortRange(4);
+  ASSERT_GT(port, 0);
+  const std::string out = Capture(kBin + "icecache cluster --model " + dir + " --port " + std::to_string(port) +
+                                  " --decode 2 --device cpu --once --set ucx.net_devices=lo");
+  const std::string p = std::to_string(port);
+  EXPECT_NE(out.find("prefill worker 127.0.0.1:" + std::to_string(port + 1) + " on cpu"), std::string::npos) << out;
+  EXPECT_NE(out.find("decode worker 127.0.0.1:" + std::to_string(port + 3) + " on cpu"), std::string::npos) << out;
+  if (!kernels::CudaAvailable()) {
+    EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "cluster", "--model", dir, "--port", p, "--device", "cuda", "--once"})),
+              1);
+  }
+  EXPECT_EQ(WaitExit(Spawn({kBin + "icecache", "cluster", "--model", dir, "--port", p, "--device", "tpu", "--once"})),
+            2);
 }
 
 }  // namespace
