@@ -10,6 +10,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "model/gguf_model.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace icecache::model {
@@ -67,6 +68,17 @@ Model::~Model() = default;
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
+  std::string gguf_path;
+  ICE_ASSIGN_OR_RETURN(bool is_gguf, ResolveGgufPath(dir, &gguf_path));
+  if (is_gguf) {
+    ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path));
+    m->config_ = std::move(parts.config);
+    m->checkpoint_ = std::move(parts.checkpoint);
+    m->tokenizer_ = std::move(parts.tokenizer);
+    ICE_RETURN_IF_ERROR(m->BindWeights());
+    m->inv_freq_ = kernels::ComputeRopeInvFreq(m->config_.rope);
+    return m;
+  }
   ICE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
   ICE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
   ICE_RETURN_IF_ERROR(m->BindWeights());

@@ -54,7 +54,9 @@ struct SequenceInput {
 class Model {
  public:
   // Loads DIR/config.json and the safetensors weights (model.safetensors or sharded via
-  // model.safetensors.index.json), and DIR/tokenizer.json if present. Errors name the file and
+  // model.safetensors.index.json), and DIR/tokenizer.json if present. `dir` may also be a GGUF
+  // file (FILE.gguf) or a directory without config.json holding one: config, weights (dequantised
+  // at load, model/gguf_model.h) and tokenizer then come from the file. Errors name the file and
   // the problem: missing tensors, wrong shapes, unsupported architecture or dtype.
   static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);
   ~Model();

@@ -224,6 +224,16 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
     if (!re.ok()) return re.status().WithContext("pre_tokenizer Split");
     return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re).value(), b));
   }
+  if (type == "Digits") {
+    // Rust's char::is_numeric (general categories Nd, Nl, No), one piece per digit or per run.
+    ICE_ASSIGN_OR_RETURN(Regex re, Regex::Compile(GetBool(j, "individual_digits", false) ? "\\p{N}" : "\\p{N}+"));
+    return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re), Behavior::kIsolated));
+  }
+  if (type == "WhitespaceSplit") {
+    // Pieces between runs of White_Space (Rust's char::is_whitespace); the white space is dropped.
+    ICE_ASSIGN_OR_RETURN(Regex re, Regex::Compile("\\s+"));
+    return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re), Behavior::kRemoved));
+  }
   if (type == "ByteLevel") {
     std::optional<Regex> re;
     if (GetBool(j, "use_regex", true)) {
@@ -250,7 +260,7 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
         new MetaspacePreTokenizer(replacement, prepend, GetBool(j, "split", true)));
   }
   return InvalidArgumentError("unsupported pre_tokenizer type \"" + type +
-                              "\" (supported: Split, ByteLevel, Metaspace, Sequence)");
+                              "\" (supported: Split, ByteLevel, Metaspace, Digits, WhitespaceSplit, Sequence)");
 }
 
 }  // namespace icecache::tokenizer
