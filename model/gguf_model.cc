@@ -256,10 +256,10 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
   return Checkpoint::FromTensors(g.source, std::move(infos), std::move(data), owner);
 }
 
-#if ICECACHE_HAVE_TOKENIZER
-namespace {
-
 StatusOr<std::unique_ptr<tokenizer::Tokenizer>> GgufTokenizer(const GgufContents& g) {
+#if !ICECACHE_HAVE_TOKENIZER
+  return UnimplementedError(g.source + ": this build of icecache has no tokenizer");
+#else
   tokenizer::GgufVocab v;
   v.source = g.source;
   ICE_ASSIGN_OR_RETURN(v.model, g.GetString("tokenizer.ggml.model"));
@@ -292,10 +292,8 @@ StatusOr<std::unique_ptr<tokenizer::Tokenizer>> GgufTokenizer(const GgufContents
     ICE_ASSIGN_OR_RETURN(v.chat_template, g.GetString("tokenizer.chat_template"));
   }
   return tokenizer::BuildGgufTokenizer(v);
-}
-
-}  // namespace
 #endif
+}
 
 StatusOr<GgufModelParts> LoadGgufModel(const std::string& path, const GgufLoadOptions& options) {
   ICE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));

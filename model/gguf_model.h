@@ -51,6 +51,10 @@ struct GgufModelParts {
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
 };
+// The tokenizer described by the file's tokenizer.ggml.* metadata (model/tokenizer/gguf_vocab.h).
+// NOT_FOUND without tokenizer.ggml.model; UNIMPLEMENTED in a build without the tokenizer.
+StatusOr<std::unique_ptr<tokenizer::Tokenizer>> GgufTokenizer(const GgufContents& gguf);
+
 StatusOr<GgufModelParts> LoadGgufModel(const std::string& path, const GgufLoadOptions& options = {});
 
 // True when `path` names a GGUF model for Model::Load: a file ending in ".gguf", or a directory

@@ -2,10 +2,13 @@
 // PyPI's gguf package (tools/gguf/make_gguf_fixtures.py).
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -142,6 +145,20 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
   EXPECT_EQ(*enc, want);
   EXPECT_EQ(*tok.Decode(*enc), "<|im_start|>the 12 cats");
   EXPECT_EQ(tok.eos_ids(), (std::vector<int32_t>{2}));
+
+  // A directory without config.json holding one .gguf file loads it; two are refused by name.
+  const auto dir = std::filesystem::temp_directory_path() / ("icecache_gguf_dir_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "model.gguf");
+  auto from_dir = Model::Load(dir.string());
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status().ToString();
+  EXPECT_EQ(Logits(**from_dir, ids), b);
+  std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "other.gguf");
+  auto two = Model::Load(dir.string());
+  EXPECT_EQ(two.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(two.status().message().find("several GGUF files"), std::string::npos) << two.status().ToString();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
