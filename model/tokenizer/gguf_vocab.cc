@@ -136,7 +136,7 @@ StatusOr<std::unique_ptr<Tokenizer>> BuildGgufTokenizer(const GgufVocab& v) {
     Json decoders = {{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
                      {{"type", "ByteFallback"}},
                      {{"type", "Fuse"}}};
-    if (v.add_space_prefix.value_or(true)) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    if (v.add_space_prefix.value_or(true)) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1u}, {"stop", 0u}});
     doc["decoder"] = {{"type", "Sequence"}, {"decoders", std::move(decoders)}};
     add_bos_default = true;
   } else {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "model/dense_kv_cache.h"
 #include "model/gguf.h"
@@ -159,6 +160,48 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
   EXPECT_EQ(two.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(two.status().message().find("several GGUF files"), std::string::npos) << two.status().ToString();
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace icecache::model
+
+namespace icecache::model {
+namespace {
+
+// A llama (SentencePiece) vocabulary with scores and byte fallback, trained by Google's
+// sentencepiece, against sentencepiece's own ids (tools/gguf/make_spm_fixture.py).
+TEST(GgufTest, SentencePieceTokenizerMatchesSentencePiece) {
+  auto file = GgufFile::Open(kDir + "spm_tokenizer.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto tok = GgufTokenizer((*file)->contents());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  std::ifstream in(kDir + "spm_reference.json", std::ios::binary);
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto& texts = ref["texts"];
+  ASSERT_GE(texts.size(), 300u);
+  int mismatches = 0, decode_mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string text = texts[i].get<std::string>();
+    const auto want = ref["ids"][i].get<std::vector<int32_t>>();
+    auto ids = (*tok)->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    if (*ids != want) {
+      ++mismatches;
+      ADD_FAILURE() << "text " << i << " '" << text << "': " << ::testing::PrintToString(*ids) << " vs "
+                    << ::testing::PrintToString(want);
+    }
+    auto decoded = (*tok)->Decode(want);
+    ASSERT_TRUE(decoded.ok());
+    if (*decoded != ref["decoded"][i].get<std::string>()) {
+      ++decode_mismatches;
+      ADD_FAILURE() << "decode " << i << " '" << *decoded << "' vs '" << ref["decoded"][i].get<std::string>() << "'";
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(decode_mismatches, 0);
+  auto with_bos = (*tok)->Encode("hello", /*add_special_tokens=*/true);
+  ASSERT_TRUE(with_bos.ok());
+  EXPECT_EQ((*with_bos)[0], 1);  // tokenizer.ggml.add_bos_token
 }
 
 }  // namespace
