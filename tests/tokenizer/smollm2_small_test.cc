@@ -42,7 +42,8 @@ TEST_P(SmolLm2SmallTest, MatchesHuggingFaceTokenizers) {
   EXPECT_EQ(decode_mismatches, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, SmolLm2SmallTest, ::testing::Values("smollm2_small", "smollm2_small_ws"));
+INSTANTIATE_TEST_SUITE_P(Variants, SmolLm2SmallTest, ::testing::Values("smollm2_small", "smollm2_small_ws", "smollm2_small_nfkc",
+                                                                   "smollm2_small_punct"));
 
 }  // namespace
 }  // namespace icecache::tokenizer

@@ -19,7 +19,7 @@ import random
 import sys
 
 import gguf
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 
 def field_strings(r, key):
@@ -67,6 +67,8 @@ def texts():
         "((nested (parens)))", "[1, 2, 3]", '{"key": "value", "n": 12}', "a+b=c", "x^2 + y^2 = z^2",
         "!!!???", "...", "---", "___", "***bold***", "#hashtag @mention", "snake_case_name camelCaseName",
         "ALLCAPS", "MiXeD cAsE", "the the the the", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "ﬁne ﬂow", "5㎏ 3㎞", "①②③", "ｶﾞｷﾞ ﾊﾟ", "Ｈｅｌｌｏ！", "x²+y³", "…", "‘quoted’ “double”", "¿Qué? ¡Sí!",
+        "a—b–c", "«guillemets»", "«»", "。、「」", "(a)[b]{c}", "\u00a0 \u2003 x \u2003", "﹏﹏",
     ]
     words = ("the of and to in is that for it as was with be by on not he this are or his from at which but "
              "have an they you were her she there been one all we their has would when if so what no more out "
@@ -106,8 +108,10 @@ def main():
 
 def small_tokenizers(path, out_dir):
     """Two small tokenizer.json files cut from SmolLM2's vocabulary (its first 2000 merges), saved by
-    `tokenizers` itself, with reference ids: smollm2_small (SmolLM2's pre-tokenizer) and
-    smollm2_small_ws (WhitespaceSplit + contiguous Digits + ByteLevel with a prefix space)."""
+    `tokenizers` itself, with reference ids: smollm2_small (SmolLM2's pre-tokenizer),
+    smollm2_small_ws (WhitespaceSplit + contiguous Digits + ByteLevel with a prefix space),
+    smollm2_small_nfkc (NFKC + Strip + Replace normalizers, Whitespace pre-tokenizer) and
+    smollm2_small_punct (Strip + Prepend, Punctuation contiguous and isolated, Digits)."""
     r = gguf.GGUFReader(path)
     tokens = field_strings(r, "tokenizer.ggml.tokens")
     types = field_ints(r, "tokenizer.ggml.token_type")
@@ -120,17 +124,30 @@ def small_tokenizers(path, out_dir):
             keep.add(a + b)
     vocab = {t: i for i, t in enumerate(tokens) if t in keep}
     specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     variants = {
-        "smollm2_small": pre_tokenizers.Sequence(
+        "smollm2_small_nfkc": (
+            normalizers.Sequence([normalizers.NFKC(), normalizers.Strip(left=True, right=True),
+                                  normalizers.Replace("  ", " ")]),
+            pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), byte_level])),
+        "smollm2_small_punct": (
+            normalizers.Sequence([normalizers.Strip(left=True, right=False), normalizers.Prepend("_")]),
+            pre_tokenizers.Sequence([pre_tokenizers.Punctuation(behavior="contiguous"),
+                                     pre_tokenizers.Punctuation(behavior="isolated"),
+                                     pre_tokenizers.Digits(individual_digits=True),
+                                     pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)])),
+        "smollm2_small": (None, pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
-        "smollm2_small_ws": pre_tokenizers.Sequence(
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])),
+        "smollm2_small_ws": (None, pre_tokenizers.Sequence(
             [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=False),
-             pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)]),
+             pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)])),
     }
     import os
-    for name, pre in variants.items():
+    for name, (norm, pre) in variants.items():
         tok = Tokenizer(models.BPE(vocab, kept_merges, fuse_unk=False, byte_fallback=False))
+        if norm is not None:
+            tok.normalizer = norm
         tok.pre_tokenizer = pre
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens(specials)
