@@ -206,3 +206,31 @@ TEST(GgufTest, SentencePieceTokenizerMatchesSentencePiece) {
 
 }  // namespace
 }  // namespace icecache::model
+
+namespace icecache::model {
+namespace {
+
+// Qwen2 (q/k/v biases) and Qwen3 (q/k norms, head_dim from attention.key_length), stored
+// unpermuted: weights byte-equal to the Python conversion and logits equal to it.
+class GgufArchTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufArchTest, LoadsWithTheWeightsAndLogitsOfThePythonConversion) {
+  auto from_gguf = Model::Load(kDir + "tiny_" + GetParam() + ".gguf");
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
+  auto from_hf = Model::Load(kDir + "tiny_" + GetParam() + "_hf");
+  ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();
+  EXPECT_EQ((*from_gguf)->config().arch, (*from_hf)->config().arch);
+  EXPECT_EQ((*from_gguf)->config().head_dim, 64);
+  EXPECT_EQ((*from_gguf)->config().num_heads, (*from_hf)->config().num_heads);
+  EXPECT_EQ((*from_gguf)->config().attention_bias, (*from_hf)->config().attention_bias);
+  EXPECT_EQ((*from_gguf)->config().qk_norm, (*from_hf)->config().qk_norm);
+  const std::vector<int32_t> ids = {1, 80, 75, 72, 3, 299, 150, 2, 42};
+  std::vector<float> a = Logits(**from_gguf, ids), b = Logits(**from_hf, ids);
+  ASSERT_EQ(a.size(), ids.size() * 300);
+  EXPECT_EQ(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GgufArchTest, ::testing::Values("qwen2", "qwen3"));
+
+}  // namespace
+}  // namespace icecache::model

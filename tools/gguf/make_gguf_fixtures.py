@@ -14,6 +14,8 @@ Outputs:
                           whose weights use every type, q/k stored row-permuted as llama.cpp's
                           converter does, with a gpt2 byte-level tokenizer (pre "smollm") and a
                           ChatML template
+  tiny_qwen2.gguf, tiny_qwen3.gguf (+ _hf/)  1-layer Qwen2 (q/k/v biases) and Qwen3 (q/k norms,
+                          2 heads of 64 != hidden / heads) variants, stored unpermuted as llama.cpp does
   tiny_llama_hf/          the same model as a Hugging Face directory: config.json and
                           model.safetensors holding gguf.quants.dequantize's weights un-permuted,
                           rounded to bf16 (nearest even) for quantised tensors, as stored otherwise
@@ -114,8 +116,12 @@ def bytes_to_unicode():
     return table
 
 
-def write_tiny_llama(out):
+def write_tiny_llama(out, arch="llama"):
     H, I, L, NH, NKV, HD = 256, 256, 2, 4, 2, 64
+    if arch == "qwen3":
+        L, NH = 1, 2  # q dim 128 != hidden: head_dim comes from attention.key_length
+    elif arch == "qwen2":
+        L = 1
     b2u = bytes_to_unicode()
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
     types = [3, 3, 3] + [1] * 256
@@ -138,7 +144,8 @@ def write_tiny_llama(out):
                 "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
-    w = gguf.GGUFWriter(os.path.join(out, "tiny_llama.gguf"), "llama")
+    name = "tiny_llama" if arch == "llama" else "tiny_" + arch
+    w = gguf.GGUFWriter(os.path.join(out, name + ".gguf"), arch)
     w.add_block_count(L)
     w.add_context_length(512)
     w.add_embedding_length(H)
@@ -149,6 +156,9 @@ def write_tiny_llama(out):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(V)
     w.add_rope_dimension_count(HD)
+    if arch == "qwen3":
+        w.add_key_length(HD)
+        w.add_value_length(HD)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -164,7 +174,7 @@ def write_tiny_llama(out):
     def put(gname, hname, qtype, rows, cols, scale, perm_heads=None):
         arr, deq = tensor(qtype, rows, cols, scale)
         add(w, gname, arr, qtype)
-        if perm_heads is not None:  # GGUF row h*hd + 2i + j  is HF row h*hd + j*hd/2 + i
+        if perm_heads is not None and arch == "llama":  # GGUF row h*hd + 2i + j  is HF row h*hd + j*hd/2 + i
             g = deq.reshape(perm_heads, HD // 2, 2, cols)
             deq = g.transpose(0, 2, 1, 3).reshape(rows, cols)
         if qtype in (T.F32, T.F16, T.BF16):
@@ -184,7 +194,7 @@ def write_tiny_llama(out):
     layer_types = [
         dict(q=T.Q4_K, k=T.Q5_K, v=T.Q6_K, o=T.Q8_0, gate=T.Q4_0, up=T.Q4_1, down=T.F16),
         dict(q=T.BF16, k=T.Q4_0, v=T.F32, o=T.Q4_K, gate=T.Q5_K, up=T.Q6_K, down=T.Q8_0),
-    ]
+    ][:L]
     for l, ty in enumerate(layer_types):
         p, hp = f"blk.{l}.", f"model.layers.{l}."
         put_norm(p + "attn_norm.weight", hp + "input_layernorm.weight")
@@ -194,7 +204,18 @@ def write_tiny_llama(out):
         put(p + "attn_q.weight", hp + "self_attn.q_proj.weight", ty["q"], NH * HD, H, s(ty["q"]), NH)
         put(p + "attn_k.weight", hp + "self_attn.k_proj.weight", ty["k"], NKV * HD, H, s(ty["k"]), NKV)
         put(p + "attn_v.weight", hp + "self_attn.v_proj.weight", ty["v"], NKV * HD, H, s(ty["v"]))
-        put(p + "attn_output.weight", hp + "self_attn.o_proj.weight", ty["o"], H, NH * HD, s(ty["o"]))
+        o_type = ty["o"] if NH * HD % 256 == 0 else T.Q8_0
+        put(p + "attn_output.weight", hp + "self_attn.o_proj.weight", o_type, H, NH * HD, s(o_type))
+        if arch == "qwen2":
+            for proj, rows in (("q", NH * HD), ("k", NKV * HD), ("v", NKV * HD)):
+                b = (0.1 * RNG.standard_normal(rows)).astype(np.float32)
+                w.add_tensor(p + f"attn_{proj}.bias", b)
+                hf[hp + f"self_attn.{proj}_proj.bias"] = b
+        if arch == "qwen3":
+            for proj in ("q", "k"):
+                x = (1.0 + 0.1 * RNG.standard_normal(HD)).astype(np.float32)
+                w.add_tensor(p + f"attn_{proj}_norm.weight", x)
+                hf[hp + f"self_attn.{proj}_norm.weight"] = x
         put_norm(p + "ffn_norm.weight", hp + "post_attention_layernorm.weight")
         put(p + "ffn_gate.weight", hp + "mlp.gate_proj.weight", ty["gate"], I, H, s(ty["gate"]))
         put(p + "ffn_up.weight", hp + "mlp.up_proj.weight", ty["up"], I, H, s(ty["up"]))
@@ -206,16 +227,19 @@ def write_tiny_llama(out):
     w.write_tensors_to_file()
     w.close()
 
-    d = os.path.join(out, "tiny_llama_hf")
+    d = os.path.join(out, name + "_hf")
     os.makedirs(d, exist_ok=True)
     config = {
-        "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": I, "num_hidden_layers": L,
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "hidden_size": H, "intermediate_size": I, "num_hidden_layers": L,
         "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "vocab_size": V,
         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": False,
         "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "silu", "torch_dtype": "bfloat16",
     }
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
+    if arch == "qwen2":
+        del config["head_dim"]
     write_safetensors(os.path.join(d, "model.safetensors"), hf)
 
 
@@ -247,6 +271,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     write_dequant(out)
     write_tiny_llama(out)
+    write_tiny_llama(out, "qwen2")
+    write_tiny_llama(out, "qwen3")
 
 
 if __name__ == "__main__":
