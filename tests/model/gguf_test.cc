@@ -17,6 +17,7 @@
 #include "model/gguf.h"
 #include "model/gguf_dequant.h"
 #include "model/gguf_model.h"
+#include "model/model_info.h"
 #include "model/model.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -231,6 +232,26 @@ TEST_P(GgufArchTest, LoadsWithTheWeightsAndLogitsOfThePythonConversion) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GgufArchTest, ::testing::Values("qwen2", "qwen3"));
+
+}  // namespace
+}  // namespace icecache::model
+
+namespace icecache::model {
+namespace {
+
+TEST(GgufTest, ModelInfoReadsConfigAndTokenizerOfBothLayouts) {
+  auto gguf = LoadModelInfo(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+  auto hf = LoadModelInfo(kDir + "tiny_llama_hf");
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  EXPECT_EQ(gguf->gguf_path, kDir + "tiny_llama.gguf");
+  EXPECT_TRUE(hf->gguf_path.empty());
+  EXPECT_EQ(gguf->config.num_layers, hf->config.num_layers);
+  EXPECT_EQ(gguf->config.vocab_size, hf->config.vocab_size);
+  ASSERT_NE(gguf->tokenizer, nullptr);
+  EXPECT_EQ(hf->tokenizer, nullptr);  // tiny_llama_hf has no tokenizer.json
+  EXPECT_EQ(LoadModelInfo(kDir + "missing.gguf").status().code(), StatusCode::kNotFound);
+}
 
 }  // namespace
 }  // namespace icecache::model
