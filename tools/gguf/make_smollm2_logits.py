@@ -7,6 +7,7 @@ checks that conversion against transformers' own GGUF loader (needs `accelerate`
 
   /usr/bin/python3 -m pip install --break-system-packages "transformers==4.48.3" gguf "tokenizers<0.22"
   /usr/bin/python3 tools/gguf/make_smollm2_logits.py GGUF OUT.json [--check-hf-gguf]
+  /usr/bin/python3 tools/gguf/make_smollm2_logits.py GGUF OUT_DIR --write-hf   # a HF directory
 
 OUT.json: per prompt: ids, the ids of 16 greedy tokens, the top 32 (id, logit) pairs of the last
 position, and the logits of 64 fixed vocabulary ids at every position.
@@ -72,8 +73,38 @@ def convert(path, round_bf16=True):
     return cfg, sd
 
 
+def write_hf(path, out_dir):
+    """The converted weights as a Hugging Face directory (bf16 safetensors, config.json,
+    tokenizer.json, tokenizer_config.json), e.g. to serve SmolLM2 where only HF directories load."""
+    import os
+    from make_gguf_fixtures import write_safetensors
+    cfg, sd = convert(path)
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = {}
+    for k, v in sd.items():
+        a = v.numpy()
+        if a.ndim == 2:
+            tensors[k] = ("bf16", (a.view(np.uint32) >> 16).astype(np.uint16))  # already bf16-rounded
+        else:
+            tensors[k] = a
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
+    c = cfg.to_dict()
+    c["architectures"] = ["LlamaForCausalLM"]
+    c["torch_dtype"] = "bfloat16"
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
+    build_tokenizer(path).save(os.path.join(out_dir, "tokenizer.json"))
+    r = gguf.GGUFReader(path)
+    f = r.fields["tokenizer.chat_template"]
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as out:
+        json.dump({"chat_template": bytes(f.parts[f.data[0]]).decode(), "bos_token": "<|im_start|>",
+                   "eos_token": "<|im_end|>", "add_bos_token": False}, out, indent=1)
+
+
 def main():
     path, out = sys.argv[1], sys.argv[2]
+    if "--write-hf" in sys.argv:
+        return write_hf(path, out)
     if "--only-check-hf-gguf" in sys.argv:
         return check_hf(path)
     cfg, sd = convert(path)
