@@ -1,6 +1,6 @@
 // Bad GGUF files: hand-made corruptions get the documented error codes and messages, and random
 // truncations and byte flips of a real fixture never crash and end in an error or in a parse
-// whose tensors all lie inside the file (also run under ASan + UBSan; docs/model.md).
+// whose tensors all lie inside the file.
 #include <cstring>
 #include <fstream>
 #include <random>
