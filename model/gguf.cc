@@ -16,22 +16,17 @@ size_t ScalarSize(GgufValueType t) {
   switch (t) {
     case GgufValueType::kUint8:
     case GgufValueType::kInt8:
-    case GgufValueType::kBool:
-      return 1;
+    case GgufValueType::kBool: return 1;
     case GgufValueType::kUint16:
-    case GgufValueType::kInt16:
-      return 2;
+    case GgufValueType::kInt16: return 2;
     case GgufValueType::kUint32:
     case GgufValueType::kInt32:
-    case GgufValueType::kFloat32:
-      return 4;
+    case GgufValueType::kFloat32: return 4;
     case GgufValueType::kUint64:
     case GgufValueType::kInt64:
-    case GgufValueType::kFloat64:
-      return 8;
+    case GgufValueType::kFloat64: return 8;
     case GgufValueType::kString:
-    case GgufValueType::kArray:
-      return 0;
+    case GgufValueType::kArray: return 0;
   }
   return 0;
 }
@@ -45,18 +40,16 @@ bool IsInteger(GgufValueType t) {
     case GgufValueType::kUint32:
     case GgufValueType::kInt32:
     case GgufValueType::kUint64:
-    case GgufValueType::kInt64:
-      return true;
-    default:
-      return false;
+    case GgufValueType::kInt64: return true;
+    default: return false;
   }
 }
 
 bool IsFloat(GgufValueType t) { return t == GgufValueType::kFloat32 || t == GgufValueType::kFloat64; }
 
 std::string TypeName(GgufValueType t) {
-  static const char* const kNames[] = {"uint8", "int8",   "uint16", "int16", "uint32", "int32", "float32",
-                                       "bool",  "string", "array",  "uint64", "int64", "float64"};
+  static const char* const kNames[] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                                       "bool",  "string", "array",  "uint64", "int64",  "float64"};
   const auto i = static_cast<uint32_t>(t);
   return i < 13 ? kNames[i] : "type " + std::to_string(i);
 }
@@ -105,9 +98,7 @@ class Reader {
     return DataLossError(std::string(source_) + ": truncated: " + what + " runs past the end of the file (" +
                          std::to_string(size_) + " bytes)");
   }
-  Status Need(uint64_t n, const std::string& what) const {
-    return n > remaining() ? Truncated(what) : Status::Ok();
-  }
+  Status Need(uint64_t n, const std::string& what) const { return n > remaining() ? Truncated(what) : Status::Ok(); }
   Status U32(uint32_t* v, const std::string& what) {
     ICE_RETURN_IF_ERROR(Need(4, what));
     *v = 0;
@@ -168,7 +159,8 @@ Status ReadValue(Reader& r, GgufValueType type, const std::string& where, std::s
     uint64_t count;
     ICE_RETURN_IF_ERROR(r.U64(&count, where + " element count"));
     if (et > static_cast<uint32_t>(GgufValueType::kFloat64)) {
-      return InvalidArgumentError(std::string(source) + ": " + where + " has unknown element type " + std::to_string(et));
+      return InvalidArgumentError(std::string(source) + ": " + where + " has unknown element type " +
+                                  std::to_string(et));
     }
     v->elem_type = static_cast<GgufValueType>(et);
     v->count = count;
@@ -210,7 +202,8 @@ Status ReadValue(Reader& r, GgufValueType type, const std::string& where, std::s
     return InvalidArgumentError(std::string(source) + ": " + where + " is a uint64 above 2^63 - 1");
   }
   if (type == GgufValueType::kBool && r.here()[0] > 1) {
-    return InvalidArgumentError(std::string(source) + ": " + where + " is a bool with value " + std::to_string(r.here()[0]));
+    return InvalidArgumentError(std::string(source) + ": " + where + " is a bool with value " +
+                                std::to_string(r.here()[0]));
   }
   r.Skip(n);
   return Status::Ok();
@@ -236,7 +229,8 @@ StatusOr<GgufContents> ParseGguf(const uint8_t* bytes, size_t size, std::string_
   r.Skip(4);
   ICE_RETURN_IF_ERROR(r.U32(&c.version, "the version"));
   if (c.version != 2 && c.version != 3) {
-    return InvalidArgumentError(src + ": GGUF version " + std::to_string(c.version) + " is not supported (2 and 3 are)");
+    return InvalidArgumentError(src + ": GGUF version " + std::to_string(c.version) +
+                                " is not supported (2 and 3 are)");
   }
   uint64_t tensor_count, kv_count;
   ICE_RETURN_IF_ERROR(r.U64(&tensor_count, "the tensor count"));
@@ -277,15 +271,16 @@ StatusOr<GgufContents> ParseGguf(const uint8_t* bytes, size_t size, std::string_
     uint32_t n_dims;
     ICE_RETURN_IF_ERROR(r.U32(&n_dims, where + " dimension count"));
     if (n_dims < 1 || n_dims > 4) {
-      return InvalidArgumentError(src + ": " + where + " has " + std::to_string(n_dims) + " dimensions (1 to 4 allowed)");
+      return InvalidArgumentError(src + ": " + where + " has " + std::to_string(n_dims) +
+                                  " dimensions (1 to 4 allowed)");
     }
     int64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t n;
       ICE_RETURN_IF_ERROR(r.U64(&n, where + " dimensions"));
       if (n == 0 || n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / static_cast<uint64_t>(numel)) {
-        return InvalidArgumentError(src + ": " + where + " has dimension " + std::to_string(d) + " = " + std::to_string(n) +
-                                    (n == 0 ? " (must be >= 1)" : " (element count overflows)"));
+        return InvalidArgumentError(src + ": " + where + " has dimension " + std::to_string(d) + " = " +
+                                    std::to_string(n) + (n == 0 ? " (must be >= 1)" : " (element count overflows)"));
       }
       numel *= static_cast<int64_t>(n);
       t.ne.push_back(static_cast<int64_t>(n));
@@ -299,8 +294,9 @@ StatusOr<GgufContents> ParseGguf(const uint8_t* bytes, size_t size, std::string_
     }
     t.type = static_cast<GgmlType>(type);
     if (t.ne[0] % GgmlBlockValues(t.type) != 0) {
-      return InvalidArgumentError(src + ": " + where + " has rows of " + std::to_string(t.ne[0]) + " values, not a multiple of the " +
-                                  GgmlTypeName(type) + " block size " + std::to_string(GgmlBlockValues(t.type)));
+      return InvalidArgumentError(src + ": " + where + " has rows of " + std::to_string(t.ne[0]) +
+                                  " values, not a multiple of the " + GgmlTypeName(type) + " block size " +
+                                  std::to_string(GgmlBlockValues(t.type)));
     }
     auto bytes_or = GgmlBytes(t.type, numel);
     if (!bytes_or.ok()) return bytes_or.status().WithContext(src + ": " + where);
@@ -323,9 +319,10 @@ StatusOr<GgufContents> ParseGguf(const uint8_t* bytes, size_t size, std::string_
   for (GgufTensor& t : c.tensors) {
     const uint64_t room = size - c.data_offset;
     if (t.offset > room || t.bytes > room - t.offset) {
-      return DataLossError(src + ": truncated: tensor '" + Printable(t.name) + "' (" + GgmlTypeName(static_cast<uint32_t>(t.type)) +
-                           " " + ShapeToString(t.shape()) + ", " + std::to_string(t.bytes) + " bytes at data offset " +
-                           std::to_string(t.offset) + ") runs past the end of the file");
+      return DataLossError(src + ": truncated: tensor '" + Printable(t.name) + "' (" +
+                           GgmlTypeName(static_cast<uint32_t>(t.type)) + " " + ShapeToString(t.shape()) + ", " +
+                           std::to_string(t.bytes) + " bytes at data offset " + std::to_string(t.offset) +
+                           ") runs past the end of the file");
     }
     t.offset += c.data_offset;
   }
@@ -334,7 +331,8 @@ StatusOr<GgufContents> ParseGguf(const uint8_t* bytes, size_t size, std::string_
     const GgufTensor& prev = c.tensors[order[i - 1]];
     const GgufTensor& cur = c.tensors[order[i]];
     if (prev.offset + prev.bytes > cur.offset) {
-      return InvalidArgumentError(src + ": tensors '" + Printable(prev.name) + "' and '" + Printable(cur.name) + "' overlap");
+      return InvalidArgumentError(src + ": tensors '" + Printable(prev.name) + "' and '" + Printable(cur.name) +
+                                  "' overlap");
     }
   }
   return c;

@@ -126,17 +126,16 @@ bool GgmlTypeSupported(uint32_t type) {
     case GgmlType::kQ4_1:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-      return true;
+    case GgmlType::kQ6_K: return true;
   }
   return false;
 }
 
 std::string GgmlTypeName(uint32_t type) {
-  static const char* const kNames[] = {"F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1",
-                                       "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
-                                       "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-                                       "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16"};
+  static const char* const kNames[] = {"F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+                                       "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+                                       "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+                                       "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
   if (type < sizeof(kNames) / sizeof(kNames[0])) return kNames[type];
   return "type " + std::to_string(type);
 }
@@ -145,16 +144,13 @@ int64_t GgmlBlockValues(GgmlType type) {
   switch (type) {
     case GgmlType::kF32:
     case GgmlType::kF16:
-    case GgmlType::kBF16:
-      return 1;
+    case GgmlType::kBF16: return 1;
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-      return 32;
+    case GgmlType::kQ4_1: return 32;
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-      return 256;
+    case GgmlType::kQ6_K: return 256;
   }
   return 0;
 }
@@ -177,30 +173,24 @@ int64_t GgmlBlockBytes(GgmlType type) {
 StatusOr<uint64_t> GgmlBytes(GgmlType type, int64_t n) {
   const int64_t bv = GgmlBlockValues(type);
   if (n < 0 || bv == 0 || n % bv != 0) {
-    return InvalidArgumentError(std::to_string(n) + " values are not a whole number of " + GgmlTypeName(static_cast<uint32_t>(type)) +
-                                " blocks of " + std::to_string(bv));
+    return InvalidArgumentError(std::to_string(n) + " values are not a whole number of " +
+                                GgmlTypeName(static_cast<uint32_t>(type)) + " blocks of " + std::to_string(bv));
   }
   const uint64_t blocks = static_cast<uint64_t>(n / bv);
   const uint64_t bb = static_cast<uint64_t>(GgmlBlockBytes(type));
   if (blocks > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / bb) {
-    return OutOfRangeError(std::to_string(n) + " " + GgmlTypeName(static_cast<uint32_t>(type)) + " values overflow 63 bits of bytes");
+    return OutOfRangeError(std::to_string(n) + " " + GgmlTypeName(static_cast<uint32_t>(type)) +
+                           " values overflow 63 bits of bytes");
   }
   return blocks * bb;
 }
 
 void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
   switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case GgmlType::kF16:
-      kernels::ConvertToF32(kernels::DType::kF16, src, dst, static_cast<size_t>(n));
-      return;
-    case GgmlType::kBF16:
-      kernels::ConvertToF32(kernels::DType::kBF16, src, dst, static_cast<size_t>(n));
-      return;
-    default:
-      break;
+    case GgmlType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case GgmlType::kF16: kernels::ConvertToF32(kernels::DType::kF16, src, dst, static_cast<size_t>(n)); return;
+    case GgmlType::kBF16: kernels::ConvertToF32(kernels::DType::kBF16, src, dst, static_cast<size_t>(n)); return;
+    default: break;
   }
   const int64_t bv = GgmlBlockValues(type), bb = GgmlBlockBytes(type);
   for (int64_t i = 0; i < n / bv; ++i) {

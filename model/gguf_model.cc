@@ -4,10 +4,9 @@
 
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #if ICECACHE_HAVE_TOKENIZER
 #include "model/tokenizer/gguf_vocab.h"
@@ -42,7 +41,8 @@ StatusOr<const ArchInfo*> FindArch(const GgufContents& g) {
 StatusOr<int64_t> PositiveInt(const GgufContents& g, const std::string& key) {
   ICE_ASSIGN_OR_RETURN(int64_t v, g.GetInt(key));
   if (v <= 0 || v > (int64_t{1} << 30)) {
-    return InvalidArgumentError(g.source + ": metadata '" + key + "' = " + std::to_string(v) + " is out of range [1, 2^30]");
+    return InvalidArgumentError(g.source + ": metadata '" + key + "' = " + std::to_string(v) +
+                                " is out of range [1, 2^30]");
   }
   return v;
 }
@@ -63,20 +63,13 @@ std::string HfName(const std::string& name) {
     if (name == g) return h;
   }
   static const std::pair<const char*, const char*> kLayer[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.bias", "self_attn.o_proj.bias"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"attn_norm.weight", "input_layernorm.weight"},    {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"}, {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},          {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.bias", "self_attn.o_proj.bias"},     {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},       {"ffn_up.weight", "mlp.up_proj.weight"},
       {"ffn_down.weight", "mlp.down_proj.weight"},
   };
   if (name.rfind("blk.", 0) != 0) return "";
@@ -101,7 +94,9 @@ struct Owner {
 };
 
 kernels::DType PlainDType(GgmlType t) {
-  return t == GgmlType::kF16 ? kernels::DType::kF16 : t == GgmlType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
+  return t == GgmlType::kF16    ? kernels::DType::kF16
+         : t == GgmlType::kBF16 ? kernels::DType::kBF16
+                                : kernels::DType::kF32;
 }
 
 }  // namespace
@@ -129,20 +124,26 @@ StatusOr<ModelConfig> GgufModelConfig(const GgufContents& g) {
   } else if (const GgufTensor* e = g.FindTensor("token_embd.weight"); e != nullptr && e->ne.size() == 2) {
     vocab = e->ne[1];
   }
-  if (vocab <= 0) return InvalidArgumentError(g.source + ": cannot tell the vocabulary size (no " + p + "vocab_size, tokenizer.ggml.tokens or token_embd.weight)");
+  if (vocab <= 0)
+    return InvalidArgumentError(g.source + ": cannot tell the vocabulary size (no " + p +
+                                "vocab_size, tokenizer.ggml.tokens or token_embd.weight)");
   j["vocab_size"] = vocab;
   const int64_t default_head_dim = hidden % heads == 0 ? hidden / heads : 0;
   ICE_ASSIGN_OR_RETURN(int64_t head_dim, OptionalPositiveInt(g, p + "attention.key_length", default_head_dim));
-  if (head_dim == 0) return InvalidArgumentError(g.source + ": " + p + "embedding_length is not a multiple of the head count and there is no " + p + "attention.key_length");
+  if (head_dim == 0)
+    return InvalidArgumentError(g.source + ": " + p +
+                                "embedding_length is not a multiple of the head count and there is no " + p +
+                                "attention.key_length");
   ICE_ASSIGN_OR_RETURN(int64_t value_dim, OptionalPositiveInt(g, p + "attention.value_length", head_dim));
   if (value_dim != head_dim) {
-    return InvalidArgumentError(g.source + ": attention.value_length " + std::to_string(value_dim) + " differs from key_length " +
-                                std::to_string(head_dim) + " (not supported)");
+    return InvalidArgumentError(g.source + ": attention.value_length " + std::to_string(value_dim) +
+                                " differs from key_length " + std::to_string(head_dim) + " (not supported)");
   }
   ICE_ASSIGN_OR_RETURN(int64_t rope_dim, OptionalPositiveInt(g, p + "rope.dimension_count", head_dim));
   if (rope_dim != head_dim) {
     return InvalidArgumentError(g.source + ": " + p + "rope.dimension_count " + std::to_string(rope_dim) +
-                                " differs from the head dimension " + std::to_string(head_dim) + " (partial rotary is not supported)");
+                                " differs from the head dimension " + std::to_string(head_dim) +
+                                " (partial rotary is not supported)");
   }
   j["head_dim"] = head_dim;
   if (g.Find(p + "attention.layer_norm_rms_epsilon") != nullptr) {
@@ -159,11 +160,13 @@ StatusOr<ModelConfig> GgufModelConfig(const GgufContents& g) {
       ICE_ASSIGN_OR_RETURN(double factor, g.GetFloat(p + "rope.scaling.factor"));
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
     } else if (type != "none") {
-      return InvalidArgumentError(g.source + ": " + p + "rope.scaling.type '" + type + "' is not supported (none, linear)");
+      return InvalidArgumentError(g.source + ": " + p + "rope.scaling.type '" + type +
+                                  "' is not supported (none, linear)");
     }
   }
   if (g.FindTensor("rope_freqs.weight") != nullptr) {
-    return InvalidArgumentError(g.source + ": tensor 'rope_freqs.weight' (Llama-3 rope scaling) is not supported in GGUF files");
+    return InvalidArgumentError(g.source +
+                                ": tensor 'rope_freqs.weight' (Llama-3 rope scaling) is not supported in GGUF files");
   }
   j["tie_word_embeddings"] = g.FindTensor("output.weight") == nullptr;
   if (std::string(arch->gguf_name) == "llama") j["attention_bias"] = g.FindTensor("blk.0.attn_q.bias") != nullptr;
@@ -172,7 +175,8 @@ StatusOr<ModelConfig> GgufModelConfig(const GgufContents& g) {
     if (g.Find(key) == nullptr) continue;
     ICE_ASSIGN_OR_RETURN(int64_t id, g.GetInt(key));
     if (id < 0 || id >= vocab) {
-      return InvalidArgumentError(g.source + ": metadata '" + key + "' = " + std::to_string(id) + " is outside the vocabulary");
+      return InvalidArgumentError(g.source + ": metadata '" + key + "' = " + std::to_string(id) +
+                                  " is outside the vocabulary");
     }
     j[field] = id;
   }
@@ -195,7 +199,8 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
   for (const GgufTensor& t : g.tensors) {
     const std::string hf = HfName(t.name);
     if (hf.empty()) {
-      return InvalidArgumentError(g.source + ": tensor '" + t.name + "' has no Hugging Face counterpart icecache knows");
+      return InvalidArgumentError(g.source + ": tensor '" + t.name +
+                                  "' has no Hugging Face counterpart icecache knows");
     }
     if (t.ne.size() > 2) {
       return InvalidArgumentError(g.source + ": tensor '" + t.name + "' has " + std::to_string(t.ne.size()) +
@@ -213,8 +218,8 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
     if (permute) {
       const int64_t heads = is_q ? config.num_heads : config.num_kv_heads, hd = config.head_dim;
       if (rows != heads * hd) {
-        return InvalidArgumentError(g.source + ": tensor '" + t.name + "' has " + std::to_string(rows) + " rows, expected " +
-                                    std::to_string(heads) + " heads x " + std::to_string(hd));
+        return InvalidArgumentError(g.source + ": tensor '" + t.name + "' has " + std::to_string(rows) +
+                                    " rows, expected " + std::to_string(heads) + " heads x " + std::to_string(hd));
       }
       // GGUF row h*hd + 2i + j holds HF row h*hd + j*(hd/2) + i. Blocks never cross rows, so rows
       // move as raw bytes whatever the type.
@@ -276,14 +281,16 @@ StatusOr<std::unique_ptr<tokenizer::Tokenizer>> GgufTokenizer(const GgufContents
   if (g.Find("tokenizer.ggml.merges")) {
     ICE_ASSIGN_OR_RETURN(v.merges, g.GetStringArray("tokenizer.ggml.merges"));
   }
-  for (auto [key, out] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos_id}, std::pair{"tokenizer.ggml.eos_token_id", &v.eos_id},
-                          std::pair{"tokenizer.ggml.unknown_token_id", &v.unk_id}}) {
+  for (auto [key, out] :
+       {std::pair{"tokenizer.ggml.bos_token_id", &v.bos_id}, std::pair{"tokenizer.ggml.eos_token_id", &v.eos_id},
+        std::pair{"tokenizer.ggml.unknown_token_id", &v.unk_id}}) {
     if (g.Find(key)) {
       ICE_ASSIGN_OR_RETURN(*out, g.GetInt(key));
     }
   }
-  for (auto [key, out] : {std::pair{"tokenizer.ggml.add_bos_token", &v.add_bos}, std::pair{"tokenizer.ggml.add_eos_token", &v.add_eos},
-                          std::pair{"tokenizer.ggml.add_space_prefix", &v.add_space_prefix}}) {
+  for (auto [key, out] :
+       {std::pair{"tokenizer.ggml.add_bos_token", &v.add_bos}, std::pair{"tokenizer.ggml.add_eos_token", &v.add_eos},
+        std::pair{"tokenizer.ggml.add_space_prefix", &v.add_space_prefix}}) {
     if (g.Find(key)) {
       ICE_ASSIGN_OR_RETURN(*out, g.GetBool(key));
     }
@@ -316,7 +323,8 @@ StatusOr<GgufModelParts> LoadGgufModel(const std::string& path, const GgufLoadOp
 StatusOr<bool> ResolveGgufPath(const std::string& path, std::string* gguf_path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
-    if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return NotFoundError(path + ": no such file");
+    if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0)
+      return NotFoundError(path + ": no such file");
     return false;
   }
   if (S_ISREG(st.st_mode)) {

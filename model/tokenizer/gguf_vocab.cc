@@ -1,9 +1,8 @@
 #include "model/tokenizer/gguf_vocab.h"
 
 #include <algorithm>
-#include <unordered_map>
-
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "model/tokenizer/pretokenizer.h"
 #include "model/tokenizer/tokenizer_impl.h"
@@ -57,7 +56,8 @@ std::vector<std::pair<std::string, std::string>> MergesFromScores(const GgufVoca
     if (!v.token_types.empty() && v.token_types[i] != 1) continue;
     std::string_view t = v.tokens[i];
     for (size_t k = 1; k < t.size(); ++k) {
-      if (ids.count(t.substr(0, k)) && ids.count(t.substr(k))) merges.push_back({v.scores[i], static_cast<int64_t>(i), k});
+      if (ids.count(t.substr(0, k)) && ids.count(t.substr(k)))
+        merges.push_back({v.scores[i], static_cast<int64_t>(i), k});
     }
   }
   std::sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
@@ -84,7 +84,8 @@ StatusOr<std::unique_ptr<Tokenizer>> BuildGgufTokenizer(const GgufVocab& v) {
     return InvalidArgumentError(src + ": tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) +
                                 " entries for " + std::to_string(n) + " tokens");
   }
-  for (const auto& [name, id] : {std::pair{"bos", v.bos_id}, std::pair{"eos", v.eos_id}, std::pair{"unknown", v.unk_id}}) {
+  for (const auto& [name, id] :
+       {std::pair{"bos", v.bos_id}, std::pair{"eos", v.eos_id}, std::pair{"unknown", v.unk_id}}) {
     if (id && (*id < 0 || *id >= n)) {
       return InvalidArgumentError(src + ": tokenizer.ggml." + name + "_token_id " + std::to_string(*id) +
                                   " is outside the vocabulary of " + std::to_string(n));
@@ -100,8 +101,13 @@ StatusOr<std::unique_ptr<Tokenizer>> BuildGgufTokenizer(const GgufVocab& v) {
     if (type != kTypeControl && type != kTypeUserDefined) continue;
     if (v.tokens[i].empty()) continue;
     const bool special = type == kTypeControl;
-    added.push_back({{"id", i}, {"content", std::string(v.tokens[i])}, {"special", special},
-                     {"normalized", !special}, {"single_word", false}, {"lstrip", false}, {"rstrip", false}});
+    added.push_back({{"id", i},
+                     {"content", std::string(v.tokens[i])},
+                     {"special", special},
+                     {"normalized", !special},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false}});
   }
   doc["added_tokens"] = std::move(added);
   bool add_bos_default = false;
@@ -109,23 +115,24 @@ StatusOr<std::unique_ptr<Tokenizer>> BuildGgufTokenizer(const GgufVocab& v) {
     for (size_t k = 0; k < v.merges.size(); ++k) {
       std::string_view m = v.merges[k];
       const size_t sp = m.find(' ');
-      if (sp == std::string_view::npos || sp == 0 || sp + 1 >= m.size() || m.find(' ', sp + 1) != std::string_view::npos) {
+      if (sp == std::string_view::npos || sp == 0 || sp + 1 >= m.size() ||
+          m.find(' ', sp + 1) != std::string_view::npos) {
         return InvalidArgumentError(src + ": tokenizer.ggml.merges[" + std::to_string(k) + "] is not \"left right\"");
       }
       data.merges.emplace_back(std::string(m.substr(0, sp)), std::string(m.substr(sp + 1)));
     }
-    doc["model"] = {{"type", "BPE"}, {"vocab", Json::object()}, {"merges", Json::array()}, {"byte_fallback", false},
-                    {"fuse_unk", false}, {"ignore_merges", false}};
+    doc["model"] = {{"type", "BPE"},          {"vocab", Json::object()}, {"merges", Json::array()},
+                    {"byte_fallback", false}, {"fuse_unk", false},       {"ignore_merges", false}};
     ICE_ASSIGN_OR_RETURN(doc["pre_tokenizer"], Gpt2PreTokenizer(v));
     doc["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   } else if (v.model == "llama") {
     if (static_cast<int64_t>(v.scores.size()) != n) {
-      return InvalidArgumentError(src + ": tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries for " +
-                                  std::to_string(n) + " tokens");
+      return InvalidArgumentError(src + ": tokenizer.ggml.scores has " + std::to_string(v.scores.size()) +
+                                  " entries for " + std::to_string(n) + " tokens");
     }
     data.merges = MergesFromScores(v);
-    Json model = {{"type", "BPE"}, {"vocab", Json::object()}, {"merges", Json::array()}, {"byte_fallback", true},
-                  {"fuse_unk", true}, {"ignore_merges", false}};
+    Json model = {{"type", "BPE"},         {"vocab", Json::object()}, {"merges", Json::array()},
+                  {"byte_fallback", true}, {"fuse_unk", true},        {"ignore_merges", false}};
     if (v.unk_id) model["unk_token"] = std::string(v.tokens[*v.unk_id]);
     doc["model"] = std::move(model);
     const std::string space = "\xE2\x96\x81";
@@ -136,11 +143,13 @@ StatusOr<std::unique_ptr<Tokenizer>> BuildGgufTokenizer(const GgufVocab& v) {
     Json decoders = {{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
                      {{"type", "ByteFallback"}},
                      {{"type", "Fuse"}}};
-    if (v.add_space_prefix.value_or(true)) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1u}, {"stop", 0u}});
+    if (v.add_space_prefix.value_or(true))
+      decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1u}, {"stop", 0u}});
     doc["decoder"] = {{"type", "Sequence"}, {"decoders", std::move(decoders)}};
     add_bos_default = true;
   } else {
-    return InvalidArgumentError(src + ": tokenizer.ggml.model '" + v.model + "' is not supported (supported: gpt2, llama)");
+    return InvalidArgumentError(src + ": tokenizer.ggml.model '" + v.model +
+                                "' is not supported (supported: gpt2, llama)");
   }
   Json config = Json::object();
   if (v.bos_id) config["bos_token"] = std::string(v.tokens[*v.bos_id]);

