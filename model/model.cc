@@ -10,6 +10,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "model/gguf_model.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace icecache::model {
@@ -59,22 +60,31 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const Model
   m->dir_ = dir;
   m->device_ = kernels::ResolveDevice(options.device);
   ICE_RETURN_IF_ERROR(kernels::UseDevice(m->device_));
-  ICE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
-  ICE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
+  std::string gguf_path;
+  ICE_ASSIGN_OR_RETURN(bool is_gguf, ResolveGgufPath(dir, &gguf_path));
+  if (is_gguf) {
+    ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path));
+    m->config_ = std::move(parts.config);
+    m->checkpoint_ = std::move(parts.checkpoint);
+    m->tokenizer_ = std::move(parts.tokenizer);
+  } else {
+    ICE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
+    ICE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
+    const std::string tok_path = dir + "/tokenizer.json";
+    if (FileExists(tok_path)) {
+#if ICECACHE_HAVE_TOKENIZER
+      ICE_ASSIGN_OR_RETURN(m->tokenizer_, tokenizer::Tokenizer::Load(tok_path));
+      if (m->tokenizer_->vocab_size() > m->config_.vocab_size) {
+        return InvalidArgumentError(tok_path + ": tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
+                                    " ids but config.json vocab_size is " + std::to_string(m->config_.vocab_size));
+      }
+#endif
+    }
+  }
   ICE_RETURN_IF_ERROR(m->BindWeights());
   const std::vector<float> inv_freq = kernels::ComputeRopeInvFreq(m->config_.rope);
   ICE_RETURN_IF_ERROR(m->Scratch(&m->inv_freq_, inv_freq.size()));
   ICE_RETURN_IF_ERROR(m->inv_freq_.CopyFromHost(inv_freq.data(), inv_freq.size() * sizeof(float)));
-  const std::string tok_path = dir + "/tokenizer.json";
-  if (FileExists(tok_path)) {
-#if ICECACHE_HAVE_TOKENIZER
-    ICE_ASSIGN_OR_RETURN(m->tokenizer_, tokenizer::Tokenizer::Load(tok_path));
-    if (m->tokenizer_->vocab_size() > m->config_.vocab_size) {
-      return InvalidArgumentError(tok_path + ": tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
-                                  " ids but config.json vocab_size is " + std::to_string(m->config_.vocab_size));
-    }
-#endif
-  }
   return m;
 }
 

@@ -65,7 +65,9 @@ class Model {
  public:
   // Loads DIR/config.json and the safetensors weights (model.safetensors or sharded via
   // model.safetensors.index.json), and DIR/tokenizer.json if present, and uploads the weights to
-  // options.device. Errors name the file and the problem: missing tensors, wrong shapes,
+  // options.device. `dir` may also be a GGUF file (FILE.gguf) or a directory without config.json
+  // holding one: config, weights (dequantised at load, model/gguf_model.h) and tokenizer then come
+  // from the file. Errors name the file and the problem: missing tensors, wrong shapes,
   // unsupported architecture or dtype; FAILED_PRECONDITION / INVALID_ARGUMENT for a device that
   // is unavailable or does not exist; RESOURCE_EXHAUSTED when the weights do not fit.
   static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const ModelLoadOptions& options = {});

@@ -249,10 +249,30 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   return c;
 }
 
+StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::FromTensors(std::string source, std::vector<TensorInfo> infos,
+                                                              std::vector<const void*> data,
+                                                              std::shared_ptr<const void> owner) {
+  if (infos.size() != data.size()) return InvalidArgumentError(source + ": tensor infos and data differ in number");
+  std::unique_ptr<Checkpoint> c(new Checkpoint());
+  c->dir_ = source;
+  c->source_ = std::move(source);
+  c->infos_ = std::move(infos);
+  c->owner_ = std::move(owner);
+  for (size_t i = 0; i < c->infos_.size(); ++i) {
+    TensorView v{&c->infos_[i], data[i], &c->source_};
+    if (!c->tensors_.emplace(c->infos_[i].name, v).second) {
+      return InvalidArgumentError(c->source_ + ": tensor '" + c->infos_[i].name + "' appears twice");
+    }
+  }
+  return c;
+}
+
 StatusOr<TensorView> Checkpoint::Get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    std::string where = index_path_.empty() ? dir_ + "/model.safetensors" : index_path_;
+    std::string where = !source_.empty()      ? source_
+                        : index_path_.empty() ? dir_ + "/model.safetensors"
+                                              : index_path_;
     return NotFoundError(where + ": tensor '" + name + "' is missing");
   }
   return it->second;
@@ -262,7 +282,7 @@ StatusOr<TensorView> Checkpoint::GetWithShape(const std::string& name, const std
   ICE_ASSIGN_OR_RETURN(TensorView v, Get(name));
   if (v.info->shape != shape) {
     return InvalidArgumentError(*v.file + ": tensor '" + name + "' has shape " + ShapeToString(v.info->shape) +
-                                ", expected " + ShapeToString(shape) + " from config.json");
+                                ", expected " + ShapeToString(shape) + " from the model config");
   }
   return v;
 }

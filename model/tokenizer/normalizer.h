@@ -1,5 +1,5 @@
-// Normalizers of tokenizer.json ("normalizer" field): NFC, Prepend, Replace (string pattern) and
-// Sequence of these. Immutable after construction; thread-safe.
+// Normalizers of tokenizer.json ("normalizer" field): NFC, NFKC, Prepend, Replace (string
+// pattern), Strip (White_Space at either end) and Sequence of these. Immutable after construction; thread-safe.
 #pragma once
 
 #include <memory>
@@ -16,6 +16,9 @@ namespace icecache::tokenizer {
 // Unicode Normalization Form C of valid UTF-8 text (canonical decomposition, canonical ordering,
 // canonical composition including Hangul; composition exclusions respected).
 std::string NormalizeNfc(std::string_view text);
+
+// Unicode Normalization Form KC of valid UTF-8 text (compatibility decomposition, then as NFC).
+std::string NormalizeNfkc(std::string_view text);
 
 class Normalizer {
  public:

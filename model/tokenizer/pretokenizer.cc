@@ -1,5 +1,7 @@
 #include "model/tokenizer/pretokenizer.h"
 
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer/byte_level.h"
@@ -10,12 +12,12 @@
 namespace icecache::tokenizer {
 namespace {
 
-enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
+enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
-// Cuts `piece` around the matches of `re` as HF's SplitDelimiterBehavior does.
-void SplitPiece(const Regex& re, Behavior behavior, Piece piece, std::vector<Piece>* out) {
-  CodePoints cps = DecodeAll(piece.text);
-  auto matches = re.FindAll(cps.cps);
+// Cuts `piece` around `matches` ([begin, end) code point indices, in order, not overlapping) as
+// HF's SplitDelimiterBehavior does.
+void SplitAround(const CodePoints& cps, const std::vector<std::pair<size_t, size_t>>& matches, Behavior behavior,
+                 Piece piece, std::vector<Piece>* out) {
   // Spans as [begin, end) byte offsets, each flagged as match or gap.
   std::vector<std::pair<size_t, size_t>> spans;
   std::vector<bool> is_match;
@@ -39,6 +41,12 @@ void SplitPiece(const Regex& re, Behavior behavior, Piece piece, std::vector<Pie
     case Behavior::kIsolated:
       parts.swap(spans);
       break;
+    case Behavior::kContiguous:  // adjacent matches form one piece
+      for (size_t i = 0; i < spans.size(); ++i) {
+        if (is_match[i] && i > 0 && is_match[i - 1]) parts.back().second = spans[i].second;
+        else parts.push_back(spans[i]);
+      }
+      break;
     case Behavior::kRemoved:
       for (size_t i = 0; i < spans.size(); ++i) {
         if (!is_match[i]) parts.push_back(spans[i]);
@@ -61,6 +69,60 @@ void SplitPiece(const Regex& re, Behavior behavior, Piece piece, std::vector<Pie
     if (e > b) out->push_back({piece.text.substr(b, e - b), piece.at_text_start && b == 0});
   }
 }
+
+void SplitPiece(const Regex& re, Behavior behavior, Piece piece, std::vector<Piece>* out) {
+  CodePoints cps = DecodeAll(piece.text);
+  SplitAround(cps, re.FindAll(cps.cps), behavior, std::move(piece), out);
+}
+
+// HF Whitespace: the matches of \w+|[^\w\s]+ (runs of word characters, runs of other non-space
+// characters); white space is dropped.
+class WhitespacePreTokenizer : public PreTokenizer {
+ public:
+  void PreTokenize(std::vector<Piece>* pieces) const override {
+    std::vector<Piece> out;
+    for (auto& p : *pieces) {
+      CodePoints cps = DecodeAll(p.text);
+      const size_t n = cps.cps.size();
+      for (size_t i = 0; i < n;) {
+        if (IsWhiteSpace(cps.cps[i])) {
+          ++i;
+          continue;
+        }
+        const bool word = IsRegexWordChar(cps.cps[i]);
+        size_t j = i + 1;
+        while (j < n && !IsWhiteSpace(cps.cps[j]) && IsRegexWordChar(cps.cps[j]) == word) ++j;
+        out.push_back({p.text.substr(cps.offsets[i], cps.offsets[j] - cps.offsets[i]), p.at_text_start && i == 0});
+        i = j;
+      }
+    }
+    *pieces = std::move(out);
+  }
+};
+
+// HF Punctuation: splits around each punctuation character (ASCII punctuation or general
+// category P*) with the given behaviour.
+class PunctuationPreTokenizer : public PreTokenizer {
+ public:
+  explicit PunctuationPreTokenizer(Behavior behavior) : behavior_(behavior) {}
+  void PreTokenize(std::vector<Piece>* pieces) const override {
+    std::vector<Piece> out;
+    for (auto& p : *pieces) {
+      CodePoints cps = DecodeAll(p.text);
+      std::vector<std::pair<size_t, size_t>> matches;
+      for (size_t i = 0; i < cps.cps.size(); ++i) {
+        const char32_t c = cps.cps[i];
+        const bool ascii_punct = c < 0x80 && std::ispunct(static_cast<int>(c));
+        if (ascii_punct || IsPunctuation(c)) matches.emplace_back(i, i + 1);
+      }
+      SplitAround(cps, matches, behavior_, std::move(p), &out);
+    }
+    *pieces = std::move(out);
+  }
+
+ private:
+  Behavior behavior_;
+};
 
 class SplitPreTokenizer : public PreTokenizer {
  public:
@@ -170,6 +232,17 @@ std::string EscapeLiteral(const std::string& literal) {
   return out;
 }
 
+// The "behavior" field; `fallback` when absent ("" = required).
+StatusOr<Behavior> ParseBehavior(const nlohmann::json& j, const char* type, const char* fallback) {
+  std::string behavior = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : fallback;
+  if (behavior == "Isolated") return Behavior::kIsolated;
+  if (behavior == "Removed") return Behavior::kRemoved;
+  if (behavior == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (behavior == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (behavior == "Contiguous") return Behavior::kContiguous;
+  return InvalidArgumentError(std::string("pre_tokenizer ") + type + ": unsupported behavior \"" + behavior + "\"");
+}
+
 }  // namespace
 
 // Sequences may nest; bounded so a hostile file cannot exhaust the stack.
@@ -213,16 +286,25 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
     if (GetBool(j, "invert", false)) {
       return InvalidArgumentError("pre_tokenizer Split: invert = true is not supported");
     }
-    std::string behavior = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
-    Behavior b;
-    if (behavior == "Isolated") b = Behavior::kIsolated;
-    else if (behavior == "Removed") b = Behavior::kRemoved;
-    else if (behavior == "MergedWithPrevious") b = Behavior::kMergedWithPrevious;
-    else if (behavior == "MergedWithNext") b = Behavior::kMergedWithNext;
-    else return InvalidArgumentError("pre_tokenizer Split: unsupported behavior \"" + behavior + "\"");
+    ICE_ASSIGN_OR_RETURN(Behavior b, ParseBehavior(j, "Split", ""));
     auto re = Regex::Compile(regex_text);
     if (!re.ok()) return re.status().WithContext("pre_tokenizer Split");
     return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re).value(), b));
+  }
+  if (type == "Digits") {
+    // Rust's char::is_numeric (general categories Nd, Nl, No), one piece per digit or per run.
+    ICE_ASSIGN_OR_RETURN(Regex re, Regex::Compile(GetBool(j, "individual_digits", false) ? "\\p{N}" : "\\p{N}+"));
+    return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re), Behavior::kIsolated));
+  }
+  if (type == "Whitespace") return std::unique_ptr<PreTokenizer>(new WhitespacePreTokenizer());
+  if (type == "Punctuation") {
+    ICE_ASSIGN_OR_RETURN(Behavior b, ParseBehavior(j, "Punctuation", "Isolated"));
+    return std::unique_ptr<PreTokenizer>(new PunctuationPreTokenizer(b));
+  }
+  if (type == "WhitespaceSplit") {
+    // Pieces between runs of White_Space (Rust's char::is_whitespace); the white space is dropped.
+    ICE_ASSIGN_OR_RETURN(Regex re, Regex::Compile("\\s+"));
+    return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re), Behavior::kRemoved));
   }
   if (type == "ByteLevel") {
     std::optional<Regex> re;
@@ -250,7 +332,8 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
         new MetaspacePreTokenizer(replacement, prepend, GetBool(j, "split", true)));
   }
   return InvalidArgumentError("unsupported pre_tokenizer type \"" + type +
-                              "\" (supported: Split, ByteLevel, Metaspace, Sequence)");
+                              "\" (supported: Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, Punctuation, "
+                              "Sequence)");
 }
 
 }  // namespace icecache::tokenizer

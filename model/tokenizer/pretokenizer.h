@@ -1,5 +1,6 @@
 // Pre-tokenizers of tokenizer.json ("pre_tokenizer" field): Split (regex or string pattern),
-// ByteLevel, Metaspace and Sequence. A pre-tokenizer cuts a normalized text segment into pieces
+// ByteLevel, Metaspace, Digits (individual_digits or runs), Whitespace (\w+|[^\w\s]+),
+// WhitespaceSplit, Punctuation (Unicode P* and ASCII punctuation, with a behavior) and Sequence. A pre-tokenizer cuts a normalized text segment into pieces
 // the model encodes one by one. Immutable after construction; thread-safe.
 #pragma once
 

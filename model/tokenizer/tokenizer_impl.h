@@ -53,4 +53,13 @@ class TokenizerImpl : public Tokenizer {
   ChatTemplate chat_;
 };
 
+// The pipeline of a tokenizer.json already read (`doc`, `data` as ReadTokenizerJson gives them)
+// with an optional tokenizer_config.json object `config` (null when absent) and
+// generation_config.json object; what Tokenizer::Load does after reading the files. Errors start
+// with `source` (tokenizer problems) or `config_source` (config problems). Also used to build
+// tokenizers described by GGUF metadata (gguf_vocab.h).
+StatusOr<std::unique_ptr<Tokenizer>> BuildTokenizer(nlohmann::json doc, BpeData data, const nlohmann::json& config,
+                                                    const nlohmann::json* generation_config, const std::string& source,
+                                                    const std::string& config_source);
+
 }  // namespace icecache::tokenizer

@@ -15,6 +15,9 @@ using Json = nlohmann::json;
 class TokenizerLoader {
  public:
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+  static StatusOr<std::unique_ptr<Tokenizer>> Build(Json doc, BpeData data, const Json& config,
+                                                    const Json* generation_config, const std::string& source,
+                                                    const std::string& config_source);
 
  private:
   static Status ParseTokenizerJson(const Json& j, BpeData data, TokenizerImpl* t);
@@ -249,14 +252,6 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Load(const std::string& pa
   if (!read.ok()) return read.WithContext(path);
   text.clear();
   text.shrink_to_fit();
-  auto t = std::make_unique<TokenizerImpl>();
-  try {
-    Status s = ParseTokenizerJson(j, std::move(data), t.get());
-    if (!s.ok()) return s.WithContext(path);
-  } catch (const Json::exception& e) {
-    return InvalidArgumentError(path + ": unexpected JSON structure: " + e.what());
-  }
-  j = Json();
 
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::string config_path = (dir / "tokenizer_config.json").string();
@@ -272,11 +267,25 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Load(const std::string& pa
     ICE_ASSIGN_OR_RETURN(std::string gtext, ReadFile(generation_path));
     ICE_ASSIGN_OR_RETURN(generation, ParseJsonFile(generation_path, gtext));
   }
+  return Build(std::move(j), std::move(data), config, has_generation ? &generation : nullptr, path, config_path);
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Build(Json j, BpeData data, const Json& config,
+                                                            const Json* generation_config, const std::string& source,
+                                                            const std::string& config_source) {
+  auto t = std::make_unique<TokenizerImpl>();
   try {
-    Status s = ParseConfig(config, has_generation ? &generation : nullptr, t.get());
-    if (!s.ok()) return s.WithContext(config_path);
+    Status s = ParseTokenizerJson(j, std::move(data), t.get());
+    if (!s.ok()) return s.WithContext(source);
   } catch (const Json::exception& e) {
-    return InvalidArgumentError(config_path + ": unexpected JSON structure: " + e.what());
+    return InvalidArgumentError(source + ": unexpected JSON structure: " + e.what());
+  }
+  j = Json();
+  try {
+    Status s = ParseConfig(config, generation_config, t.get());
+    if (!s.ok()) return s.WithContext(config_source);
+  } catch (const Json::exception& e) {
+    return InvalidArgumentError(config_source + ": unexpected JSON structure: " + e.what());
   }
   if (!config.is_object()) {
     // No config: a single-token template prefix is the bos token.
@@ -293,6 +302,12 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerLoader::Load(const std::string& pa
   std::sort(t->eos_ids_.begin(), t->eos_ids_.end());
   t->eos_ids_.erase(std::unique(t->eos_ids_.begin(), t->eos_ids_.end()), t->eos_ids_.end());
   return std::unique_ptr<Tokenizer>(std::move(t));
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> BuildTokenizer(nlohmann::json doc, BpeData data, const nlohmann::json& config,
+                                                    const nlohmann::json* generation_config, const std::string& source,
+                                                    const std::string& config_source) {
+  return TokenizerLoader::Build(std::move(doc), std::move(data), config, generation_config, source, config_source);
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) { return TokenizerLoader::Load(path); }

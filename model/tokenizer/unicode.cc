@@ -171,6 +171,15 @@ bool IsWhiteSpace(char32_t cp) {
   return InRanges(tables::kWhiteSpaceRanges, tables::kWhiteSpaceRangesSize, cp);
 }
 
+bool IsPunctuation(char32_t cp) {
+  return InRanges(tables::kPunctuationRanges, tables::kPunctuationRangesSize, cp);
+}
+
+bool IsRegexWordChar(char32_t cp) {
+  if (cp < 0x80) return ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') || (cp >= '0' && cp <= '9') || cp == '_';
+  return InRanges(tables::kWordRanges, tables::kWordRangesSize, cp);
+}
+
 char32_t SimpleCaseFold(char32_t cp) {
   if (cp < 0x80) return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp;
   const auto* end = tables::kCaseFolds + tables::kCaseFoldsSize;

@@ -38,6 +38,8 @@ bool IsValidUtf8(std::string_view bytes);
 bool IsLetter(char32_t cp);      // general category L*
 bool IsNumber(char32_t cp);      // general category N*
 bool IsWhiteSpace(char32_t cp);  // White_Space property
+bool IsPunctuation(char32_t cp); // general category P*
+bool IsRegexWordChar(char32_t cp);    // Rust regex \w: Alphabetic, M*, Nd, Pc, Join_Control
 char32_t SimpleCaseFold(char32_t cp);
 uint8_t CombiningClass(char32_t cp);
 

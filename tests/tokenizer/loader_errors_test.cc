@@ -63,16 +63,16 @@ TEST(LoaderErrorsTest, NamesFileAndProblem) {
   ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "\"vocab\""});
 
   j = ValidJson();
-  j["pre_tokenizer"] = {{"type", "Whitespace"}};
-  ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "unsupported pre_tokenizer type \"Whitespace\""});
+  j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
+  ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "unsupported pre_tokenizer type \"BertPreTokenizer\""});
 
   j = ValidJson();
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+|\\d";
   ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "pre_tokenizer Split", "unsupported escape"});
 
   j = ValidJson();
-  j["normalizer"] = {{"type", "NFKC"}};
-  ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "unsupported normalizer type \"NFKC\""});
+  j["normalizer"] = {{"type", "NFKD"}};
+  ExpectError(LoadText(dir, j.dump()), StatusCode::kInvalidArgument, {file, "unsupported normalizer type \"NFKD\""});
 
   j = ValidJson();
   j["decoder"] = {{"type", "WordPiece"}};

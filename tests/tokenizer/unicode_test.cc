@@ -99,6 +99,25 @@ TEST(UnicodeTest, NfcMatchesPythonOnRandomStrings) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// Every compatibility character (in groups of 16) and 1000 random strings, with NFKC from Python
+// (tests/fixtures/tokenizers/nfkc_python/generate.py).
+TEST(UnicodeTest, NfkcMatchesPython) {
+  std::istringstream in(testing::ReadFile(testing::SourcePath("tests/fixtures/tokenizers/nfkc_python/cases.jsonl")));
+  std::string line;
+  int lines = 0, mismatches = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    std::string got = NormalizeNfkc(j["text"].get<std::string>());
+    if (got != j["nfkc"].get<std::string>()) {
+      ++mismatches;
+      ADD_FAILURE() << j["text"] << " -> " << got << " vs " << j["nfkc"];
+    }
+    ++lines;
+  }
+  EXPECT_GT(lines, 1200);
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(UnicodeTest, NfcIsIdempotentOnItsOutput) {
   std::string s = "Vie\xCC\xA3\xCC\x82t Nam, \xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB, e\xCC\x81\xCC\xA7";
   std::string once = NormalizeNfc(s);

@@ -1,0 +1,55 @@
+// GGML tensor element types as stored in GGUF files, and their dequantisation to fp32.
+//
+// Block formats (ggml's published layouts; all little-endian, fp16 scales):
+//   F32, F16, BF16  plain elements.
+//   Q8_0  32 values: f16 d, int8 q[32];                       x = d * q
+//   Q4_0  32 values: f16 d, u8 qs[16] (low nibbles = values 0..15, high = 16..31); x = d * (nibble - 8)
+//   Q4_1  32 values: f16 d, f16 m, u8 qs[16] (as Q4_0);      x = d * nibble + m
+//   Q4_K  256 values in 8 sub-blocks of 32: f16 d, f16 dmin, u8 scales[12] (6-bit scale and min per
+//         sub-block), u8 qs[128] (each 32-byte run holds two sub-blocks: low then high nibbles);
+//         x = d * scale * nibble - dmin * min
+//   Q5_K  as Q4_K plus u8 qh[32] before qs: bit (2c) / (2c + 1) of qh[l] is the fifth bit of
+//         value l of sub-block 2c / 2c + 1
+//   Q6_K  256 values in 16 sub-blocks of 16: u8 ql[128] (low 4 bits), u8 qh[64] (high 2 bits),
+//         int8 scales[16], f16 d;  x = d * scale * (q - 32)
+// Dequantisation is exact in fp32 arithmetic: the result equals the format's definition evaluated
+// with fp32 multiplies and adds in the order written above. Pure functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace icecache::model {
+
+// ggml_type numbers of the types icecache loads (other numbers are recognised by name only).
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+// True for the types listed in GgmlType.
+bool GgmlTypeSupported(uint32_t type);
+// "Q4_K", "F32", ...; "type N" for numbers ggml does not define.
+std::string GgmlTypeName(uint32_t type);
+// Values per block (1 for plain types, 32 or 256) and bytes per block. REQUIRES: supported type.
+int64_t GgmlBlockValues(GgmlType type);
+int64_t GgmlBlockBytes(GgmlType type);
+// Bytes of `n` consecutive values; INVALID_ARGUMENT when n is negative or not a multiple of the
+// block size, OUT_OF_RANGE when the size overflows 63 bits.
+StatusOr<uint64_t> GgmlBytes(GgmlType type, int64_t n);
+
+// Writes the n values stored in src (GgmlBytes(type, n) bytes) to dst[0, n) as fp32.
+// REQUIRES: supported type, n a multiple of GgmlBlockValues(type).
+void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst);
+
+}  // namespace icecache::model

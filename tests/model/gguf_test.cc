@@ -1,0 +1,265 @@
+// GGUF parsing, dequantisation and model loading, against fixtures written and dequantised by
+// PyPI's gguf package (tools/gguf/make_gguf_fixtures.py).
+#include "model/gguf.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/dense_kv_cache.h"
+#include "model/gguf_dequant.h"
+#include "model/gguf_model.h"
+#include "model/model.h"
+#include "model/model_info.h"
+#include "model/tokenizer/tokenizer.h"
+
+namespace icecache::model {
+namespace {
+
+const std::string kDir = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/gguf/";
+
+std::vector<uint8_t> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(GgufTest, DequantisesEveryTypeAsTheGgufPackageDoes) {
+  auto file = GgufFile::Open(kDir + "dequant.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const GgufContents& c = (*file)->contents();
+  std::vector<uint8_t> ref_bytes = ReadAll(kDir + "dequant_reference.f32");
+  const std::vector<std::string> names = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"};
+  ASSERT_EQ(c.tensors.size(), names.size());
+  ASSERT_EQ(ref_bytes.size(), names.size() * 1024 * 4);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const GgufTensor& t = c.tensors[i];
+    EXPECT_EQ(t.name, names[i]);
+    EXPECT_EQ(t.shape(), (std::vector<int64_t>{4, 256}));
+    std::vector<float> got(1024), want(1024);
+    std::memcpy(want.data(), ref_bytes.data() + i * 4096, 4096);
+    DequantizeGgml(t.type, (*file)->data(t), 1024, got.data());
+    int mismatches = 0;
+    for (int k = 0; k < 1024; ++k) mismatches += got[k] != want[k];  // exact: same fp32 operations
+    EXPECT_EQ(mismatches, 0) << names[i];
+  }
+}
+
+TEST(GgufTest, ReadsMetadata) {
+  auto file = GgufFile::Open(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const GgufContents& c = (*file)->contents();
+  EXPECT_EQ(c.version, 3u);
+  EXPECT_EQ(*c.GetString("general.architecture"), "llama");
+  EXPECT_EQ(*c.GetInt("llama.block_count"), 2);
+  EXPECT_FLOAT_EQ(static_cast<float>(*c.GetFloat("llama.rope.freq_base")), 100000.0f);
+  EXPECT_EQ(c.GetStringArray("tokenizer.ggml.tokens")->size(), 300u);
+  EXPECT_EQ(c.GetString("llama.block_count").status().code(), StatusCode::kInvalidArgument);
+  auto missing = c.GetInt("llama.nothing");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("tiny_llama.gguf"), std::string::npos);
+}
+
+TEST(GgufTest, ConfigFromMetadata) {
+  auto file = GgufFile::Open(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(file.ok());
+  auto cfg = GgufModelConfig((*file)->contents());
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->arch, Architecture::kLlama);
+  EXPECT_EQ(cfg->hidden_size, 256);
+  EXPECT_EQ(cfg->num_layers, 2);
+  EXPECT_EQ(cfg->num_heads, 4);
+  EXPECT_EQ(cfg->num_kv_heads, 2);
+  EXPECT_EQ(cfg->head_dim, 64);
+  EXPECT_EQ(cfg->vocab_size, 300);
+  EXPECT_EQ(cfg->max_position, 512);
+  EXPECT_FALSE(cfg->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(cfg->rope.theta, 100000.0);
+  EXPECT_FLOAT_EQ(cfg->rms_norm_eps, 1e-5f);
+  EXPECT_EQ(cfg->eos_ids, (std::vector<int32_t>{2}));
+}
+
+// The weights of the GGUF, dequantised and un-permuted by icecache, equal those the gguf package
+// dequantised and Python un-permuted into tiny_llama_hf/ (bf16 rounded the same way).
+TEST(GgufTest, WeightsMatchThePythonConversion) {
+  auto gguf = LoadGgufModel(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+  auto hf = Checkpoint::Open(kDir + "tiny_llama_hf");
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  EXPECT_EQ(gguf->checkpoint->TensorNames(), (*hf)->TensorNames());
+  for (const std::string& name : (*hf)->TensorNames()) {
+    TensorView a = *gguf->checkpoint->Get(name), b = *(*hf)->Get(name);
+    EXPECT_EQ(a.info->shape, b.info->shape) << name;
+    EXPECT_EQ(a.info->dtype, b.info->dtype) << name;
+    ASSERT_EQ(a.info->end - a.info->begin, b.info->end - b.info->begin) << name;
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.info->end - a.info->begin), 0) << name;
+  }
+}
+
+std::vector<float> Logits(Model& m, const std::vector<int32_t>& ids) {
+  DenseKvCache cache(m.attention_shape());
+  EXPECT_TRUE(cache.AddSequence(1).ok());
+  SequenceInput in{1, ids};
+  std::vector<float> logits;
+  Status s = m.Forward({&in, 1}, cache, LogitsMode::kAllTokens, &logits);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return logits;
+}
+
+TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
+  auto from_gguf = Model::Load(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
+  auto from_hf = Model::Load(kDir + "tiny_llama_hf");
+  ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();
+  const std::vector<int32_t> ids = {1, 80, 75, 72, 3, 299, 150, 2, 42};
+  std::vector<float> a = Logits(**from_gguf, ids), b = Logits(**from_hf, ids);
+  ASSERT_EQ(a.size(), ids.size() * 300);
+  ASSERT_EQ(a.size(), b.size());
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::fabs(b[i])));
+  }
+  EXPECT_EQ(max_diff, 0.0) << "max |logit| " << max_abs;  // same weights, same kernels
+  EXPECT_GT(max_abs, 0.1);
+
+  ASSERT_NE((*from_gguf)->tokenizer(), nullptr);
+  const tokenizer::Tokenizer& tok = *(*from_gguf)->tokenizer();
+  EXPECT_EQ(tok.vocab_size(), 300);
+  EXPECT_EQ(tok.chat_format(), tokenizer::ChatFormat::kChatMl);
+  auto text = tok.ApplyChatTemplate({{"user", "hi"}}, true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text,
+            "<|im_start|>system\nYou are a tiny test model<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  auto enc = tok.Encode("<|im_start|>the 12 cats");
+  ASSERT_TRUE(enc.ok());
+  // "the" has no leading space so stays h/e merged as "he" after "t"; digits split one by one.
+  std::vector<int32_t> want = {1,
+                               *tok.TokenToId("t"),
+                               *tok.TokenToId("he"),
+                               *tok.TokenToId("\xC4\xA0"),
+                               *tok.TokenToId("1"),
+                               *tok.TokenToId("2"),
+                               *tok.TokenToId("\xC4\xA0"
+                                              "c"),
+                               *tok.TokenToId("at"),
+                               *tok.TokenToId("s")};
+  EXPECT_EQ(*enc, want);
+  EXPECT_EQ(*tok.Decode(*enc), "<|im_start|>the 12 cats");
+  EXPECT_EQ(tok.eos_ids(), (std::vector<int32_t>{2}));
+
+  // A directory without config.json holding one .gguf file loads it; two are refused by name.
+  const auto dir = std::filesystem::temp_directory_path() / ("icecache_gguf_dir_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "model.gguf");
+  auto from_dir = Model::Load(dir.string());
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status().ToString();
+  EXPECT_EQ(Logits(**from_dir, ids), b);
+  std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "other.gguf");
+  auto two = Model::Load(dir.string());
+  EXPECT_EQ(two.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(two.status().message().find("several GGUF files"), std::string::npos) << two.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace icecache::model
+
+namespace icecache::model {
+namespace {
+
+// A llama (SentencePiece) vocabulary with scores and byte fallback, trained by Google's
+// sentencepiece, against sentencepiece's own ids (tools/gguf/make_spm_fixture.py).
+TEST(GgufTest, SentencePieceTokenizerMatchesSentencePiece) {
+  auto file = GgufFile::Open(kDir + "spm_tokenizer.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto tok = GgufTokenizer((*file)->contents());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  std::ifstream in(kDir + "spm_reference.json", std::ios::binary);
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto& texts = ref["texts"];
+  ASSERT_GE(texts.size(), 300u);
+  int mismatches = 0, decode_mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string text = texts[i].get<std::string>();
+    const auto want = ref["ids"][i].get<std::vector<int32_t>>();
+    auto ids = (*tok)->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    if (*ids != want) {
+      ++mismatches;
+      ADD_FAILURE() << "text " << i << " '" << text << "': " << ::testing::PrintToString(*ids) << " vs "
+                    << ::testing::PrintToString(want);
+    }
+    auto decoded = (*tok)->Decode(want);
+    ASSERT_TRUE(decoded.ok());
+    if (*decoded != ref["decoded"][i].get<std::string>()) {
+      ++decode_mismatches;
+      ADD_FAILURE() << "decode " << i << " '" << *decoded << "' vs '" << ref["decoded"][i].get<std::string>() << "'";
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(decode_mismatches, 0);
+  auto with_bos = (*tok)->Encode("hello", /*add_special_tokens=*/true);
+  ASSERT_TRUE(with_bos.ok());
+  EXPECT_EQ((*with_bos)[0], 1);  // tokenizer.ggml.add_bos_token
+}
+
+}  // namespace
+}  // namespace icecache::model
+
+namespace icecache::model {
+namespace {
+
+// Qwen2 (q/k/v biases) and Qwen3 (q/k norms, head_dim from attention.key_length), stored
+// unpermuted: weights byte-equal to the Python conversion and logits equal to it.
+class GgufArchTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufArchTest, LoadsWithTheWeightsAndLogitsOfThePythonConversion) {
+  auto from_gguf = Model::Load(kDir + "tiny_" + GetParam() + ".gguf");
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
+  auto from_hf = Model::Load(kDir + "tiny_" + GetParam() + "_hf");
+  ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();
+  EXPECT_EQ((*from_gguf)->config().arch, (*from_hf)->config().arch);
+  EXPECT_EQ((*from_gguf)->config().head_dim, 64);
+  EXPECT_EQ((*from_gguf)->config().num_heads, (*from_hf)->config().num_heads);
+  EXPECT_EQ((*from_gguf)->config().attention_bias, (*from_hf)->config().attention_bias);
+  EXPECT_EQ((*from_gguf)->config().qk_norm, (*from_hf)->config().qk_norm);
+  const std::vector<int32_t> ids = {1, 80, 75, 72, 3, 299, 150, 2, 42};
+  std::vector<float> a = Logits(**from_gguf, ids), b = Logits(**from_hf, ids);
+  ASSERT_EQ(a.size(), ids.size() * 300);
+  EXPECT_EQ(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GgufArchTest, ::testing::Values("qwen2", "qwen3"));
+
+}  // namespace
+}  // namespace icecache::model
+
+namespace icecache::model {
+namespace {
+
+TEST(GgufTest, ModelInfoReadsConfigAndTokenizerOfBothLayouts) {
+  auto gguf = LoadModelInfo(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+  auto hf = LoadModelInfo(kDir + "tiny_llama_hf");
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  EXPECT_EQ(gguf->gguf_path, kDir + "tiny_llama.gguf");
+  EXPECT_TRUE(hf->gguf_path.empty());
+  EXPECT_EQ(gguf->config.num_layers, hf->config.num_layers);
+  EXPECT_EQ(gguf->config.vocab_size, hf->config.vocab_size);
+  ASSERT_NE(gguf->tokenizer, nullptr);
+  EXPECT_EQ(hf->tokenizer, nullptr);  // tiny_llama_hf has no tokenizer.json
+  EXPECT_EQ(LoadModelInfo(kDir + "missing.gguf").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace icecache::model
