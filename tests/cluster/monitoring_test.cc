@@ -119,7 +119,7 @@ TEST_F(MonitoringCluster, DashboardQueriesExportedMetrics) {
 
   std::ifstream f(kMonitoring + "grafana/icecache-dashboard.json");
   auto dash = nlohmann::json::parse(f);
-  std::regex metric(R"(icecache_[a-z_]+)");
+  std::regex metric(R"(icecache_[a-z0-9_]+)");
   int checked = 0;
   for (const auto& panel : dash["panels"]) {
     for (const auto& target : panel["targets"]) {
