@@ -2,17 +2,15 @@
 // fp32 once and used by every query head of the GQA group. AVX-512 fast path (head_dim % 16 == 0,
 // GQA 1/2/4/8): one pass with an online softmax, see DecodeOneListVec. Otherwise: scores kept for
 // the whole selected set, exact softmax (two passes over the pages: K, then V).
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 namespace {
 
@@ -80,7 +78,7 @@ void DecodeOneList(const PagedDecodeAttentionParams& p, int b, int g, std::vecto
   }
 }
 
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
 
 constexpr int kPrefetchPages = 4;
 
@@ -316,7 +314,7 @@ void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::ve
 template <DType T>
 void DecodeList(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores,
                 std::vector<float>& row) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   if (p.head_dim % 16 == 0) {
     switch (p.num_q_heads / p.num_kv_heads) {
       case 1: return DecodeOneListVec<T, 1>(p, b, g, scores, row);
@@ -345,4 +343,4 @@ Status PagedDecodeAttention(const PagedDecodeAttentionParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

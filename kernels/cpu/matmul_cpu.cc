@@ -4,15 +4,13 @@
 //    rows by up to eight x rows at a time. Memory-bound on W at m = 1, FMA-bound at m = 8..16.
 //  * larger m: per thread a panel of kPanelRows weight rows x kPanelK columns is converted to fp32
 //    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it.
-#include <omp.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 namespace {
 
@@ -39,7 +37,7 @@ float BiasAt(const MatmulParams& p, int j) {
 // summation order, same error bound).
 template <DType T, int MR, int NW>
 void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, int k, float* out) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   static_assert(NW >= 1 && NW <= 4 && MR * NW <= 24);
   constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
   __m512 acc[MR][NW];
@@ -150,7 +148,7 @@ void Gemv(const MatmulParams& p) {
 template <int MR, int NR>
 void MicroKernel(const float* x, size_t ldx, const float* panel, int ldp, int kc, float* y,
                  size_t ldy) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   __m512 acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -253,4 +251,4 @@ Status Matmul(const MatmulParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

@@ -2,10 +2,9 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 namespace {
 
 // Below this many elements an op is a few microseconds of work, less than waking the OpenMP
@@ -71,7 +70,7 @@ Status ApplyRope(const RopeParams& p) {
   return Status::Ok();
 }
 
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
 // silu(g) * u for n <= 16 lanes (masked): sigmoid from e = exp(-|g|) <= 1, as 1 / (1 + e) for
 // g >= 0 and e / (1 + e) below, so exp never overflows. ~2 ulp, like the scalar expf path
 // (libm's expf is not vectorised here and was most of the op's time).
@@ -89,7 +88,7 @@ inline void SwiGlu16(const float* gate, const float* up, float* out, __mmask16 m
 
 Status SwiGlu(const SwiGluParams& p) {
   const int threads = ThreadsFor(p.n);
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   const long blocks = (p.n + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (long b = 0; b < blocks; ++b) {
@@ -134,4 +133,4 @@ Status Embedding(const EmbeddingParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

@@ -6,19 +6,16 @@
 // 64-key register tile), causal mask on the diagonal block only, online softmax (running max and
 // sum per row, vectorised exp), then O += P·V with a 4-row × 64-dim register tile. Without
 // AVX-512 (or for head_dim not a multiple of 16) a scalar row-by-row version runs instead.
-#include "kernels/cpu/prefill_attention_cpu.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 namespace {
 
@@ -50,7 +47,7 @@ void PrefillRowsScalar(const PrefillAttentionParams& p, int kvh, int i0, int i1,
   }
 }
 
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
 constexpr int kKeyBlock = 64;  // keys per block: 4 zmm of scores per row
 
 // Working memory of one task, reused across tasks of a thread.
@@ -237,14 +234,14 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   const int positions_per_task = std::max(1, 128 / group);
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   const bool vec = p.head_dim % 16 == 0;
 #else
   const bool vec = false;
 #endif
 #pragma omp parallel num_threads(CpuThreads())
   {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
     Tile tile;
 #endif
     std::vector<float> sc;
@@ -253,7 +250,7 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
       const int block = blocks - 1 - task / p.num_kv_heads;
       const int kvh = task % p.num_kv_heads;
       const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
       if (vec) {
         PrefillTask(p, kvh, i0, i1, tile);
         continue;
@@ -277,4 +274,4 @@ Status PrefillAttentionRowwise(const PrefillAttentionParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS
