@@ -77,6 +77,46 @@ void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, in
                                           NW > 2 ? acc[r][NW > 2 ? 2 : 0] : zero,
                                           NW > 3 ? acc[r][NW > 3 ? 3 : 0] : zero));
   }
+#elif ICE_SIMD_AVX2
+  // 16 ymm registers: the rows are taken four at a time (MR * NW <= 12 accumulators), each strip
+  // of rows re-reading the NW weight rows (from L1/L2 after the first strip). Every accumulator
+  // sees the same FMA sequence and reduction (HSum8) whatever MR and NW are.
+  static_assert(NW >= 1 && NW <= 4);
+  constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  for (int r0 = 0; r0 < MR; r0 += 4) {
+    constexpr int kStrip = MR < 4 ? MR : 4;
+    const int mr = std::min(kStrip, MR - r0);
+    __m256 acc[kStrip][NW];
+    for (int r = 0; r < kStrip; ++r)
+      for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_setzero_ps();
+    const float* xs = x + r0 * ldx;
+    int i = 0;
+    for (; i + 8 <= k; i += 8) {
+      __m256 wv[NW];
+      for (int c = 0; c < NW; ++c) wv[c] = Load8<T>(w + c * w_row_bytes, i);
+      if (r0 == 0 && (i * kElem) % 64 == 0) {
+        // As the AVX-512 kernel: the next block's rows into L2 as one linear stream.
+        const char* next = w + NW * w_row_bytes + i * kElem * NW;
+        for (int c = 0; c < NW; ++c) _mm_prefetch(next + c * 64, _MM_HINT_T1);
+      }
+      for (int r = 0; r < kStrip; ++r) {
+        if (r >= mr) break;
+        __m256 xv = _mm256_loadu_ps(xs + r * ldx + i);
+        __asm__("" : "+x"(xv));  // one load of x for the NW FMAs (see above)
+        for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    if (i < k) {
+      __m256 wv[NW];
+      for (int c = 0; c < NW; ++c) wv[c] = Load8Tail<T>(w + c * w_row_bytes, i, k - i);
+      for (int r = 0; r < mr; ++r) {
+        const __m256 xv = Load8Tail<DType::kF32>(xs + r * ldx, i, k - i);
+        for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < mr; ++r)
+      for (int c = 0; c < NW; ++c) out[(r0 + r) * 4 + c] = HSum8(acc[r][c]);
+  }
 #else
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NW; ++c) out[r * 4 + c] = Dot<T>(x + r * ldx, w + c * w_row_bytes, k);
@@ -172,6 +212,37 @@ void MicroKernel(const float* x, size_t ldx, const float* panel, int ldp, int kc
   }
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) y[r * ldy + c] += _mm512_reduce_add_ps(acc[r][c]);
+#elif ICE_SIMD_AVX2
+  // Columns in pairs: MR x 2 accumulators + 2 panel vectors + x (11 of the 16 ymm registers);
+  // the x rows (L1-resident, kc <= kPanelK) are read once per pair.
+  for (int c0 = 0; c0 < NR; c0 += 2) {
+    constexpr int kPair = NR < 2 ? NR : 2;
+    const int nc = std::min(kPair, NR - c0);
+    __m256 acc[MR][kPair];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < kPair; ++c) acc[r][c] = _mm256_setzero_ps();
+    const float* pc = panel + c0 * ldp;
+    const int pair = nc == kPair ? kPair : 1;
+    int i = 0;
+    for (; i + 8 <= kc; i += 8) {
+      __m256 wv[kPair];
+      for (int c = 0; c < kPair; ++c) wv[c] = _mm256_loadu_ps(pc + (c < pair ? c : 0) * ldp + i);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xv = _mm256_loadu_ps(x + r * ldx + i);
+        for (int c = 0; c < kPair; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    if (i < kc) {
+      __m256 wv[kPair];
+      for (int c = 0; c < kPair; ++c) wv[c] = Load8Tail<DType::kF32>(pc + (c < pair ? c : 0) * ldp, i, kc - i);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xv = Load8Tail<DType::kF32>(x + r * ldx, i, kc - i);
+        for (int c = 0; c < kPair; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < nc; ++c) y[r * ldy + c0 + c] += HSum8(acc[r][c]);
+  }
 #else
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) {

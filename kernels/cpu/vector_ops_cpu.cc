@@ -12,6 +12,8 @@ namespace {
 
 // kI8ExtraQuads of kvstore/vector_ops.h: the words of the MIPS extra coordinate.
 constexpr int kI8ExtraQuads = 1;
+// kI8MaxQuads of kvstore/vector_ops.h.
+constexpr int kI8MaxQuadsKernel = 256;
 
 #if ICE_SIMD_AVX512
 // 16 floats to bf16, the rounding of F32ToBf16 (nearest even; NaN stays NaN, quieted).
@@ -354,10 +356,23 @@ float MaxAbs(const float* v, int n) {
   __m512 m = _mm512_setzero_ps();
   for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
   mx = _mm512_reduce_max_ps(m);
+#elif ICE_SIMD_AVX2
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(abs_mask, _mm256_loadu_ps(v + j)));
+  mx = HMax8(m);
 #endif
   for (; j < n; ++j) mx = std::max(mx, std::fabs(v[j]));
   return mx;
 }
+
+#if ICE_SIMD_AVX2
+// The 8 int32 lanes of v (each in [-128, 127]) as 8 bytes at q (saturating packs: never clip).
+inline void StoreI8x8(int8_t* q, __m256i v) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));
+}
+#endif
 
 // q[j] = round(v[j] * inv) (nearest, ties to even), |v[j] * inv| <= 127 up to rounding.
 void RoundToI8(const float* v, int n, float inv, int8_t* q) {
@@ -367,9 +382,35 @@ void RoundToI8(const float* v, int n, float inv, int8_t* q) {
   const __m512 vi = _mm512_set1_ps(inv);
   for (; j + 16 <= n; j += 16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), vi))));
+#elif ICE_SIMD_AVX2
+  const __m256 vi = _mm256_set1_ps(inv);
+  for (; j + 8 <= n; j += 8) StoreI8x8(q + j, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j), vi)));
 #endif
   for (; j < n; ++j) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.f, 127.f));
 }
+
+#if ICE_SIMD_AVX2
+// The AVX2 int8 dot (no vpdpbusd; vpmaddubsw saturates at int16, 2 * 255 * 127 > 32767): a row
+// word's u8 bytes split into even (0, 2) and odd (1, 3) bytes as int16 pairs (w & 0x00ff00ff,
+// (w >> 8) & 0x00ff00ff), a key word's s8 bytes likewise, sign-extended; vpmaddwd then gives
+// exact int32 sums of two products.
+// kl[j] = s8 bytes (0, 2) of w[j] as int16 pairs, kh[j] = bytes (1, 3), for j < quads.
+inline void SplitS8Words(const uint32_t* w, int quads, int32_t* kl, int32_t* kh) {
+  auto pair = [](uint32_t lo, uint32_t hi) {
+    return static_cast<int32_t>(static_cast<uint16_t>(static_cast<int8_t>(lo)) |
+                                static_cast<uint32_t>(static_cast<uint16_t>(static_cast<int8_t>(hi))) << 16);
+  };
+  for (int j = 0; j < quads; ++j) {
+    kl[j] = pair(w[j], w[j] >> 16);
+    kh[j] = pair(w[j] >> 8, w[j] >> 24);
+  }
+}
+
+// acc + per lane the 4-byte dot of the row word (split as even / odd) with the key word (kl, kh).
+inline __m256i AddDotPairs(__m256i acc, __m256i even, __m256i odd, __m256i kl, __m256i kh) {
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(even, kl), _mm256_madd_epi16(odd, kh)));
+}
+#endif
 
 // Four bytes of one word (byte b = value b).
 uint32_t Word(int b0, int b1, int b2, int b3) {
@@ -429,6 +470,17 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, flo
     _mm_storeu_si128(reinterpret_cast<__m128i*>(b + j), _mm512_cvtsepi32_epi8(v));
   }
   sum = _mm512_reduce_add_epi32(acc);
+#elif ICE_SIMD_AVX2
+  const __m256 vi = _mm256_set1_ps(inv);
+  __m256i acc = _mm256_setzero_si256();
+  for (; j + 8 <= dim; j += 8) {
+    const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(key + j), vi));
+    acc = _mm256_add_epi32(acc, v);
+    StoreI8x8(b + j, v);
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  for (int t = 0; t < 8; ++t) sum += lanes[t];
 #endif
   RoundToI8(key + j, dim - j, inv, b + j);
   for (; j < dim; ++j) sum += b[j];
@@ -500,6 +552,76 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     }
     for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
   }
+#elif ICE_SIMD_AVX2
+  // Exact int32 dots by AddDotPairs (each key's words split once). kT keys against 16 rows per
+  // pass; the running best per lane and the chunk scheme are those of the AVX-512 kernel, with
+  // strips of 16 rows in place of blocks of 32.
+  constexpr int kT = 4;
+  const int ns = (nr + 15) / 16;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i even = _mm256_set1_epi32(0x00ff00ff);
+  const __m256i int_min = _mm256_set1_epi32(INT32_MIN);
+  alignas(32) int32_t kl[kT][kI8MaxQuadsKernel], kh[kT][kI8MaxQuadsKernel];
+  for (; i < nx; i += kT) {
+    __m256i init[kT];
+    int32_t best_dot[kT], best_row[kT];
+    for (int t = 0; t < kT; ++t) {
+      const int src = std::min(i + t, nx - 1);
+      const uint32_t* xs = x + static_cast<size_t>(src) * quads;
+      SplitS8Words(xs, quads, kl[t], kh[t]);
+      init[t] = _mm256_set1_epi32(-128 * x_sum[src]);
+      best_dot[t] = INT32_MIN;
+      best_row[t] = 0;
+    }
+    for (int c0 = 0; c0 < ns; c0 += 128) {
+      const int c1 = std::min(ns, c0 + 128);
+      __m256i bk[kT][2];
+      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = int_min;
+      for (int b = c0; b < c1; ++b) {
+        __m256i acc[kT][2];
+        for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
+        const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
+        for (int j = 0; j < quads; ++j, r += ld) {
+          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
+          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
+          const __m256i e0 = _mm256_and_si256(r0, even), o0 = _mm256_and_si256(_mm256_srli_epi32(r0, 8), even);
+          const __m256i e1 = _mm256_and_si256(r1, even), o1 = _mm256_and_si256(_mm256_srli_epi32(r1, 8), even);
+          for (int t = 0; t < kT; ++t) {
+            const __m256i ul = _mm256_set1_epi32(kl[t][j]), uh = _mm256_set1_epi32(kh[t][j]);
+            acc[t][0] = AddDotPairs(acc[t][0], e0, o0, ul, uh);
+            acc[t][1] = AddDotPairs(acc[t][1], e1, o1, ul, uh);
+          }
+        }
+        // Lanes past nr never count.
+        const __m256i rem = _mm256_set1_epi32(nr - b * 16);
+        const __m256i v0 = _mm256_cmpgt_epi32(rem, lane);
+        const __m256i v1 = _mm256_cmpgt_epi32(rem, _mm256_add_epi32(lane, _mm256_set1_epi32(8)));
+        const __m256i c = _mm256_set1_epi32(127 - (b - c0));
+        for (int t = 0; t < kT; ++t) {
+          const __m256i s0 = _mm256_add_epi32(_mm256_slli_epi32(acc[t][0], 7), c);
+          const __m256i s1 = _mm256_add_epi32(_mm256_slli_epi32(acc[t][1], 7), c);
+          bk[t][0] = _mm256_max_epi32(bk[t][0], _mm256_blendv_epi8(int_min, s0, v0));
+          bk[t][1] = _mm256_max_epi32(bk[t][1], _mm256_blendv_epi8(int_min, s1, v1));
+        }
+      }
+      for (int t = 0; t < kT; ++t) {
+        // The best key; among lanes holding it, the lowest (same strip, same dot).
+        __m256i mv = _mm256_max_epi32(bk[t][0], bk[t][1]);
+        mv = _mm256_max_epi32(mv, _mm256_permute2x128_si256(mv, mv, 1));
+        mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0x4e));
+        mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0xb1));
+        const int32_t m = _mm256_cvtsi256_si32(mv);
+        const uint32_t eq = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[t][0], mv)))) |
+                            static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[t][1], mv)))) << 8;
+        const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - strip
+        if (dot > best_dot[t]) {
+          best_dot[t] = dot;
+          best_row[t] = (c0 + 127 - (m & 127)) * 16 + __builtin_ctz(eq);
+        }
+      }
+    }
+    for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
+  }
 #endif
   // The same integers: u8 row bytes minus 128 times s8 key bytes.
   for (; i < nx; ++i) {
@@ -552,6 +674,41 @@ void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, c
         float* o = out + static_cast<size_t>(h0 + h) * nr + r0;
         _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0]), _mm512_mul_ps(qs, s0)));
         _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][1]), _mm512_mul_ps(qs, s1)));
+      }
+#elif ICE_SIMD_AVX2
+      // As ArgmaxDotI8's AVX2 kernel (AddDotPairs), 16 rows of the block per pass.
+      const __m256i even = _mm256_set1_epi32(0x00ff00ff);
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      int32_t kl[4][kI8MaxQuadsKernel], kh[4][kI8MaxQuadsKernel];
+      for (int h = 0; h < nh; ++h) {
+        const uint32_t* q = qw + static_cast<size_t>(h0 + h) * qstride;
+        SplitS8Words(q, quads, kl[h], kh[h]);
+      }
+      for (int half = 0; half * 16 < cnt; ++half) {
+        __m256i acc[4][2];
+        for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm256_set1_epi32(-128 * q_sum[h0 + h]);
+        for (int j = 0; j < quads; ++j) {
+          const uint32_t* rw = blk + j * 32 + half * 16;
+          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
+          const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));
+          const __m256i ae = _mm256_and_si256(a, even), ao = _mm256_and_si256(_mm256_srli_epi32(a, 8), even);
+          const __m256i ce = _mm256_and_si256(c, even), co = _mm256_and_si256(_mm256_srli_epi32(c, 8), even);
+          for (int h = 0; h < nh; ++h) {
+            const __m256i ul = _mm256_set1_epi32(kl[h][j]), uh = _mm256_set1_epi32(kh[h][j]);
+            acc[h][0] = AddDotPairs(acc[h][0], ae, ao, ul, uh);
+            acc[h][1] = AddDotPairs(acc[h][1], ce, co, ul, uh);
+          }
+        }
+        const int base = r0 + half * 16, n16 = std::min(16, cnt - half * 16);
+        const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n16), lane);
+        const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n16 - 8), lane);
+        const __m256 s0 = _mm256_maskload_ps(scale + base, m0), s1 = _mm256_maskload_ps(scale + base + 8, m1);
+        for (int h = 0; h < nh; ++h) {
+          const __m256 qs = _mm256_set1_ps(q_scale[h0 + h]);
+          float* o = out + static_cast<size_t>(h0 + h) * nr + base;
+          _mm256_maskstore_ps(o, m0, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][0]), _mm256_mul_ps(qs, s0)));
+          _mm256_maskstore_ps(o + 8, m1, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][1]), _mm256_mul_ps(qs, s1)));
+        }
       }
 #else
       for (int h = 0; h < nh; ++h) {
