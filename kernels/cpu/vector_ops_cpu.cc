@@ -224,6 +224,40 @@ void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extr
 
 }  // namespace
 
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+// The AVX2 kernels of ArgmaxAugDot and ArgmaxAugDotBf16: two queries against 32 rows per pass.
+// block(i0, i1, rb, a) adds to a[t][0..3] (zeroed) the plain dot products of query i0 (t = 0)
+// and i1 (t = 1) with rows rb..rb+31; the augmented extras are added here, then a scalar
+// arg-max over the 32 scores (ties to the lowest row). An odd tail repeats the last query.
+template <typename Block>
+void ArgmaxAugPairs(int nx, const float* x_extra, int nr, const float* row_extra, Block&& block, int32_t* best) {
+  alignas(32) float sc[2][32];
+  for (int i = 0; i < nx; i += 2) {
+    const int i1 = std::min(i + 1, nx - 1);
+    float best0 = -INFINITY, best1 = -INFINITY;
+    int32_t arg0 = 0, arg1 = 0;
+    for (int rb = 0; rb < nr; rb += 32) {  // blocks past nr are headroom
+      __m256 a[2][4];
+      for (int t = 0; t < 2; ++t)
+        for (int c = 0; c < 4; ++c) a[t][c] = _mm256_setzero_ps();
+      block(i, i1, rb, a);
+      const __m256 u = _mm256_set1_ps(x_extra[i]), v = _mm256_set1_ps(x_extra[i1]);
+      for (int c = 0; c < 4; ++c) {
+        const __m256 e = _mm256_loadu_ps(row_extra + rb + 8 * c);
+        _mm256_store_ps(sc[0] + 8 * c, _mm256_fmadd_ps(u, e, a[0][c]));
+        _mm256_store_ps(sc[1] + 8 * c, _mm256_fmadd_ps(v, e, a[1][c]));
+      }
+      for (int k = 0; k < 32; ++k) {
+        if (sc[0][k] > best0) { best0 = sc[0][k]; arg0 = rb + k; }
+        if (sc[1][k] > best1) { best1 = sc[1][k]; arg1 = rb + k; }
+      }
+    }
+    best[i] = arg0;
+    if (i + 1 < nx) best[i + 1] = arg1;
+  }
+}
+#endif
+
 void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
                   const float* row_extra, int nr, int dim, int32_t* best) {
   int i = 0;
@@ -248,50 +282,20 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
   i = nx;
 #elif ICE_SIMD_AVX2
   // Two queries against 32 rows per pass: 4 loads + 2 broadcasts feed 8 FMAs.
-  alignas(32) float sc[2][32];
-  for (; i < nx; i += 2) {
-    const int i1 = std::min(i + 1, nx - 1);
-    const float* x0 = x + static_cast<size_t>(i) * x_stride;
+  ArgmaxAugPairs(nx, x_extra, nr, row_extra, [&](int i0, int i1, int rb, __m256 (&a)[2][4]) {
+    const float* x0 = x + static_cast<size_t>(i0) * x_stride;
     const float* x1 = x + static_cast<size_t>(i1) * x_stride;
-    float best0 = -INFINITY, best1 = -INFINITY;
-    int32_t arg0 = 0, arg1 = 0;
-    for (int rb = 0; rb < nr; rb += 32) {  // blocks past nr are headroom
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-      __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-      const float* r = rows_t + rb;
-      for (int j = 0; j < dim; ++j, r += ld) {
-        const __m256 u = _mm256_set1_ps(x0[j]), v = _mm256_set1_ps(x1[j]);
-        const __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + 8), r2 = _mm256_loadu_ps(r + 16),
-                     r3 = _mm256_loadu_ps(r + 24);
-        a0 = _mm256_fmadd_ps(u, r0, a0);
-        a1 = _mm256_fmadd_ps(u, r1, a1);
-        a2 = _mm256_fmadd_ps(u, r2, a2);
-        a3 = _mm256_fmadd_ps(u, r3, a3);
-        b0 = _mm256_fmadd_ps(v, r0, b0);
-        b1 = _mm256_fmadd_ps(v, r1, b1);
-        b2 = _mm256_fmadd_ps(v, r2, b2);
-        b3 = _mm256_fmadd_ps(v, r3, b3);
-      }
-      const float* e = row_extra + rb;
-      const __m256 e0 = _mm256_loadu_ps(e), e1 = _mm256_loadu_ps(e + 8), e2 = _mm256_loadu_ps(e + 16),
-                   e3 = _mm256_loadu_ps(e + 24);
-      const __m256 u = _mm256_set1_ps(x_extra[i]), v = _mm256_set1_ps(x_extra[i1]);
-      _mm256_store_ps(sc[0], _mm256_fmadd_ps(u, e0, a0));
-      _mm256_store_ps(sc[0] + 8, _mm256_fmadd_ps(u, e1, a1));
-      _mm256_store_ps(sc[0] + 16, _mm256_fmadd_ps(u, e2, a2));
-      _mm256_store_ps(sc[0] + 24, _mm256_fmadd_ps(u, e3, a3));
-      _mm256_store_ps(sc[1], _mm256_fmadd_ps(v, e0, b0));
-      _mm256_store_ps(sc[1] + 8, _mm256_fmadd_ps(v, e1, b1));
-      _mm256_store_ps(sc[1] + 16, _mm256_fmadd_ps(v, e2, b2));
-      _mm256_store_ps(sc[1] + 24, _mm256_fmadd_ps(v, e3, b3));
-      for (int k = 0; k < 32; ++k) {
-        if (sc[0][k] > best0) { best0 = sc[0][k]; arg0 = rb + k; }
-        if (sc[1][k] > best1) { best1 = sc[1][k]; arg1 = rb + k; }
+    const float* r = rows_t + rb;
+    for (int j = 0; j < dim; ++j, r += ld) {
+      const __m256 u = _mm256_set1_ps(x0[j]), v = _mm256_set1_ps(x1[j]);
+      for (int c = 0; c < 4; ++c) {
+        const __m256 rc = _mm256_loadu_ps(r + 8 * c);
+        a[0][c] = _mm256_fmadd_ps(u, rc, a[0][c]);
+        a[1][c] = _mm256_fmadd_ps(v, rc, a[1][c]);
       }
     }
-    best[i] = arg0;
-    if (i + 1 < nx) best[i + 1] = arg1;
-  }
+  }, best);
+  i = nx;
 #endif
   for (; i < nx; ++i) {
     const float* xi = x + static_cast<size_t>(i) * x_stride;
@@ -324,6 +328,28 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
         const __m512bh u = (__m512bh)_mm512_set1_epi32(static_cast<int>(xs[t][j]));
         a[t][0] = _mm512_dpbf16_ps(a[t][0], u, r0);
         a[t][1] = _mm512_dpbf16_ps(a[t][1], u, r1);
+      }
+    }
+  }, best);
+  i = nx;
+#elif ICE_SIMD_AVX2
+  // The pairs widened to fp32 (low half << 16, high half & 0xffff0000: exact), two FMAs per pair.
+  ArgmaxAugPairs(nx, x_extra, nr, row_extra, [&](int i0, int i1, int rb, __m256 (&a)[2][4]) {
+    const uint32_t* x0 = x + static_cast<size_t>(i0) * pairs;
+    const uint32_t* x1 = x + static_cast<size_t>(i1) * pairs;
+    const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const uint32_t* r = rows_t + rb;
+    for (int j = 0; j < pairs; ++j, r += ld) {
+      const __m256 u_lo = _mm256_set1_ps(Bf16ToF32(static_cast<uint16_t>(x0[j])));
+      const __m256 u_hi = _mm256_set1_ps(Bf16ToF32(static_cast<uint16_t>(x0[j] >> 16)));
+      const __m256 v_lo = _mm256_set1_ps(Bf16ToF32(static_cast<uint16_t>(x1[j])));
+      const __m256 v_hi = _mm256_set1_ps(Bf16ToF32(static_cast<uint16_t>(x1[j] >> 16)));
+      for (int c = 0; c < 4; ++c) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8 * c));
+        const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+        a[0][c] = _mm256_fmadd_ps(u_hi, hi, _mm256_fmadd_ps(u_lo, lo, a[0][c]));
+        a[1][c] = _mm256_fmadd_ps(v_hi, hi, _mm256_fmadd_ps(v_lo, lo, a[1][c]));
       }
     }
   }, best);
