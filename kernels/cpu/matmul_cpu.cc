@@ -19,6 +19,9 @@ constexpr int kGemvGroupRows = 8;
 constexpr int kGemvFeatures = 3;
 constexpr int kPanelRows = 64;
 constexpr int kPanelK = 512;
+// Panel rows per micro-kernel call: 4 x 4 zmm accumulators with AVX-512, 4 x 3 ymm with AVX2 (16
+// registers: 12 accumulators, 3 panel vectors, x).
+constexpr int kTileCols = ICE_SIMD_AVX512 || !ICE_SIMD_AVX2 ? 4 : 3;
 
 float BiasAt(const MatmulParams& p, int j) {
   if (p.bias == nullptr) return 0.f;
@@ -213,31 +216,31 @@ void MicroKernel(const float* x, size_t ldx, const float* panel, int ldp, int kc
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) y[r * ldy + c] += _mm512_reduce_add_ps(acc[r][c]);
 #elif ICE_SIMD_AVX2
-  // Columns in pairs: MR x 2 accumulators + 2 panel vectors + x (11 of the 16 ymm registers);
-  // the x rows (L1-resident, kc <= kPanelK) are read once per pair.
-  for (int c0 = 0; c0 < NR; c0 += 2) {
-    constexpr int kPair = NR < 2 ? NR : 2;
-    const int nc = std::min(kPair, NR - c0);
-    __m256 acc[MR][kPair];
+  // All NR <= 3 columns in one pass: MR x NR accumulators + NR panel vectors + x (16 ymm
+  // registers at 4 x 3). (Written as passes of up to 3 columns so that NR = 4 also compiles.)
+  for (int c0 = 0; c0 < NR; c0 += 3) {
+    constexpr int kCols = NR < 3 ? NR : 3;
+    const int nc = std::min(kCols, NR - c0);
+    __m256 acc[MR][kCols];
     for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < kPair; ++c) acc[r][c] = _mm256_setzero_ps();
+      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_setzero_ps();
     const float* pc = panel + c0 * ldp;
-    const int pair = nc == kPair ? kPair : 1;
+    const int loaded = nc == kCols ? kCols : 1;  // a short last pass re-reads column 0
     int i = 0;
     for (; i + 8 <= kc; i += 8) {
-      __m256 wv[kPair];
-      for (int c = 0; c < kPair; ++c) wv[c] = _mm256_loadu_ps(pc + (c < pair ? c : 0) * ldp + i);
+      __m256 wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = _mm256_loadu_ps(pc + (c < loaded ? c : 0) * ldp + i);
       for (int r = 0; r < MR; ++r) {
         const __m256 xv = _mm256_loadu_ps(x + r * ldx + i);
-        for (int c = 0; c < kPair; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+        for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
       }
     }
     if (i < kc) {
-      __m256 wv[kPair];
-      for (int c = 0; c < kPair; ++c) wv[c] = Load8Tail<DType::kF32>(pc + (c < pair ? c : 0) * ldp, i, kc - i);
+      __m256 wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = Load8Tail<DType::kF32>(pc + (c < loaded ? c : 0) * ldp, i, kc - i);
       for (int r = 0; r < MR; ++r) {
         const __m256 xv = Load8Tail<DType::kF32>(x + r * ldx, i, kc - i);
-        for (int c = 0; c < kPair; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+        for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
       }
     }
     for (int r = 0; r < MR; ++r)
@@ -298,8 +301,8 @@ void BlockedGemm(const MatmulParams& p) {
         }
         for (int r0 = 0; r0 < p.m; r0 += 4) {
           const int mr = std::min(4, p.m - r0);
-          for (int c0 = 0; c0 < nb; c0 += 4) {
-            MicroKernelMN(mr, std::min(4, nb - c0), p.x + r0 * k + k0, k,
+          for (int c0 = 0; c0 < nb; c0 += kTileCols) {
+            MicroKernelMN(mr, std::min(kTileCols, nb - c0), p.x + r0 * k + k0, k,
                           panel.data() + static_cast<size_t>(c0) * kPanelK, kPanelK, kc,
                           p.y + static_cast<size_t>(r0) * p.n + j0 + c0, p.n);
           }

@@ -227,33 +227,54 @@ void ArgmaxAugBlocks(int nx, const float* x_extra, int nr, const float* row_extr
 #if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
 // The AVX2 kernels of ArgmaxAugDot and ArgmaxAugDotBf16: two queries against 32 rows per pass.
 // block(i0, i1, rb, a) adds to a[t][0..3] (zeroed) the plain dot products of query i0 (t = 0)
-// and i1 (t = 1) with rows rb..rb+31; the augmented extras are added here, then a scalar
-// arg-max over the 32 scores (ties to the lowest row). An odd tail repeats the last query.
+// and i1 (t = 1) with rows rb..rb+31; the augmented extras are added here. As in the AVX-512
+// driver the running arg-max is kept per lane (best score and its row), reduced at the end:
+// the best score, then the lowest row holding it. An odd tail repeats the last query.
 template <typename Block>
 void ArgmaxAugPairs(int nx, const float* x_extra, int nr, const float* row_extra, Block&& block, int32_t* best) {
-  alignas(32) float sc[2][32];
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int i = 0; i < nx; i += 2) {
-    const int i1 = std::min(i + 1, nx - 1);
-    float best0 = -INFINITY, best1 = -INFINITY;
-    int32_t arg0 = 0, arg1 = 0;
+    const int src[2] = {i, std::min(i + 1, nx - 1)};
+    __m256 bv[2][4];
+    __m256i bi[2][4];
+    for (int t = 0; t < 2; ++t)
+      for (int c = 0; c < 4; ++c) {
+        bv[t][c] = _mm256_set1_ps(-INFINITY);
+        bi[t][c] = _mm256_setzero_si256();
+      }
     for (int rb = 0; rb < nr; rb += 32) {  // blocks past nr are headroom
       __m256 a[2][4];
       for (int t = 0; t < 2; ++t)
         for (int c = 0; c < 4; ++c) a[t][c] = _mm256_setzero_ps();
-      block(i, i1, rb, a);
-      const __m256 u = _mm256_set1_ps(x_extra[i]), v = _mm256_set1_ps(x_extra[i1]);
+      block(src[0], src[1], rb, a);
       for (int c = 0; c < 4; ++c) {
         const __m256 e = _mm256_loadu_ps(row_extra + rb + 8 * c);
-        _mm256_store_ps(sc[0] + 8 * c, _mm256_fmadd_ps(u, e, a[0][c]));
-        _mm256_store_ps(sc[1] + 8 * c, _mm256_fmadd_ps(v, e, a[1][c]));
-      }
-      for (int k = 0; k < 32; ++k) {
-        if (sc[0][k] > best0) { best0 = sc[0][k]; arg0 = rb + k; }
-        if (sc[1][k] > best1) { best1 = sc[1][k]; arg1 = rb + k; }
+        const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(rb + 8 * c));
+        for (int t = 0; t < 2; ++t) {
+          // -inf extras times a zero x_extra give NaN; an ordered compare never selects them.
+          const __m256 sc = _mm256_fmadd_ps(_mm256_set1_ps(x_extra[src[t]]), e, a[t][c]);
+          const __m256 gt = _mm256_cmp_ps(sc, bv[t][c], _CMP_GT_OQ);
+          bv[t][c] = _mm256_blendv_ps(bv[t][c], sc, gt);
+          bi[t][c] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(bi[t][c]), _mm256_castsi256_ps(idx), gt));
+        }
       }
     }
-    best[i] = arg0;
-    if (i + 1 < nx) best[i + 1] = arg1;
+    for (int t = 0; t < 2 && i + t < nx; ++t) {
+      alignas(32) float v[32];
+      alignas(32) int32_t r[32];
+      for (int c = 0; c < 4; ++c) {
+        _mm256_store_ps(v + 8 * c, bv[t][c]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(r + 8 * c), bi[t][c]);
+      }
+      // A lane that never beat -inf keeps row 0, as the scalar rule does.
+      float mv = v[0];
+      for (int k = 1; k < 32; ++k) mv = std::max(mv, v[k]);
+      int32_t arg = INT32_MAX;
+      for (int k = 0; k < 32; ++k) {
+        if (v[k] == mv) arg = std::min(arg, r[k]);
+      }
+      best[i + t] = arg == INT32_MAX ? 0 : arg;
+    }
   }
 }
 #endif
