@@ -697,6 +697,11 @@ void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, c
                  const int32_t* q_sum, const float* q_scale, int nq, float* out) {
   for (int h0 = 0; h0 < nq; h0 += 4) {
     const int nh = std::min(4, nq - h0);
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+    // The queries' words split once for all blocks (AddDotPairs).
+    int32_t kl[4][kI8MaxQuadsKernel], kh[4][kI8MaxQuadsKernel];
+    for (int h = 0; h < nh; ++h) SplitS8Words(qw + static_cast<size_t>(h0 + h) * qstride, quads, kl[h], kh[h]);
+#endif
     for (int b = 0; b * 32 < nr; ++b) {
       const uint32_t* blk = words + static_cast<size_t>(b) * quads * 32;
       const int r0 = b * 32, cnt = std::min(32, nr - r0);
@@ -726,11 +731,6 @@ void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, c
       // As ArgmaxDotI8's AVX2 kernel (AddDotPairs), 16 rows of the block per pass.
       const __m256i even = _mm256_set1_epi32(0x00ff00ff);
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      int32_t kl[4][kI8MaxQuadsKernel], kh[4][kI8MaxQuadsKernel];
-      for (int h = 0; h < nh; ++h) {
-        const uint32_t* q = qw + static_cast<size_t>(h0 + h) * qstride;
-        SplitS8Words(q, quads, kl[h], kh[h]);
-      }
       for (int half = 0; half * 16 < cnt; ++half) {
         __m256i acc[4][2];
         for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm256_set1_epi32(-128 * q_sum[h0 + h]);
