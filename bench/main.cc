@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "bench/workload.h"
+#include "kernels/simd_target.h"
 
 namespace icecache::bench {
 namespace {
@@ -32,5 +33,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "icecache-bench: unknown workload '%s' (run with --help for the list)\n", argv[1]);
     return 2;
   }
+  // Figures depend on the SIMD target of the CPU kernels: name it (ICECACHE_SIMD=avx512|avx2|scalar
+  // forces one; kernels/simd_target.h).
+  std::fprintf(stderr, "icecache-bench: CPU kernels on SIMD target %s\n",
+               std::string(icecache::kernels::SimdTargetName(icecache::kernels::ActiveSimdTarget())).c_str());
   return it->second.second(argc - 1, argv + 1);
 }

@@ -1,18 +1,17 @@
 // CPU attention. Paged decode: per (sequence, kv head) one task; each K/V vector is converted to
 // fp32 once and used by every query head of the GQA group. AVX-512 fast path (head_dim % 16 == 0,
-// GQA 1/2/4/8): one pass with an online softmax, see DecodeOneListVec. Otherwise: scores kept for
-// the whole selected set, exact softmax (two passes over the pages: K, then V).
-#include <omp.h>
+// GQA 1/2/4/8): one pass with an online softmax, see DecodeOneListVec; AVX2 fast path
+// (head_dim % 8 == 0, GQA 1/2/3/4/8), the same scheme on 8 lanes: DecodeOneListAvx2. Otherwise:
+// scores kept for the whole selected set, exact softmax (two passes over the pages: K, then V).
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 namespace {
 
@@ -80,7 +79,7 @@ void DecodeOneList(const PagedDecodeAttentionParams& p, int b, int g, std::vecto
   }
 }
 
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
 
 constexpr int kPrefetchPages = 4;
 
@@ -312,17 +311,172 @@ void DecodeOneListVec(const PagedDecodeAttentionParams& p, int b, int g, std::ve
 }
 #endif
 
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+constexpr int kPrefetchPagesAvx2 = 4;
+
+// Lane j of the result is the sum of a[j]'s lanes (8 horizontal sums at the cost of ~2).
+inline __m256 ReduceAdd8(const __m256 a[8]) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// The AVX2 fast path (head_dim % 8 == 0, GQA group G <= 8): DecodeOneListVec's scheme on 8 lanes.
+// One pass over the pages with an online softmax; per page:
+//  * scores: TB = 8 / G tokens at a time (lane t * G + h: token t, head h; G = 3 leaves two lanes
+//    unused), each K vector converted once for the G heads, one joint reduction per block;
+//  * the page's max, exps and sums per head (exps vectorised, the per-head folds scalar);
+//  * V: G heads x CC column chunks of the output in registers while the page's V rows stream by.
+template <DType T, int G>
+void DecodeOneListAvx2(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores) {
+  constexpr int TB = 8 / G;
+  constexpr int CC = G >= 8 ? 1 : 8 / G;
+  const int d = p.head_dim, chunks = d / 8, P = p.page_size;
+  const int list = b * p.num_kv_heads + g;
+  const int begin = p.page_indptr[list], end = p.page_indptr[list + 1];
+  const size_t head0 = static_cast<size_t>(b) * p.num_q_heads + static_cast<size_t>(g) * G;
+  float* out = p.out + head0 * d;
+  for (int i = 0; i < G * d; ++i) out[i] = 0.f;
+  const int max_blocks = (P + TB - 1) / TB;
+  scores.resize(static_cast<size_t>(max_blocks) * 8);
+  float* sc = scores.data();
+  const float* q = p.q + head0 * d;
+  const char* pages = static_cast<const char*>(p.pages);
+  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(T);
+  const size_t block_bytes = static_cast<size_t>(P) * row_bytes;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256 scale = _mm256_set1_ps(p.scale);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  float m[G], l[G];
+  for (int h = 0; h < G; ++h) {
+    m[h] = kNegInf;
+    l[h] = 0.f;
+  }
+  auto prefetch_page = [&](int page) __attribute__((always_inline)) {
+    const char* base = pages + static_cast<size_t>(p.page_ids[page]) * 2 * block_bytes;
+    const size_t bytes = static_cast<size_t>(p.page_valid[page]) * row_bytes;
+    for (size_t o = 0; o < bytes; o += 64) {
+      _mm_prefetch(base + o, _MM_HINT_T1);
+      _mm_prefetch(base + block_bytes + o, _MM_HINT_T1);
+    }
+  };
+  for (int j = begin; j < std::min(end, begin + kPrefetchPagesAvx2); ++j) prefetch_page(j);
+  for (int i = begin; i < end; ++i) {
+    if (i + kPrefetchPagesAvx2 < end) prefetch_page(i + kPrefetchPagesAvx2);
+    const int n = p.page_valid[i];
+    if (n == 0) continue;
+    const char* kbase = pages + static_cast<size_t>(p.page_ids[i]) * 2 * block_bytes;
+    const char* vbase = kbase + block_bytes;
+    const int blocks = (n + TB - 1) / TB;
+    __m256 page_max = neg_inf;
+    for (int blk = 0; blk < blocks; ++blk) {
+      const char* krow[TB];
+      // Rows past the valid ones repeat the last valid row (finite data); their lanes are masked.
+      for (int t = 0; t < TB; ++t) krow[t] = kbase + std::min(blk * TB + t, n - 1) * row_bytes;
+      __m256 acc[8];
+      for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
+      for (int c = 0; c < chunks; ++c) {
+        for (int t = 0; t < TB; ++t) {
+          const __m256 kv = Load8<T>(krow[t], c * 8);
+          for (int h = 0; h < G; ++h) acc[t * G + h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + c * 8), kv, acc[t * G + h]);
+        }
+      }
+      const int valid_lanes = std::min(TB, n - blk * TB) * G;
+      const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid_lanes), lane));
+      const __m256 s = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(ReduceAdd8(acc), scale), keep);
+      _mm256_storeu_ps(sc + blk * 8, s);
+      page_max = _mm256_max_ps(page_max, s);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, page_max);
+    float m_new[G], alpha[G];
+    for (int h = 0; h < G; ++h) {
+      m_new[h] = m[h];
+      for (int t = 0; t < TB; ++t) m_new[h] = std::max(m_new[h], lanes[t * G + h]);
+      // exp(-inf - m_new) must be 0 exactly: the first page sets alpha to 0.
+      alpha[h] = m[h] == kNegInf ? 0.f : std::exp(m[h] - m_new[h]);
+    }
+    alignas(32) float mrow[8];
+    for (int j = 0; j < 8; ++j) mrow[j] = j < TB * G ? m_new[j % G] : 0.f;
+    const __m256 mv = _mm256_load_ps(mrow);
+    __m256 sum = _mm256_setzero_ps();
+    for (int blk = 0; blk < blocks; ++blk) {
+      const __m256 s = _mm256_loadu_ps(sc + blk * 8);
+      const __m256 live = _mm256_cmp_ps(s, neg_inf, _CMP_NEQ_OQ);
+      const __m256 e = _mm256_and_ps(live, ExpNonPositive8(_mm256_sub_ps(s, mv)));
+      _mm256_storeu_ps(sc + blk * 8, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_store_ps(lanes, sum);
+    for (int h = 0; h < G; ++h) {
+      float sh = 0.f;
+      for (int t = 0; t < TB; ++t) sh += lanes[t * G + h];
+      l[h] = l[h] * alpha[h] + sh;
+      m[h] = m_new[h];
+    }
+    // V columns in groups of CC chunks of 8.
+    for (int c0 = 0; c0 < chunks; c0 += CC) {
+      const int cc = std::min(CC, chunks - c0);
+      __m256 o[G][CC];
+      for (int h = 0; h < G; ++h) {
+        const __m256 a = _mm256_set1_ps(alpha[h]);
+        for (int c = 0; c < CC; ++c) {
+          if (c < cc) o[h][c] = _mm256_mul_ps(_mm256_loadu_ps(out + h * d + (c0 + c) * 8), a);
+        }
+      }
+      for (int t = 0; t < n; ++t) {
+        const char* vrow = vbase + t * row_bytes;
+        const float* e = sc + (t / TB) * 8 + (t % TB) * G;
+        __m256 v[CC];
+        for (int c = 0; c < CC; ++c) {
+          if (c < cc) v[c] = Load8<T>(vrow, (c0 + c) * 8);
+        }
+        for (int h = 0; h < G; ++h) {
+          const __m256 pe = _mm256_broadcast_ss(e + h);
+          for (int c = 0; c < CC; ++c) {
+            if (c < cc) o[h][c] = _mm256_fmadd_ps(pe, v[c], o[h][c]);
+          }
+        }
+      }
+      for (int h = 0; h < G; ++h)
+        for (int c = 0; c < CC; ++c) {
+          if (c < cc) _mm256_storeu_ps(out + h * d + (c0 + c) * 8, o[h][c]);
+        }
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    if (l[h] > 0.f) {
+      const float inv = 1.f / l[h];
+      for (int e = 0; e < d; ++e) out[h * d + e] *= inv;
+    }
+    if (p.lse != nullptr) p.lse[head0 + h] = l[h] > 0.f ? m[h] + std::log(l[h]) : kNegInf;
+  }
+}
+#endif
+
 // The decode routine for this dtype and layout.
 template <DType T>
 void DecodeList(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores,
                 std::vector<float>& row) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   if (p.head_dim % 16 == 0) {
     switch (p.num_q_heads / p.num_kv_heads) {
       case 1: return DecodeOneListVec<T, 1>(p, b, g, scores, row);
       case 2: return DecodeOneListVec<T, 2>(p, b, g, scores, row);
       case 4: return DecodeOneListVec<T, 4>(p, b, g, scores, row);
       case 8: return DecodeOneListVec<T, 8>(p, b, g, scores, row);
+      default: break;
+    }
+  }
+#elif ICE_SIMD_AVX2
+  if (p.head_dim % 8 == 0) {
+    switch (p.num_q_heads / p.num_kv_heads) {
+      case 1: return DecodeOneListAvx2<T, 1>(p, b, g, scores);
+      case 2: return DecodeOneListAvx2<T, 2>(p, b, g, scores);
+      case 3: return DecodeOneListAvx2<T, 3>(p, b, g, scores);
+      case 4: return DecodeOneListAvx2<T, 4>(p, b, g, scores);
+      case 8: return DecodeOneListAvx2<T, 8>(p, b, g, scores);
       default: break;
     }
   }
@@ -345,4 +499,4 @@ Status PagedDecodeAttention(const PagedDecodeAttentionParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

@@ -4,15 +4,13 @@
 //    rows by up to eight x rows at a time. Memory-bound on W at m = 1, FMA-bound at m = 8..16.
 //  * larger m: per thread a panel of kPanelRows weight rows x kPanelK columns is converted to fp32
 //    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it.
-#include <omp.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 namespace {
 
@@ -21,6 +19,9 @@ constexpr int kGemvGroupRows = 8;
 constexpr int kGemvFeatures = 3;
 constexpr int kPanelRows = 64;
 constexpr int kPanelK = 512;
+// Panel rows per micro-kernel call: 4 x 4 zmm accumulators with AVX-512, 4 x 3 ymm with AVX2 (16
+// registers: 12 accumulators, 3 panel vectors, x).
+constexpr int kTileCols = ICE_SIMD_AVX512 || !ICE_SIMD_AVX2 ? 4 : 3;
 
 float BiasAt(const MatmulParams& p, int j) {
   if (p.bias == nullptr) return 0.f;
@@ -39,7 +40,7 @@ float BiasAt(const MatmulParams& p, int j) {
 // summation order, same error bound).
 template <DType T, int MR, int NW>
 void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, int k, float* out) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   static_assert(NW >= 1 && NW <= 4 && MR * NW <= 24);
   constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
   __m512 acc[MR][NW];
@@ -78,6 +79,46 @@ void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, in
     _mm_storeu_ps(out + r * 4, ReduceAdd4(acc[r][0], NW > 1 ? acc[r][NW > 1 ? 1 : 0] : zero,
                                           NW > 2 ? acc[r][NW > 2 ? 2 : 0] : zero,
                                           NW > 3 ? acc[r][NW > 3 ? 3 : 0] : zero));
+  }
+#elif ICE_SIMD_AVX2
+  // 16 ymm registers: the rows are taken four at a time (MR * NW <= 12 accumulators), each strip
+  // of rows re-reading the NW weight rows (from L1/L2 after the first strip). Every accumulator
+  // sees the same FMA sequence and reduction (HSum8) whatever MR and NW are.
+  static_assert(NW >= 1 && NW <= 4);
+  constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  for (int r0 = 0; r0 < MR; r0 += 4) {
+    constexpr int kStrip = MR < 4 ? MR : 4;
+    const int mr = std::min(kStrip, MR - r0);
+    __m256 acc[kStrip][NW];
+    for (int r = 0; r < kStrip; ++r)
+      for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_setzero_ps();
+    const float* xs = x + r0 * ldx;
+    int i = 0;
+    for (; i + 8 <= k; i += 8) {
+      __m256 wv[NW];
+      for (int c = 0; c < NW; ++c) wv[c] = Load8<T>(w + c * w_row_bytes, i);
+      if (r0 == 0 && (i * kElem) % 64 == 0) {
+        // As the AVX-512 kernel: the next block's rows into L2 as one linear stream.
+        const char* next = w + NW * w_row_bytes + i * kElem * NW;
+        for (int c = 0; c < NW; ++c) _mm_prefetch(next + c * 64, _MM_HINT_T1);
+      }
+      for (int r = 0; r < kStrip; ++r) {
+        if (r >= mr) break;
+        __m256 xv = _mm256_loadu_ps(xs + r * ldx + i);
+        __asm__("" : "+x"(xv));  // one load of x for the NW FMAs (see above)
+        for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    if (i < k) {
+      __m256 wv[NW];
+      for (int c = 0; c < NW; ++c) wv[c] = Load8Tail<T>(w + c * w_row_bytes, i, k - i);
+      for (int r = 0; r < mr; ++r) {
+        const __m256 xv = Load8Tail<DType::kF32>(xs + r * ldx, i, k - i);
+        for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < mr; ++r)
+      for (int c = 0; c < NW; ++c) out[(r0 + r) * 4 + c] = HSum8(acc[r][c]);
   }
 #else
   for (int r = 0; r < MR; ++r)
@@ -150,7 +191,7 @@ void Gemv(const MatmulParams& p) {
 template <int MR, int NR>
 void MicroKernel(const float* x, size_t ldx, const float* panel, int ldp, int kc, float* y,
                  size_t ldy) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   __m512 acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -174,6 +215,37 @@ void MicroKernel(const float* x, size_t ldx, const float* panel, int ldp, int kc
   }
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) y[r * ldy + c] += _mm512_reduce_add_ps(acc[r][c]);
+#elif ICE_SIMD_AVX2
+  // All NR <= 3 columns in one pass: MR x NR accumulators + NR panel vectors + x (16 ymm
+  // registers at 4 x 3). (Written as passes of up to 3 columns so that NR = 4 also compiles.)
+  for (int c0 = 0; c0 < NR; c0 += 3) {
+    constexpr int kCols = NR < 3 ? NR : 3;
+    const int nc = std::min(kCols, NR - c0);
+    __m256 acc[MR][kCols];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_setzero_ps();
+    const float* pc = panel + c0 * ldp;
+    const int loaded = nc == kCols ? kCols : 1;  // a short last pass re-reads column 0
+    int i = 0;
+    for (; i + 8 <= kc; i += 8) {
+      __m256 wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = _mm256_loadu_ps(pc + (c < loaded ? c : 0) * ldp + i);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xv = _mm256_loadu_ps(x + r * ldx + i);
+        for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    if (i < kc) {
+      __m256 wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = Load8Tail<DType::kF32>(pc + (c < loaded ? c : 0) * ldp, i, kc - i);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xv = Load8Tail<DType::kF32>(x + r * ldx, i, kc - i);
+        for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < nc; ++c) y[r * ldy + c0 + c] += HSum8(acc[r][c]);
+  }
 #else
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) {
@@ -229,8 +301,8 @@ void BlockedGemm(const MatmulParams& p) {
         }
         for (int r0 = 0; r0 < p.m; r0 += 4) {
           const int mr = std::min(4, p.m - r0);
-          for (int c0 = 0; c0 < nb; c0 += 4) {
-            MicroKernelMN(mr, std::min(4, nb - c0), p.x + r0 * k + k0, k,
+          for (int c0 = 0; c0 < nb; c0 += kTileCols) {
+            MicroKernelMN(mr, std::min(kTileCols, nb - c0), p.x + r0 * k + k0, k,
                           panel.data() + static_cast<size_t>(c0) * kPanelK, kPanelK, kc,
                           p.y + static_cast<size_t>(r0) * p.n + j0 + c0, p.n);
           }
@@ -253,4 +325,4 @@ Status Matmul(const MatmulParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

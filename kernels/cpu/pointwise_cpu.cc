@@ -2,10 +2,9 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 namespace {
 
 // Below this many elements an op is a few microseconds of work, less than waking the OpenMP
@@ -71,7 +70,7 @@ Status ApplyRope(const RopeParams& p) {
   return Status::Ok();
 }
 
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
 // silu(g) * u for n <= 16 lanes (masked): sigmoid from e = exp(-|g|) <= 1, as 1 / (1 + e) for
 // g >= 0 and e / (1 + e) below, so exp never overflows. ~2 ulp, like the scalar expf path
 // (libm's expf is not vectorised here and was most of the op's time).
@@ -85,11 +84,21 @@ inline void SwiGlu16(const float* gate, const float* up, float* out, __mmask16 m
   const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
   _mm512_mask_storeu_ps(out, mask, _mm512_mul_ps(_mm512_mul_ps(g, sig), u));
 }
+#elif ICE_SIMD_AVX2
+// SwiGlu16's arithmetic on 8 lanes (all valid).
+inline __m256 SwiGlu8(__m256 g, __m256 u) {
+  const __m256 abs_g = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  const __m256 e = ExpNonPositive8(_mm256_sub_ps(_mm256_setzero_ps(), abs_g));
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+  return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+}
 #endif
 
 Status SwiGlu(const SwiGluParams& p) {
   const int threads = ThreadsFor(p.n);
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   const long blocks = (p.n + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (long b = 0; b < blocks; ++b) {
@@ -97,6 +106,18 @@ Status SwiGlu(const SwiGluParams& p) {
     const __mmask16 mask = p.n - i >= 16 ? static_cast<__mmask16>(0xffff)
                                          : static_cast<__mmask16>((1u << (p.n - i)) - 1u);
     SwiGlu16(p.gate + i, p.up + i, p.out + i, mask);
+  }
+#elif ICE_SIMD_AVX2
+  const long blocks = (p.n + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (long b = 0; b < blocks; ++b) {
+    const long i = b * 8;
+    const int n = static_cast<int>(std::min<long>(8, p.n - i));
+    if (n == 8) {
+      _mm256_storeu_ps(p.out + i, SwiGlu8(_mm256_loadu_ps(p.gate + i), _mm256_loadu_ps(p.up + i)));
+    } else {
+      Store8Tail(p.out + i, SwiGlu8(Load8Tail<DType::kF32>(p.gate, i, n), Load8Tail<DType::kF32>(p.up, i, n)), n);
+    }
   }
 #else
 #pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
@@ -134,4 +155,4 @@ Status Embedding(const EmbeddingParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

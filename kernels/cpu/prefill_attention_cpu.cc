@@ -4,21 +4,20 @@
 // positions times the GQA group's query heads, so every K/V block it reads serves all of them.
 // Per key block of kKeyBlock keys: S = Q·Kᵀ from a transposed copy of the block (a 4-row ×
 // 64-key register tile), causal mask on the diagonal block only, online softmax (running max and
-// sum per row, vectorised exp), then O += P·V with a 4-row × 64-dim register tile. Without
-// AVX-512 (or for head_dim not a multiple of 16) a scalar row-by-row version runs instead.
-#include "kernels/cpu/prefill_attention_cpu.h"
+// sum per row, vectorised exp), then O += P·V with a 4-row × 64-dim register tile. The driver
+// (PrefillTask) is shared by the avx512 and avx2 targets; the register tiles, the softmax step
+// and row scaling have one form per target. On the scalar target (or for head_dim not a
+// multiple of 16) a row-by-row version runs instead.
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
-namespace icecache::kernels::cpu {
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 namespace {
 
@@ -50,8 +49,8 @@ void PrefillRowsScalar(const PrefillAttentionParams& p, int kvh, int i0, int i1,
   }
 }
 
-#if defined(__AVX512F__)
-constexpr int kKeyBlock = 64;  // keys per block: 4 zmm of scores per row
+#if ICE_SIMD_AVX2
+constexpr int kKeyBlock = 64;  // keys per block: 4 zmm (8 ymm) of scores per row
 
 // Working memory of one task, reused across tasks of a thread.
 struct Tile {
@@ -62,7 +61,9 @@ struct Tile {
   std::vector<float> m, l; // [rows] running max and sum
   std::vector<int> limit;  // [rows] last visible key position
 };
+#endif
 
+#if ICE_SIMD_AVX512
 // S[r0..r0+R) = Q[r0..] · Kt for R <= 4 rows.
 template <int R>
 inline void ScoreRows(const float* q, int d, const float* kt, float* s) {
@@ -120,6 +121,131 @@ inline void AccumulateRows16(const float* s, const float* v, size_t v_stride, in
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(o + static_cast<size_t>(r) * d + c0, acc[r]);
 }
 
+// dst[0..d) = src[0..d) * a (d % 16 == 0).
+inline void ScaleRow(float* dst, const float* src, float a, int d) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int e = 0; e < d; e += 16) _mm512_storeu_ps(dst + e, _mm512_mul_ps(_mm512_loadu_ps(src + e), av));
+}
+
+// One row's online-softmax step over a key block: s [kKeyBlock] scores become probabilities
+// (keys at and past `visible` get 0), the running max m and sum l are updated and the row's
+// unnormalised output o [d] rescaled.
+inline void SoftmaxRow(float* s, int visible, float& m, float& l, float* o, int d) {
+  const __mmask64 keep = visible >= 64 ? ~0ull : ((1ull << visible) - 1);
+  __m512 sv[4];
+  __m512 mx = _mm512_set1_ps(kNegInf);
+  for (int c = 0; c < 4; ++c) {
+    const __mmask16 mk = static_cast<__mmask16>(keep >> (16 * c));
+    sv[c] = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mk, _mm512_loadu_ps(s + 16 * c));
+    mx = _mm512_max_ps(mx, sv[c]);
+  }
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  if (m_new == kNegInf) {  // nothing visible yet in this row
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + 16 * c, _mm512_setzero_ps());
+    return;
+  }
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    const __mmask16 mk = static_cast<__mmask16>(keep >> (16 * c));
+    const __m512 e = _mm512_maskz_mov_ps(mk, ExpNonPositive(_mm512_sub_ps(sv[c], mv)));
+    _mm512_storeu_ps(s + 16 * c, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
+  l = l * alpha + _mm512_reduce_add_ps(sum);
+  m = m_new;
+  if (alpha != 1.f) ScaleRow(o, o, alpha, d);
+}
+#elif ICE_SIMD_AVX2
+// The AVX2 forms of the helpers above: 16 ymm registers (not 32 zmm) hold a 4-row x 16-column
+// tile, so the 64-key / 64-column tiles are done as four 16-wide strips (the strip's other
+// operand is re-read from L1).
+
+// S[r0..r0+R) = Q[r0..] · Kt for R <= 4 rows.
+template <int R>
+inline void ScoreRows(const float* q, int d, const float* kt, float* s) {
+  for (int c0 = 0; c0 < kKeyBlock; c0 += 16) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int e = 0; e < d; ++e) {
+      const float* kr = kt + static_cast<size_t>(e) * kKeyBlock + c0;
+      const __m256 k0 = _mm256_loadu_ps(kr), k1 = _mm256_loadu_ps(kr + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 qe = _mm256_broadcast_ss(q + static_cast<size_t>(r) * d + e);
+        acc[r][0] = _mm256_fmadd_ps(qe, k0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(qe, k1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_ps(s + static_cast<size_t>(r) * kKeyBlock + c0, acc[r][0]);
+      _mm256_storeu_ps(s + static_cast<size_t>(r) * kKeyBlock + c0 + 8, acc[r][1]);
+    }
+  }
+}
+
+// O[r0..r0+R)[c0..c0+16) += P[r0..] · V[block][c0..c0+16) for R <= 4 rows, nk keys.
+template <int R>
+inline void AccumulateRows16(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm256_loadu_ps(o + static_cast<size_t>(r) * d + c0);
+    acc[r][1] = _mm256_loadu_ps(o + static_cast<size_t>(r) * d + c0 + 8);
+  }
+  for (int j = 0; j < nk; ++j) {
+    const __m256 v0 = _mm256_loadu_ps(v + j * v_stride + c0), v1 = _mm256_loadu_ps(v + j * v_stride + c0 + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 pj = _mm256_broadcast_ss(s + static_cast<size_t>(r) * kKeyBlock + j);
+      acc[r][0] = _mm256_fmadd_ps(pj, v0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(pj, v1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(o + static_cast<size_t>(r) * d + c0, acc[r][0]);
+    _mm256_storeu_ps(o + static_cast<size_t>(r) * d + c0 + 8, acc[r][1]);
+  }
+}
+
+template <int R>
+inline void AccumulateRows(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
+  for (int c = c0; c < c0 + 64; c += 16) AccumulateRows16<R>(s, v, v_stride, nk, o, d, c);
+}
+
+inline void ScaleRow(float* dst, const float* src, float a, int d) {
+  const __m256 av = _mm256_set1_ps(a);
+  for (int e = 0; e < d; e += 8) _mm256_storeu_ps(dst + e, _mm256_mul_ps(_mm256_loadu_ps(src + e), av));
+}
+
+inline void SoftmaxRow(float* s, int visible, float& m, float& l, float* o, int d) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  __m256 keep[8], sv[8];
+  __m256 mx = neg_inf;
+  for (int c = 0; c < 8; ++c) {
+    keep[c] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(visible - 8 * c), lane));
+    sv[c] = _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(s + 8 * c), keep[c]);
+    mx = _mm256_max_ps(mx, sv[c]);
+  }
+  const float m_new = std::max(m, HMax8(mx));
+  if (m_new == kNegInf) {
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(s + 8 * c, _mm256_setzero_ps());
+    return;
+  }
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int c = 0; c < 8; ++c) {
+    const __m256 e = _mm256_and_ps(keep[c], ExpNonPositive8(_mm256_sub_ps(sv[c], mv)));
+    _mm256_storeu_ps(s + 8 * c, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  const float alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
+  l = l * alpha + HSum8(sum);
+  m = m_new;
+  if (alpha != 1.f) ScaleRow(o, o, alpha, d);
+}
+#endif
+
+#if ICE_SIMD_AVX2
 template <typename F>
 inline void ForRowQuads(int rows, F&& f) {
   int r = 0;
@@ -147,11 +273,10 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
   t.m.assign(rows, kNegInf);
   t.l.assign(rows, 0.f);
   t.limit.resize(rows);
-  const __m512 scale = _mm512_set1_ps(p.scale);
   for (int r = 0; r < rows; ++r) {
     const int i = i0 + r / group, h = kvh * group + r % group;
     const float* src = p.q + static_cast<size_t>(i) * q_stride + static_cast<size_t>(h) * d;
-    for (int e = 0; e < d; e += 16) _mm512_storeu_ps(&t.q[static_cast<size_t>(r) * d + e], _mm512_mul_ps(_mm512_loadu_ps(src + e), scale));
+    ScaleRow(&t.q[static_cast<size_t>(r) * d], src, p.scale, d);
     t.limit[r] = i + offset;
   }
   const int last_key = i1 - 1 + offset;  // the task's last visible key
@@ -172,38 +297,9 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
     ForRowQuads(rows, [&]<int R>(int r) { ScoreRows<R>(&t.q[static_cast<size_t>(r) * d], d, t.kt.data(), &t.s[static_cast<size_t>(r) * kKeyBlock]); });
     const bool masked = j0 + kKeyBlock - 1 > first_full_limit;
     for (int r = 0; r < rows; ++r) {
-      float* s = &t.s[static_cast<size_t>(r) * kKeyBlock];
       // Keys past nk, or past this row's causal limit, get probability 0.
       const int visible = masked ? std::clamp(t.limit[r] - j0 + 1, 0, nk) : nk;
-      const __mmask64 keep = visible >= 64 ? ~0ull : ((1ull << visible) - 1);
-      __m512 sv[4];
-      __m512 mx = _mm512_set1_ps(kNegInf);
-      for (int c = 0; c < 4; ++c) {
-        const __mmask16 mk = static_cast<__mmask16>(keep >> (16 * c));
-        sv[c] = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mk, _mm512_loadu_ps(s + 16 * c));
-        mx = _mm512_max_ps(mx, sv[c]);
-      }
-      const float m_new = std::max(t.m[r], _mm512_reduce_max_ps(mx));
-      if (m_new == kNegInf) {  // nothing visible yet in this row
-        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + 16 * c, _mm512_setzero_ps());
-        continue;
-      }
-      const __m512 mv = _mm512_set1_ps(m_new);
-      __m512 sum = _mm512_setzero_ps();
-      for (int c = 0; c < 4; ++c) {
-        const __mmask16 mk = static_cast<__mmask16>(keep >> (16 * c));
-        const __m512 e = _mm512_maskz_mov_ps(mk, ExpNonPositive(_mm512_sub_ps(sv[c], mv)));
-        _mm512_storeu_ps(s + 16 * c, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      const float alpha = t.m[r] == kNegInf ? 0.f : std::exp(t.m[r] - m_new);
-      t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(sum);
-      t.m[r] = m_new;
-      if (alpha != 1.f) {
-        float* o = &t.o[static_cast<size_t>(r) * d];
-        const __m512 av = _mm512_set1_ps(alpha);
-        for (int e = 0; e < d; e += 16) _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), av));
-      }
+      SoftmaxRow(&t.s[static_cast<size_t>(r) * kKeyBlock], visible, t.m[r], t.l[r], &t.o[static_cast<size_t>(r) * d], d);
     }
     const float* vb = vbase + static_cast<size_t>(j0) * kv_stride;
     int c0 = 0;
@@ -221,8 +317,7 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
   for (int r = 0; r < rows; ++r) {
     const int i = i0 + r / group, h = kvh * group + r % group;
     float* dst = p.out + static_cast<size_t>(i) * q_stride + static_cast<size_t>(h) * d;
-    const __m512 inv = _mm512_set1_ps(t.l[r] > 0.f ? 1.f / t.l[r] : 0.f);
-    for (int e = 0; e < d; e += 16) _mm512_storeu_ps(dst + e, _mm512_mul_ps(_mm512_loadu_ps(&t.o[static_cast<size_t>(r) * d + e]), inv));
+    ScaleRow(dst, &t.o[static_cast<size_t>(r) * d], t.l[r] > 0.f ? 1.f / t.l[r] : 0.f, d);
   }
 }
 #endif
@@ -237,14 +332,14 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   const int positions_per_task = std::max(1, 128 / group);
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX2
   const bool vec = p.head_dim % 16 == 0;
 #else
   const bool vec = false;
 #endif
 #pragma omp parallel num_threads(CpuThreads())
   {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX2
     Tile tile;
 #endif
     std::vector<float> sc;
@@ -253,7 +348,7 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
       const int block = blocks - 1 - task / p.num_kv_heads;
       const int kvh = task % p.num_kv_heads;
       const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX2
       if (vec) {
         PrefillTask(p, kvh, i0, i1, tile);
         continue;
@@ -277,4 +372,4 @@ Status PrefillAttentionRowwise(const PrefillAttentionParams& p) {
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

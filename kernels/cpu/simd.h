@@ -1,17 +1,69 @@
-// Internal: small vector helpers for the CPU kernels. With AVX-512 (the build uses -march=native)
-// loads of f32/f16/bf16 convert to 16 fp32 lanes on the fly; otherwise scalar loops.
+// Internal: the per-target part of the CPU kernels. Every per-target source (compiled once per
+// SIMD target, see kernels/CMakeLists.txt and kernels/simd_target.h) includes this header LAST:
+// it includes the standard and intrinsic headers the kernels use, then switches code generation
+// to the target (#pragma GCC target; everything defined below it, in this header and in the
+// including source, is compiled for that target) and opens the target's namespace macros:
+//   ICE_SIMD_NS      scalar | avx2 | avx512, the namespace (under icecache::kernels::cpu) of
+//                    everything the source defines, so no inline function or template of one
+//                    target can be merged by the linker with another target's;
+//   ICE_SIMD_AVX2    1 on the avx2 and avx512 targets (AVX2 + FMA + F16C usable);
+//   ICE_SIMD_AVX512  1 on the avx512 target (AVX-512 F/BW/VL/DQ/VNNI/BF16 usable).
+// Standard headers must not be included after this one: their inline functions would be compiled
+// for the target under their usual (shared) names. (GCC does not define __AVX2__ and friends
+// after #pragma GCC target in C++, hence our own macros.)
+// Helpers: loads of f32/f16/bf16 converting to 16 (AVX-512) or 8 (AVX2) fp32 lanes on the fly;
+// Dot/Axpy/ToF32 with the widest vectors the target has, scalar loops on the scalar target.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "common/status.h"
+#include "kernels/backend.h"
 #include "kernels/dtype.h"
+#include "kernels/op_table.h"
 
-namespace icecache::kernels::cpu {
+#if !defined(ICECACHE_SIMD_TARGET)
+#error "kernels/cpu/simd.h is for per-target sources (ICECACHE_SIMD_TARGET set by CMake)"
+#endif
+#if ICECACHE_SIMD_TARGET == 2 && defined(__x86_64__)
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512vnni,avx512bf16")
+#define ICE_SIMD_NS avx512
+#define ICE_SIMD_AVX2 1
+#define ICE_SIMD_AVX512 1
+#elif ICECACHE_SIMD_TARGET == 1 && defined(__x86_64__)
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+#define ICE_SIMD_NS avx2
+#define ICE_SIMD_AVX2 1
+#define ICE_SIMD_AVX512 0
+#else
+// The scalar target; also what the avx2/avx512 sources compile to on a CPU family without them
+// (SimdTargetSupported then reports them unsupported and they are never called).
+#if ICECACHE_SIMD_TARGET == 2
+#define ICE_SIMD_NS avx512
+#elif ICECACHE_SIMD_TARGET == 1
+#define ICE_SIMD_NS avx2
+#else
+#define ICE_SIMD_NS scalar
+#endif
+#define ICE_SIMD_AVX2 0
+#define ICE_SIMD_AVX512 0
+#endif
+
+#define ICE_DECL_NS ICE_SIMD_NS
+#include "kernels/cpu/target_decls.inc"
+#undef ICE_DECL_NS
+
+namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
 // Element i of a typed array as fp32.
 template <DType T>
@@ -25,9 +77,7 @@ inline float LoadScalar(const void* base, size_t i) {
   }
 }
 
-#if defined(__AVX512F__)
-inline constexpr bool kHaveAvx512 = true;
-
+#if ICE_SIMD_AVX512
 // exp(x) for x <= 0 (softmax arguments), Cephes expf polynomial with Cody-Waite reduction:
 // about 1 ulp; inputs below -87 flush towards 0.
 inline __m512 ExpNonPositive(__m512 x) {
@@ -104,14 +154,79 @@ inline __m512 ReduceAdd16(const __m512 v[16]) {
   const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], 0x88), _mm512_shuffle_f32x4(q[2], q[3], 0xDD));
   return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
 }
-#else
-inline constexpr bool kHaveAvx512 = false;
+#endif
+
+#if ICE_SIMD_AVX2
+// exp(x) for x <= 0, ExpNonPositive's polynomial on 8 lanes (2^n built in the exponent field:
+// n >= -126 after the clamp, a normal float).
+inline __m256 ExpNonPositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// 8 consecutive elements starting at element i, as fp32.
+template <DType T>
+inline __m256 Load8(const void* base, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (T == DType::kBF16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+// Elements i .. i+count-1 (count < 8), zeros in the other lanes.
+template <DType T>
+inline __m256 Load8Tail(const void* base, size_t i, int count) {
+  constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  alignas(32) unsigned char buf[32] = {};
+  std::memcpy(buf, static_cast<const char*>(base) + i * kElem, static_cast<size_t>(count) * kElem);
+  return Load8<T>(buf, 0);
+}
+
+// Lanes 0 .. count-1 of v to dst (count < 8).
+inline void Store8Tail(float* dst, __m256 v, int count) {
+  alignas(32) float buf[8];
+  _mm256_store_ps(buf, v);
+  std::memcpy(dst, buf, static_cast<size_t>(count) * sizeof(float));
+}
+
+// The sum of v's lanes (one fixed tree: ((0+4)+(2+6)) + ((1+5)+(3+7))).
+inline float HSum8(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline float HMax8(__m256 v) {
+  __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_max_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
 #endif
 
 // fp32 dot product of x [n] with a typed row [n].
 template <DType T>
 inline float Dot(const float* x, const void* row, int n) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -124,6 +239,18 @@ inline float Dot(const float* x, const void* row, int n) {
     a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i), Load16Tail<T>(row, i, n - i), a1);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#elif ICE_SIMD_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), Load8<T>(row, i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), Load8<T>(row, i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), Load8<T>(row, i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), Load8<T>(row, i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), Load8<T>(row, i), a0);
+  if (i < n) a1 = _mm256_fmadd_ps(Load8Tail<DType::kF32>(x, i, n - i), Load8Tail<T>(row, i, n - i), a1);
+  return HSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #else
   float s = 0.f;
   for (int i = 0; i < n; ++i) s += x[i] * LoadScalar<T>(row, i);
@@ -134,7 +261,7 @@ inline float Dot(const float* x, const void* row, int n) {
 // y[0..n) += a * row[0..n) (row typed).
 template <DType T>
 inline void Axpy(float a, const void* row, float* y, int n) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   const __m512 va = _mm512_set1_ps(a);
   int i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -146,6 +273,13 @@ inline void Axpy(float a, const void* row, float* y, int n) {
                           _mm512_fmadd_ps(va, Load16Tail<T>(row, i, n - i),
                                           _mm512_maskz_loadu_ps(mask, y + i)));
   }
+#elif ICE_SIMD_AVX2
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, Load8<T>(row, i), _mm256_loadu_ps(y + i)));
+  }
+  if (i < n) Store8Tail(y + i, _mm256_fmadd_ps(va, Load8Tail<T>(row, i, n - i), Load8Tail<DType::kF32>(y, i, n - i)), n - i);
 #else
   for (int i = 0; i < n; ++i) y[i] += a * LoadScalar<T>(row, i);
 #endif
@@ -154,13 +288,17 @@ inline void Axpy(float a, const void* row, float* y, int n) {
 // Converts n typed elements to fp32.
 template <DType T>
 inline void ToF32(const void* src, float* dst, int n) {
-#if defined(__AVX512F__)
+#if ICE_SIMD_AVX512
   int i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, Load16<T>(src, i));
   if (i < n) {
     _mm512_mask_storeu_ps(dst + i, static_cast<__mmask16>((1u << (n - i)) - 1u),
                           Load16Tail<T>(src, i, n - i));
   }
+#elif ICE_SIMD_AVX2
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load8<T>(src, i));
+  if (i < n) Store8Tail(dst + i, Load8Tail<T>(src, i, n - i), n - i);
 #else
   for (int i = 0; i < n; ++i) dst[i] = LoadScalar<T>(src, i);
 #endif
@@ -177,4 +315,4 @@ inline auto DispatchDType(DType t, F&& f) {
   return f.template operator()<DType::kF32>();
 }
 
-}  // namespace icecache::kernels::cpu
+}  // namespace icecache::kernels::cpu::ICE_SIMD_NS

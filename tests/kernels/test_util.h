@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "kernels/device_buffer.h"
 #include "kernels/dtype.h"
+#include "kernels/simd_target.h"
 
 namespace icecache::kernels::testing {
 
@@ -104,5 +105,18 @@ inline std::string BackendParamName(const ::testing::TestParamInfo<Backend>& inf
                            ::testing::Values(::icecache::kernels::Backend::kCpu,        \
                                              ::icecache::kernels::Backend::kCuda),      \
                            ::icecache::kernels::testing::BackendParamName)
+
+// Calls fn(target) once per SIMD target this CPU supports (kernels/simd_target.h), lowest first,
+// with that target active; restores the previous target after.
+template <typename F>
+void ForEachSimdTarget(F&& fn) {
+  const SimdTarget saved = ActiveSimdTarget();
+  for (SimdTarget t : SupportedSimdTargets()) {
+    SCOPED_TRACE("SIMD target " + std::string(SimdTargetName(t)));
+    ASSERT_TRUE(SetSimdTarget(t).ok());
+    fn(t);
+  }
+  ASSERT_TRUE(SetSimdTarget(saved).ok());
+}
 
 }  // namespace icecache::kernels::testing

@@ -1,6 +1,7 @@
 #include "kvstore/vector_ops.h"
 
 #include "kernels/dtype.h"
+#include "kernels/simd_target.h"
 
 #include <gtest/gtest.h>
 
@@ -204,6 +205,74 @@ TEST(VectorOpsTest, KthLargestMatchesNthElement) {
       EXPECT_GE(at_least, k);
     }
   }
+}
+
+// The int8 kernels on every SIMD target this CPU supports against exact integer references, on
+// words whose bytes span the whole s8 / u8 ranges (-128 * 0 ... 127 * 255: the pair sums that an
+// int16-saturating multiply-add would clip), so every target must give the same integers.
+TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
+  std::mt19937 rng(7);
+  const int quads = 17, nr = 75, ld = 96, nx = 9;
+  std::vector<uint32_t> x(static_cast<size_t>(nx) * quads), rows_t(static_cast<size_t>(quads) * ld);
+  auto extreme_word = [&](bool key) {
+    uint32_t w = 0;
+    for (int b = 0; b < 4; ++b) {
+      const int r = static_cast<int>(rng() % 4);
+      const int v = key ? (r == 0 ? -128 : r == 1 ? 127 : r == 2 ? -127 : static_cast<int>(rng() % 256) - 128)
+                        : (r == 0 ? 255 : r == 1 ? 0 : r == 2 ? 254 : static_cast<int>(rng() % 256));
+      w |= static_cast<uint32_t>(v & 0xff) << (8 * b);
+    }
+    return w;
+  };
+  for (auto& w : x) w = extreme_word(true);
+  for (auto& w : rows_t) w = extreme_word(false);
+  auto dot = [&](const uint32_t* key, int r) {
+    int64_t d = 0;
+    for (int j = 0; j < quads; ++j) {
+      for (int b = 0; b < 4; ++b) {
+        d += static_cast<int8_t>(key[j] >> (8 * b)) * (static_cast<int>((rows_t[static_cast<size_t>(j) * ld + r] >> (8 * b)) & 0xff) - 128);
+      }
+    }
+    return d;
+  };
+  std::vector<int32_t> x_sum(nx), want(nx);
+  for (int i = 0; i < nx; ++i) {
+    const uint32_t* key = x.data() + static_cast<size_t>(i) * quads;
+    int32_t s = 0;
+    for (int j = 0; j < quads; ++j)
+      for (int b = 0; b < 4; ++b) s += static_cast<int8_t>(key[j] >> (8 * b));
+    x_sum[i] = s;
+    int64_t best = INT64_MIN;
+    for (int r = 0; r < nr; ++r) {
+      if (dot(key, r) > best) {
+        best = dot(key, r);
+        want[i] = r;
+      }
+    }
+  }
+  // ScoreRowsI8 over the same rows as RowBlocksI8 blocks (scale 1, so the score is the integer).
+  RowBlocksI8 blocks;
+  blocks.Reset(4 * quads);
+  blocks.rows = nr;
+  blocks.words.assign(static_cast<size_t>((nr + 31) / 32) * quads * 32, 0x80808080u);
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < quads; ++j) blocks.words[static_cast<size_t>(r / 32) * quads * 32 + j * 32 + r % 32] = rows_t[static_cast<size_t>(j) * ld + r];
+  blocks.scale.assign(nr, 1.f);
+  const std::vector<float> q_scale(nx, 1.f);
+  const kernels::SimdTarget saved = kernels::ActiveSimdTarget();
+  for (kernels::SimdTarget t : kernels::SupportedSimdTargets()) {
+    SCOPED_TRACE(std::string(kernels::SimdTargetName(t)));
+    ASSERT_TRUE(kernels::SetSimdTarget(t).ok());
+    std::vector<int32_t> best(nx, -1);
+    ArgmaxDotI8(x.data(), x_sum.data(), nx, rows_t.data(), ld, nr, quads, best.data());
+    EXPECT_EQ(best, want);
+    std::vector<float> out(static_cast<size_t>(nx) * nr);
+    ScoreRowsI8(blocks, x.data(), quads, x_sum.data(), q_scale.data(), nx, out.data());
+    for (int i = 0; i < nx; ++i)
+      for (int r = 0; r < nr; ++r)
+        ASSERT_EQ(out[static_cast<size_t>(i) * nr + r], static_cast<float>(dot(x.data() + static_cast<size_t>(i) * quads, r))) << i << " " << r;
+  }
+  ASSERT_TRUE(kernels::SetSimdTarget(saved).ok());
 }
 
 }  // namespace

@@ -1,0 +1,39 @@
+// The SIMD instruction set the CPU kernels run with, chosen at run time.
+//
+// The CPU kernels (kernels/cpu/, and the IceCache store's vector ops) are compiled once per
+// target in one binary; every call goes to the best target this CPU supports:
+//   kAvx512: AVX-512 F/BW/VL/DQ + VNNI + BF16 (with AVX2/FMA/F16C), e.g. AMD Zen 4, Intel Sapphire
+//            Rapids. A CPU with AVX-512 but without VNNI or BF16 runs kAvx2.
+//   kAvx2:   AVX2 + FMA + F16C (x86-64-v3 level), e.g. AMD Zen 1-3, Intel Haswell and later.
+//   kScalar: no SIMD beyond the compiler's baseline (SSE2 on x86-64); also the reference.
+// The environment variable ICECACHE_SIMD=avx512|avx2|scalar forces a target at start (a target
+// this CPU lacks falls back to the best supported one below it, with a warning). The choice is
+// logged once (INFO) when a kernel first asks for it.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace icecache::kernels {
+
+enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+std::string_view SimdTargetName(SimdTarget t);  // "scalar", "avx2", "avx512"
+// SimdTargetName's inverse; INVALID_ARGUMENT naming the accepted names otherwise.
+StatusOr<SimdTarget> ParseSimdTarget(std::string_view name);
+
+// Whether this CPU (and OS: AVX state saved) can run target t (cpuid, checked once).
+bool SimdTargetSupported(SimdTarget t);
+// The targets this CPU supports, lowest first (always starts with kScalar).
+std::vector<SimdTarget> SupportedSimdTargets();
+
+// The target the CPU kernels use now. Thread-safe.
+SimdTarget ActiveSimdTarget();
+// Makes t the active target (tests and benchmarks compare targets in one process).
+// FAILED_PRECONDITION if this CPU does not support t. Kernels running on other threads finish on
+// the target they started with; call between kernel calls.
+Status SetSimdTarget(SimdTarget t);
+
+}  // namespace icecache::kernels
