@@ -49,6 +49,8 @@ DecodeUpdate ShutdownUpdate() {
 
 struct DecodeEngine::Reservation {
   uint64_t id = 0;
+  int prompt_tokens = 0;
+  int max_tokens = 0;
   int64_t committed_pages = 0;
   int budget_pages = 0;
   Clock::time_point created;
@@ -83,6 +85,7 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model
   ICE_ASSIGN_OR_RETURN(e->pool_, kvstore::PagePool::Create(po));
   e->backend_ = std::make_unique<IceCacheBackend>(model->attention_shape(), e->pool_.get());
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
+  e->reaper_ = std::thread([raw = e.get()] { raw->ReaperLoop(); });
   return e;
 }
 
@@ -94,7 +97,9 @@ DecodeEngine::~DecodeEngine() {
     for (auto& [id, r] : reserved_) ids.push_back(id);
   }
   cv_.notify_all();
+  reaper_cv_.notify_all();
   thread_.join();
+  reaper_.join();
   for (auto& [id, r] : running_) {
     backend_->RemoveSequence(id).IgnoreError();
     r->stream->Push(ShutdownUpdate());
@@ -134,6 +139,8 @@ StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int 
   }
   auto r = std::make_shared<Reservation>();
   r->id = next_id_++;
+  r->prompt_tokens = prompt_tokens;
+  r->max_tokens = max_tokens;
   r->committed_pages = need;
   r->budget_pages = budget_pages;
   r->created = Clock::now();
@@ -143,6 +150,7 @@ StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int 
   Status expect = transport_->ExpectScatter(r->id, r->kv->Sink());
   if (!expect.ok()) return expect;
   committed_pages_ += need;
+  ++reservations_;
   reserved_[r->id] = r;
   return r->id;
 }
@@ -160,10 +168,24 @@ void DecodeEngine::Drop(uint64_t id) {
   r->kv->Release();
 }
 
+Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& params) const {
+  ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
+  const int vocab = model_->config().vocab_size;
+  if (params.first_token < 0 || params.first_token >= vocab) {
+    return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
+                                std::to_string(vocab) + ")");
+  }
+  if (params.sampling.max_tokens > r.max_tokens) {
+    return InvalidArgumentError("max_tokens " + std::to_string(params.sampling.max_tokens) + " exceeds the " +
+                                std::to_string(r.max_tokens) + " reserved for sequence " + std::to_string(r.id));
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const DecodeParams& params,
                                                            transport::Clock::time_point kv_deadline) {
-  ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
   std::shared_ptr<Reservation> r;
+  Status bad_params;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = reserved_.find(id);
@@ -171,6 +193,12 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
     if (it->second->started) return FailedPreconditionError("sequence " + std::to_string(id) + " already started");
     it->second->started = true;
     r = it->second;
+    bad_params = CheckParams(*r, params);
+  }
+  if (!bad_params.ok()) {
+    // The caller owns this reservation and cannot decode it: free it now, not at expiry.
+    DropClaimed(id);
+    return bad_params;
   }
   Status arrived = transport_->Wait(id, kv_deadline);
   if (!arrived.ok()) {
@@ -204,6 +232,13 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
   return stream;
 }
 
+void DecodeEngine::DropClaimed(uint64_t id) {
+  transport_->Cancel(id);
+  // After Cancel, Wait returns as soon as no write into the reservation's pages is in flight.
+  transport_->Wait(id, Clock::now() + std::chrono::seconds(30)).IgnoreError();
+  Drop(id);
+}
+
 void DecodeEngine::Cancel(uint64_t id) {
   bool reserved = false;
   bool claimed = false;  // this call owns the reservation's cleanup (no Start is waiting on it)
@@ -222,10 +257,10 @@ void DecodeEngine::Cancel(uint64_t id) {
   }
   if (reserved) {
     // A Start() blocked in Wait sees CANCELLED and drops the reservation itself.
-    transport_->Cancel(id);
     if (claimed) {
-      transport_->Wait(id, Clock::now() + std::chrono::seconds(30)).IgnoreError();
-      Drop(id);
+      DropClaimed(id);
+    } else {
+      transport_->Cancel(id);
     }
   }
   cv_.notify_all();
@@ -240,6 +275,7 @@ DecodeEngineStats DecodeEngine::stats() const {
   s.committed_pages = committed_pages_;
   s.decoding_sequences = decoding_;
   s.active_sequences = decoding_ + static_cast<int>(reserved_.size());
+  s.reservations = reservations_;
   s.tokens_generated = tokens_generated_;
   s.pages_fetched = pages_fetched_;
   s.retrieval_seconds = retrieval_seconds_;
@@ -258,6 +294,15 @@ void DecodeEngine::ExpireReservations() {
   for (uint64_t id : expired) {
     ICE_LOG(WARNING) << "sequence " << id << " was reserved but never started; dropping it";
     Cancel(id);
+  }
+}
+
+void DecodeEngine::ReaperLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!reaper_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; })) {
+    lock.unlock();
+    ExpireReservations();
+    lock.lock();
   }
 }
 
@@ -287,7 +332,6 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
 
 void DecodeEngine::Loop() {
   if (options_.threads > 0) omp_set_num_threads(options_.threads);  // this thread's parallel regions
-  auto last_expiry = Clock::now();
   for (;;) {
     std::deque<std::unique_ptr<Running>> joining;
     std::vector<uint64_t> cancels;
@@ -299,10 +343,6 @@ void DecodeEngine::Loop() {
       if (stop_) return;
       joining.swap(joining_);
       cancels.swap(cancel_requests_);
-    }
-    if (Clock::now() - last_expiry > std::chrono::seconds(1)) {
-      ExpireReservations();
-      last_expiry = Clock::now();
     }
     for (auto& r : joining) {
       uint64_t id = r->id;
@@ -335,7 +375,32 @@ void DecodeEngine::Loop() {
   }
 }
 
+Status DecodeEngine::CheckStepInput(const Running& r) const {
+  const auto& c = model_->config();
+  if (r.last < 0 || r.last >= c.vocab_size) {
+    return InvalidArgumentError("input token " + std::to_string(r.last) + " of sequence " + std::to_string(r.id) +
+                                " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  ICE_ASSIGN_OR_RETURN(int len, backend_->SequenceLength(r.id));
+  if (len + 1 > c.max_position) {
+    return OutOfRangeError("sequence " + std::to_string(r.id) + " has reached the model's context of " +
+                           std::to_string(c.max_position));
+  }
+  return Status::Ok();
+}
+
 void DecodeEngine::Step() {
+  // Checks that would fail the whole batch's forward pass are made per sequence first, so that
+  // one bad sequence ends alone and the others keep decoding.
+  std::vector<uint64_t> bad;
+  for (auto& [id, r] : running_) {
+    if (Status s = CheckStepInput(*r); !s.ok()) {
+      Finish(*r, model::FinishReason::kNone, s);
+      bad.push_back(id);
+    }
+  }
+  for (uint64_t id : bad) running_.erase(id);
+  if (running_.empty()) return;
   std::vector<model::SequenceInput> inputs;
   std::vector<Running*> order;
   for (auto& [id, r] : running_) {

@@ -114,16 +114,24 @@ void PrefillEngine::EngineLoop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
+      // (the loop below may drop every queued job: an empty batch is skipped)
       int64_t tokens = 0;
       while (!queue_.empty()) {
-        int64_t n = static_cast<int64_t>(queue_.front()->job.tokens.size());
+        const auto& front = queue_.front();
+        if (front->job.cancelled && front->job.cancelled()) {
+          queued_tokens_ -= static_cast<int64_t>(front->job.tokens.size());
+          front->done.set_value(CancelledError("prefill request cancelled while queued"));
+          queue_.pop_front();
+          continue;
+        }
+        int64_t n = static_cast<int64_t>(front->job.tokens.size());
         if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
         tokens += n;
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
     }
-    RunBatch(std::move(batch));
+    if (!batch.empty()) RunBatch(std::move(batch));
   }
 }
 
@@ -257,6 +265,7 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
     if (!b->status.ok()) return fail(b->status);
     if (Status s = b->cache->FinishBuild(); !s.ok()) return fail(s);
   }
+  if (p->job.cancelled && p->job.cancelled()) return fail(CancelledError("prefill request cancelled before shipping"));
   auto wire = b->cache->Serialize();
   if (!wire.ok()) return fail(wire.status());
   const auto t1 = Clock::now();

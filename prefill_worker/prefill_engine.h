@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,6 +60,9 @@ struct PrefillJob {
   bool build_index = true;         // false: every layer dense (the sequence attends fully)
   std::string peer;                // decode worker's transport address
   uint64_t transfer_id = 0;        // decode worker's sequence id
+  // Polled before the job joins a batch and before it ships: true = the caller has gone (its RPC
+  // was cancelled); the job is dropped and Run returns CANCELLED. May be empty.
+  std::function<bool()> cancelled;
 };
 
 struct PrefillResult {

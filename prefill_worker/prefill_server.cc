@@ -41,7 +41,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
   PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir)
       : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir) {}
 
-  grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
+  grpc::Status Prefill(grpc::ServerContext* ctx, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
     PrefillJob job;
     job.tokens.assign(req->token_ids().begin(), req->token_ids().end());
     const auto& s = req->sampling();
@@ -52,6 +52,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     job.build_index = req->build_index();
     job.peer = req->decode_transport_address();
     job.transfer_id = req->sequence_id();
+    job.cancelled = [ctx] { return ctx->IsCancelled(); };
     metrics_->waiting.Increment();
     auto r = engine_->Run(std::move(job));
     metrics_->waiting.Decrement();

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 #include <filesystem>
+#include <cmath>
 #include <random>
 
 #include "common/logging.h"
@@ -67,6 +68,22 @@ struct Metrics {
   prometheus::Family<prometheus::Counter>& success;
   prometheus::Family<prometheus::Counter>& errors;
 };
+
+// Everything a worker would refuse is refused here, before anything is reserved: NaN fails every
+// comparison, so each range is written as the condition that must hold.
+Status ValidateSampling(const pb::SamplingParams& sp) {
+  if (!(sp.temperature() >= 0.f && std::isfinite(sp.temperature()))) {
+    return InvalidArgumentError("sampling.temperature = " + std::to_string(sp.temperature()) +
+                                ": it must be a finite number >= 0 (0 = greedy)");
+  }
+  if (!(sp.top_p() >= 0.f && sp.top_p() <= 1.f)) {
+    return InvalidArgumentError("sampling.top_p = " + std::to_string(sp.top_p()) + ": it must be in [0, 1] (0 or 1 = off)");
+  }
+  if (sp.top_k() < 0) {
+    return InvalidArgumentError("sampling.top_k = " + std::to_string(sp.top_k()) + ": it must be >= 0 (0 = off)");
+  }
+  return Status::Ok();
+}
 
 const char* FinishName(pb::FinishReason r) {
   switch (r) {
@@ -149,10 +166,7 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       }
     }
     if (req.stop_size() > 0 && !tok_) return InvalidArgumentError("stop strings need a model with a tokenizer");
-    const auto& sp = req.sampling();
-    if (sp.temperature() < 0 || sp.top_p() < 0 || sp.top_p() > 1 || sp.top_k() < 0) {
-      return InvalidArgumentError("sampling: temperature must be >= 0, top_p in [0, 1], top_k >= 0");
-    }
+    ICE_RETURN_IF_ERROR(ValidateSampling(req.sampling()));
     for (int32_t id : req.stop_token_ids()) {
       if (id < 0 || id >= model_config_.vocab_size) return InvalidArgumentError("stop_token_ids has an id outside the vocabulary");
     }
@@ -347,6 +361,8 @@ class GenerationServiceImpl final : public pb::Generation::Service {
 
     if (!emit({prefilled.first_token()}, /*first=*/true)) {
       dctx->TryCancel();
+      reader->Finish();
+      release();
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
     pb::DecodeResponse dresp;
@@ -367,6 +383,10 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       finish = pb::FINISH_REASON_STOP;
     }
     grpc::Status ds = reader->Finish();
+    // A Decode that failed before it took the reservation over (refused parameters, KV that
+    // never arrived, a worker that went away) must not leave it held until it expires. Release
+    // of a sequence that has already ended is a no-op on the worker.
+    if (!ds.ok()) release();
     if (!stopped_by_string && !ds.ok()) {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client");
       return grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message());

@@ -1,0 +1,207 @@
+// Failure paths of a live loopback cluster (real router, prefill and decode servers, real gRPC
+// and UCX): nothing a failed or hostile request did stays held, and one bad sequence fails alone.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "icecache/v1/worker.grpc.pb.h"
+#include "proto/grpc_util.h"
+#include "router/client.h"
+#include "tests/cluster/cluster_fixture.h"
+
+namespace icecache::testing {
+namespace {
+
+using router::RemoteChunk;
+using router::RemoteGenerateOptions;
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % 300);
+  return ids;
+}
+
+struct Result {
+  Status status;
+  std::vector<int32_t> tokens;
+};
+
+Result Generate(const std::string& router, RemoteGenerateOptions o, std::atomic<int>* streamed = nullptr) {
+  o.router = router;
+  Result r;
+  r.status = router::RunRemoteGenerate(o, [&](const RemoteChunk& c) {
+    r.tokens.insert(r.tokens.end(), c.token_ids.begin(), c.token_ids.end());
+    if (streamed) *streamed = static_cast<int>(r.tokens.size());
+    return true;
+  });
+  return r;
+}
+
+// Nothing held: no KV pages, no admission estimate, no live sequence.
+void ExpectDecodeIdle(const decode::DecodeServer& d) {
+  auto s = d.stats();
+  EXPECT_EQ(s.used_pages, 0);
+  EXPECT_EQ(s.committed_pages, 0);
+  EXPECT_EQ(s.active_sequences, 0);
+}
+
+// A hostile internal client: Reserve on the decode worker, Prefill (ships real KV into it),
+// then Decode with `first_token` and `temperature`. Returns the Decode status.
+grpc::Status ReservePrefillDecode(LoopbackCluster& c, int32_t first_token, float temperature,
+                                  int64_t* used_pages_before_decode) {
+  auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(c.decode[0]->address()));
+  auto pre = v1::PrefillWorker::NewStub(cluster::MakeChannel(c.prefill[0]->address()));
+  const std::vector<int32_t> prompt = Prompt(40, 3);
+  v1::ReserveRequest rr;
+  rr.set_prompt_tokens(static_cast<int32_t>(prompt.size()));
+  rr.set_max_tokens(8);
+  rr.mutable_cache()->set_full(true);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = dec->Reserve(&ctx, rr, &reserved);
+    if (!s.ok()) return s;
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PrefillRequest pr;
+    pr.mutable_token_ids()->Add(prompt.begin(), prompt.end());
+    pr.set_sequence_id(reserved.sequence_id());
+    pr.set_decode_transport_address(reserved.transport_address());
+    pr.set_build_index(false);
+    v1::PrefillResponse presp;
+    grpc::Status s = pre->Prefill(&ctx, pr, &presp);
+    if (!s.ok()) return s;
+  }
+  *used_pages_before_decode = c.decode[0]->stats().used_pages;
+  grpc::ClientContext ctx;
+  v1::DecodeRequest dr;
+  dr.set_sequence_id(reserved.sequence_id());
+  dr.set_first_token(first_token);
+  dr.set_max_tokens(8);
+  dr.mutable_sampling()->set_temperature(temperature);
+  auto reader = dec->Decode(&ctx, dr);
+  v1::DecodeResponse resp;
+  while (reader->Read(&resp)) {
+  }
+  return reader->Finish();
+}
+
+class ClusterFailureTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(::testing::TempDir() + "/icecache_cluster_model_failure");
+    cluster_ = LoopbackCluster::Start(*dir_, 1, 1, "tcp,sm,self").release();
+    ASSERT_NE(cluster_, nullptr);
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  static std::string* dir_;
+  static LoopbackCluster* cluster_;
+};
+std::string* ClusterFailureTest::dir_ = nullptr;
+LoopbackCluster* ClusterFailureTest::cluster_ = nullptr;
+
+// temperature = +inf or top_p = NaN used to pass the router, prefill, ship, fail in Decode and
+// leave the reservation held for 120 s. Now the router refuses them before any Reserve.
+TEST_F(ClusterFailureTest, NonFiniteSamplingIsRefusedBeforeAnyReserve) {
+  const int64_t reservations = cluster_->decode[0]->stats().reservations;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    float temperature, top_p;
+    int top_k;
+    const char* needle;
+  };
+  for (const Case& k : {Case{inf, 1.f, 0, "temperature"}, Case{-inf, 1.f, 0, "temperature"},
+                        Case{nan, 1.f, 0, "temperature"}, Case{1.f, nan, 0, "top_p"}, Case{1.f, 1.5f, 0, "top_p"},
+                        Case{1.f, -0.1f, 0, "top_p"}, Case{1.f, inf, 0, "top_p"}, Case{1.f, 1.f, -3, "top_k"}}) {
+    RemoteGenerateOptions o;
+    o.prompt_ids = Prompt(20, 1);
+    o.max_tokens = 4;
+    o.temperature = k.temperature;
+    o.top_p = k.top_p;
+    o.top_k = k.top_k;
+    Result r = Generate(cluster_->router->address(), o);
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << k.temperature << " " << k.top_p << ": "
+                                                             << r.status.ToString();
+    EXPECT_NE(r.status.message().find(k.needle), std::string::npos) << r.status.message();
+  }
+  EXPECT_EQ(cluster_->decode[0]->stats().reservations, reservations) << "a refused request reached Reserve";
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// Decode refusing its arguments after the KV has landed frees the pages before the call returns
+// (no polling: the stats are read right after the call).
+TEST_F(ClusterFailureTest, DecodeThatRefusesItsArgumentsFreesTheReservationAtOnce) {
+  int64_t used_before = 0;
+  grpc::Status s = ReservePrefillDecode(*cluster_, /*first_token=*/999999, 0.f, &used_before);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("first_token"), std::string::npos) << s.error_message();
+  EXPECT_GT(used_before, 0) << "the prefilled KV should have landed before Decode";
+  ExpectDecodeIdle(*cluster_->decode[0]);
+
+  s = ReservePrefillDecode(*cluster_, 1, std::numeric_limits<float>::quiet_NaN(), &used_before);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_GT(used_before, 0);
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// The probe: Reserve + Prefill + Decode(first_token = 999999) on the worker that decodes
+// another client's stream. The probe fails alone; the other stream completes with exactly the
+// tokens of a single-process greedy run.
+TEST_F(ClusterFailureTest, PoisonedSequenceFailsAloneAndTheBatchContinues) {
+  const std::vector<int32_t> prompt = Prompt(30, 11);
+  constexpr int kTokens = 120;
+  std::atomic<int> streamed{0};
+  Result good;
+  std::thread t([&] {
+    RemoteGenerateOptions o;
+    o.prompt_ids = prompt;
+    o.max_tokens = kTokens;
+    o.ignore_eos = true;
+    o.budget_pages = 0;
+    good = Generate(cluster_->router->address(), o, &streamed);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (streamed < 3 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(streamed.load(), 3) << "the good stream never started";
+  int64_t used_before = 0;
+  grpc::Status s = ReservePrefillDecode(*cluster_, 999999, 0.f, &used_before);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_LT(streamed.load(), kTokens) << "the good stream ended before the probe: the test proves nothing";
+  t.join();
+  ASSERT_TRUE(good.status.ok()) << good.status.ToString();
+  EXPECT_EQ(good.tokens, SingleProcessGreedy(*dir_, prompt, kTokens));
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// A prefill that fails after Reserve (the prefill worker is gone) releases the reservation on the
+// decode worker before the client hears the error.
+TEST(ClusterPrefillDown, PrefillFailureReleasesTheReservationAtOnce) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  c->prefill[0]->Shutdown();
+  const int64_t reservations = c->decode[0]->stats().reservations;
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(20, 5);
+  o.max_tokens = 4;
+  Result r = Generate(c->router->address(), o);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("prefill"), std::string::npos) << r.status.message();
+  EXPECT_EQ(c->decode[0]->stats().reservations, reservations + 1) << "the request should have reserved";
+  ExpectDecodeIdle(*c->decode[0]);
+}
+
+}  // namespace
+}  // namespace icecache::testing
