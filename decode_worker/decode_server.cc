@@ -202,7 +202,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
   impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->model->config());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.decode.listen, {impl->service.get()},
-                                                          {"icecache.v1.DecodeWorker"}, &impl->port));
+                                                          {"icecache.v1.DecodeWorker"}, &impl->port,
+                                                          config.limits.max_message_bytes));
   int unused_port = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.decode.listen, &impl->host, &unused_port));
   impl->registry = std::make_shared<prometheus::Registry>();

@@ -139,7 +139,8 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
                                                        config.model.dir);
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},
-                                                          {"icecache.v1.PrefillWorker"}, &impl->port));
+                                                          {"icecache.v1.PrefillWorker"}, &impl->port,
+                                                          config.limits.max_message_bytes));
   int unused = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.prefill.listen, &impl->host, &unused));
   if (config.prefill.metrics_port > 0) {

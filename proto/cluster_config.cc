@@ -203,14 +203,22 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   }
 
   MapReader limits = top.Sub("limits");
-  ICE_RETURN_IF_ERROR(limits.CheckShape({"max_tokens", "max_prompt_tokens"}));
+  ICE_RETURN_IF_ERROR(limits.CheckShape({"max_tokens", "max_prompt_tokens", "max_prompt_bytes", "max_stop_strings",
+                                         "max_stop_string_bytes", "max_stop_token_ids", "max_message_bytes"}));
   ICE_RETURN_IF_ERROR(limits.Number("max_tokens", &c.limits.max_tokens, 1, kIntMax));
   ICE_RETURN_IF_ERROR(limits.Number("max_prompt_tokens", &c.limits.max_prompt_tokens, 1, kIntMax));
+  ICE_RETURN_IF_ERROR(limits.Number<int64_t>("max_prompt_bytes", &c.limits.max_prompt_bytes, 1, int64_t{1} << 30));
+  ICE_RETURN_IF_ERROR(limits.Number("max_stop_strings", &c.limits.max_stop_strings, 0, 1 << 16));
+  ICE_RETURN_IF_ERROR(limits.Number("max_stop_string_bytes", &c.limits.max_stop_string_bytes, 1, 1 << 20));
+  ICE_RETURN_IF_ERROR(limits.Number("max_stop_token_ids", &c.limits.max_stop_token_ids, 0, 1 << 16));
+  ICE_RETURN_IF_ERROR(
+      limits.Number<int64_t>("max_message_bytes", &c.limits.max_message_bytes, 1 << 16, int64_t{1} << 30));
 
   MapReader router = top.Sub("router");
   ICE_RETURN_IF_ERROR(router.CheckShape({"listen", "metrics_port", "prefill", "decode", "dns_refresh_seconds",
                                          "stats_refresh_seconds", "request_timeout_seconds",
-                                         "kv_transfer_timeout_seconds"}));
+                                         "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
+                                         "max_streams"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -220,14 +228,19 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("request_timeout_seconds", &c.router.request_timeout_seconds, 0.001, 1e7));
   ICE_RETURN_IF_ERROR(
       router.Number("kv_transfer_timeout_seconds", &c.router.kv_transfer_timeout_seconds, 0.001, 1e5));
+  ICE_RETURN_IF_ERROR(router.Number("max_waiting", &c.router.max_waiting, 0, 1 << 24));
+  ICE_RETURN_IF_ERROR(router.Number("max_queue_wait_seconds", &c.router.max_queue_wait_seconds, 0.0, 86400.0));
+  ICE_RETURN_IF_ERROR(router.Number("max_streams", &c.router.max_streams, 1, 1 << 24));
 
   MapReader prefill = top.Sub("prefill");
-  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build"}));
+  ICE_RETURN_IF_ERROR(prefill.CheckShape(
+      {"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "max_queued_requests"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(prefill.Number("max_batch_tokens", &c.prefill.max_batch_tokens, 1, kIntMax));
   ICE_RETURN_IF_ERROR(prefill.Bool("overlap_tree_build", &c.prefill.overlap_tree_build));
+  ICE_RETURN_IF_ERROR(prefill.Number("max_queued_requests", &c.prefill.max_queued_requests, 1, 1 << 24));
 
   MapReader decode = top.Sub("decode");
   ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences"}));
@@ -334,7 +347,12 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "kv_dtype" << YAML::Value << c.cache.kv_dtype << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
-  out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens << YAML::EndMap;
+  out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens;
+  out << YAML::Key << "max_prompt_bytes" << YAML::Value << c.limits.max_prompt_bytes;
+  out << YAML::Key << "max_stop_strings" << YAML::Value << c.limits.max_stop_strings;
+  out << YAML::Key << "max_stop_string_bytes" << YAML::Value << c.limits.max_stop_string_bytes;
+  out << YAML::Key << "max_stop_token_ids" << YAML::Value << c.limits.max_stop_token_ids;
+  out << YAML::Key << "max_message_bytes" << YAML::Value << c.limits.max_message_bytes << YAML::EndMap;
   out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.router.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.router.metrics_port;
@@ -344,13 +362,17 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "stats_refresh_seconds" << YAML::Value << c.router.stats_refresh_seconds;
   out << YAML::Key << "request_timeout_seconds" << YAML::Value << c.router.request_timeout_seconds;
   out << YAML::Key << "kv_transfer_timeout_seconds" << YAML::Value << c.router.kv_transfer_timeout_seconds;
+  out << YAML::Key << "max_waiting" << YAML::Value << c.router.max_waiting;
+  out << YAML::Key << "max_queue_wait_seconds" << YAML::Value << c.router.max_queue_wait_seconds;
+  out << YAML::Key << "max_streams" << YAML::Value << c.router.max_streams;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.prefill.metrics_port;
   out << YAML::Key << "threads" << YAML::Value << c.prefill.threads;
   out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens;
-  out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build << YAML::EndMap;
+  out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build;
+  out << YAML::Key << "max_queued_requests" << YAML::Value << c.prefill.max_queued_requests << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;

@@ -20,6 +20,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "proto/grpc_util.h"
 #include "proto/metrics_exposer.h"
+#include "router/request_checks.h"
 #include "router/worker_pool.h"
 
 namespace icecache::router {
@@ -69,22 +70,6 @@ struct Metrics {
   prometheus::Family<prometheus::Counter>& errors;
 };
 
-// Everything a worker would refuse is refused here, before anything is reserved: NaN fails every
-// comparison, so each range is written as the condition that must hold.
-Status ValidateSampling(const pb::SamplingParams& sp) {
-  if (!(sp.temperature() >= 0.f && std::isfinite(sp.temperature()))) {
-    return InvalidArgumentError("sampling.temperature = " + std::to_string(sp.temperature()) +
-                                ": it must be a finite number >= 0 (0 = greedy)");
-  }
-  if (!(sp.top_p() >= 0.f && sp.top_p() <= 1.f)) {
-    return InvalidArgumentError("sampling.top_p = " + std::to_string(sp.top_p()) + ": it must be in [0, 1] (0 or 1 = off)");
-  }
-  if (sp.top_k() < 0) {
-    return InvalidArgumentError("sampling.top_k = " + std::to_string(sp.top_k()) + ": it must be >= 0 (0 = off)");
-  }
-  return Status::Ok();
-}
-
 const char* FinishName(pb::FinishReason r) {
   switch (r) {
     case pb::FINISH_REASON_LENGTH:
@@ -123,8 +108,9 @@ class GenerationServiceImpl final : public pb::Generation::Service {
 
  private:
   Status Validate(const pb::GenerateRequest& req, std::vector<int32_t>* ids) const {
+    // Sizes, UTF-8 and sampling first: nothing is tokenized for a request refused anyway.
+    ICE_RETURN_IF_ERROR(CheckRequestBeforeTokenizing(req, config_.limits, tok_ != nullptr));
     if (req.prompt_case() == pb::GenerateRequest::kText) {
-      if (req.text().empty()) return InvalidArgumentError("prompt text is empty");
       if (!tok_) {
         return InvalidArgumentError("this model has no tokenizer.json: send the prompt as token_ids instead of text");
       }
@@ -165,8 +151,6 @@ class GenerationServiceImpl final : public pb::Generation::Service {
                                     std::to_string(min_budget) + " pages (or use full)");
       }
     }
-    if (req.stop_size() > 0 && !tok_) return InvalidArgumentError("stop strings need a model with a tokenizer");
-    ICE_RETURN_IF_ERROR(ValidateSampling(req.sampling()));
     for (int32_t id : req.stop_token_ids()) {
       if (id < 0 || id >= model_config_.vocab_size) return InvalidArgumentError("stop_token_ids has an id outside the vocabulary");
     }
@@ -480,7 +464,8 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   impl->service = std::make_unique<GenerationServiceImpl>(config, mc, std::move(tok), impl->prefill.get(),
                                                           impl->decode.get(), impl->metrics.get());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.router.listen, {impl->service.get()},
-                                                          {"icecache.v1.Generation"}, &impl->port));
+                                                          {"icecache.v1.Generation"}, &impl->port,
+                                                          config.limits.max_message_bytes));
   int unused = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.router.listen, &impl->host, &unused));
   if (config.router.metrics_port > 0) {

@@ -12,6 +12,7 @@
 #include "icecache/v1/worker.grpc.pb.h"
 #include "proto/grpc_util.h"
 #include "router/client.h"
+#include "router/request_checks.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace icecache::testing {
@@ -201,6 +202,77 @@ TEST(ClusterPrefillDown, PrefillFailureReleasesTheReservationAtOnce) {
   EXPECT_NE(r.status.message().find("prefill"), std::string::npos) << r.status.message();
   EXPECT_EQ(c->decode[0]->stats().reservations, reservations + 1) << "the request should have reserved";
   ExpectDecodeIdle(*c->decode[0]);
+}
+
+TEST(RequestChecks, FirstInvalidUtf8) {
+  using router::FirstInvalidUtf8;
+  EXPECT_EQ(FirstInvalidUtf8(""), -1);
+  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80"), -1);  // é € 😀
+  EXPECT_EQ(FirstInvalidUtf8("ab\xff"), 2);
+  EXPECT_EQ(FirstInvalidUtf8("ab\xc3"), 2);              // truncated
+  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0);            // overlong '/'
+  EXPECT_EQ(FirstInvalidUtf8("\xe0\x80\xaf"), 1);        // overlong, 3 bytes
+  EXPECT_EQ(FirstInvalidUtf8("\xed\xa0\x80"), 1);        // surrogate U+D800
+  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 1);    // above U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("x\xe2\x82y"), 3);          // bad continuation
+  EXPECT_EQ(FirstInvalidUtf8("\x80"), 0);                // lone continuation
+}
+
+// Text fields are checked at the router, not by the protobuf parser: invalid UTF-8 used to come
+// back as INTERNAL with an empty message.
+TEST_F(ClusterFailureTest, InvalidUtf8IsInvalidArgumentNamingTheByte) {
+  RemoteGenerateOptions o;
+  o.prompt = std::string("hello \xff world");
+  o.max_tokens = 2;
+  Result r = Generate(cluster_->router->address(), o);
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("prompt text is not valid UTF-8: byte 6 (0xff)"), std::string::npos)
+      << r.status.message();
+  o.prompt = "hello";
+  o.stop = {"ok", std::string("\xc3(")};
+  r = Generate(cluster_->router->address(), o);
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("stop[1] is not valid UTF-8"), std::string::npos) << r.status.message();
+}
+
+TEST_F(ClusterFailureTest, StopStringsPromptBytesAndMessagesAreBounded) {
+  const auto& limits = cluster_->config.limits;
+  auto expect = [&](RemoteGenerateOptions o, StatusCode code, const std::string& needle) {
+    o.max_tokens = 2;
+    Result r = Generate(cluster_->router->address(), o);
+    EXPECT_EQ(r.status.code(), code) << r.status.ToString();
+    EXPECT_NE(r.status.message().find(needle), std::string::npos) << r.status.message();
+  };
+  RemoteGenerateOptions o;
+  o.prompt = "hello";
+  o.stop.assign(limits.max_stop_strings + 1, "x");
+  expect(o, StatusCode::kInvalidArgument, "limits.max_stop_strings");
+  o.stop = {std::string(limits.max_stop_string_bytes + 1, 'x')};
+  expect(o, StatusCode::kInvalidArgument, "limits.max_stop_string_bytes");
+  o.stop = {"a", ""};
+  expect(o, StatusCode::kInvalidArgument, "stop[1] is empty");
+  o.stop.clear();
+  o.stop_ids.assign(limits.max_stop_token_ids + 1, 5);
+  expect(o, StatusCode::kInvalidArgument, "limits.max_stop_token_ids");
+  o.stop_ids.clear();
+  // One byte over the prompt limit: refused by size, before the tokenizer sees it (the text is
+  // not even valid UTF-8 at its end, and the size error comes first).
+  o.prompt = std::string(limits.max_prompt_bytes, 'a') + "\xff";
+  expect(o, StatusCode::kInvalidArgument, "limits.max_prompt_bytes");
+  // A message over limits.max_message_bytes is refused by gRPC itself, on the router ...
+  o.prompt = std::string(limits.max_message_bytes + 1, 'a');
+  expect(o, StatusCode::kResourceExhausted, "");
+  // ... and on the internal plane.
+  auto pre = v1::PrefillWorker::NewStub(cluster::MakeChannel(cluster_->prefill[0]->address()));
+  v1::PrefillRequest pr;
+  pr.set_request_id(std::string(limits.max_message_bytes + 1, 'r'));
+  pr.add_token_ids(1);
+  v1::PrefillResponse presp;
+  grpc::ClientContext ctx;
+  grpc::Status s = pre->Prefill(&ctx, pr, &presp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  ExpectDecodeIdle(*cluster_->decode[0]);
 }
 
 }  // namespace
