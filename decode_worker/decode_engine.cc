@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/secure_random.h"
 #include "kvstore/sequence_cache.h"
 #include "transport/kv_shipping.h"
 
@@ -49,6 +50,7 @@ DecodeUpdate ShutdownUpdate() {
 
 struct DecodeEngine::Reservation {
   uint64_t id = 0;
+  std::string token;
   int prompt_tokens = 0;
   int max_tokens = 0;
   int64_t committed_pages = 0;
@@ -115,19 +117,25 @@ DecodeEngine::~DecodeEngine() {
   }
 }
 
-StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
-  if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
+int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const {
   const auto shape = model_->attention_shape();
   const int64_t ps = options_.page_size;
-  const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
+  const int64_t tokens = static_cast<int64_t>(std::max(prompt_tokens, 0)) + std::max(max_tokens, 0);
   // Positional pages for every token, plus slack for partly filled tree leaves (about one extra
   // leaf per cell; cells are ~1-2% of tokens) and the window's partial page.
   int64_t per_head = (tokens + ps - 1) / ps + 2;
   if (budget_pages != 0) per_head += per_head / 4 + 2;
-  const int64_t need = per_head * shape.num_layers * shape.num_kv_heads;
+  return per_head * shape.num_layers * shape.num_kv_heads;
+}
+
+StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
+  if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
+  const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
+  const int64_t need = PagesNeeded(prompt_tokens, max_tokens, budget_pages);
+  ICE_ASSIGN_OR_RETURN(std::string token, SecureRandomToken(16));
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return UnavailableError("decode worker is shutting down");
-  if (static_cast<int>(reserved_.size()) >= options_.max_sequences) {
+  if (static_cast<int>(reserved_.size()) + decoding_ >= options_.max_sequences) {
     return ResourceExhaustedError("decode worker is at its limit of " + std::to_string(options_.max_sequences) +
                                   " sequences");
   }
@@ -138,7 +146,10 @@ StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int 
                                   std::to_string(pool_->capacity_pages()) + ")");
   }
   auto r = std::make_shared<Reservation>();
-  r->id = next_id_++;
+  do {
+    ICE_ASSIGN_OR_RETURN(r->id, SecureRandomId());
+  } while (tokens_.count(r->id) != 0);
+  r->token = token;
   r->prompt_tokens = prompt_tokens;
   r->max_tokens = max_tokens;
   r->committed_pages = need;
@@ -146,13 +157,14 @@ StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int 
   r->created = Clock::now();
   // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
   // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
-  r->kv = std::make_unique<transport::KvReceiver>(pool_.get());
+  r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
   Status expect = transport_->ExpectScatter(r->id, r->kv->Sink());
   if (!expect.ok()) return expect;
   committed_pages_ += need;
   ++reservations_;
   reserved_[r->id] = r;
-  return r->id;
+  tokens_[r->id] = token;
+  return Admission{r->id, std::move(token)};
 }
 
 void DecodeEngine::Drop(uint64_t id) {
@@ -163,6 +175,7 @@ void DecodeEngine::Drop(uint64_t id) {
     if (it == reserved_.end()) return;
     r = it->second;
     reserved_.erase(it);
+    tokens_.erase(id);
     committed_pages_ -= r->committed_pages;
   }
   r->kv->Release();
@@ -182,7 +195,8 @@ Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& param
   return Status::Ok();
 }
 
-StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const DecodeParams& params,
+StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::string_view token,
+                                                           const DecodeParams& params,
                                                            transport::Clock::time_point kv_deadline) {
   std::shared_ptr<Reservation> r;
   Status bad_params;
@@ -190,6 +204,9 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
     std::lock_guard<std::mutex> lock(mu_);
     auto it = reserved_.find(id);
     if (it == reserved_.end()) return NotFoundError("sequence " + std::to_string(id) + " is not reserved here");
+    if (!ConstantTimeEqual(it->second->token, token)) {
+      return Status(StatusCode::kPermissionDenied, "sequence " + std::to_string(id) + ": wrong reservation token");
+    }
     if (it->second->started) return FailedPreconditionError("sequence " + std::to_string(id) + " already started");
     it->second->started = true;
     r = it->second;
@@ -237,6 +254,19 @@ void DecodeEngine::DropClaimed(uint64_t id) {
   // After Cancel, Wait returns as soon as no write into the reservation's pages is in flight.
   transport_->Wait(id, Clock::now() + std::chrono::seconds(30)).IgnoreError();
   Drop(id);
+}
+
+Status DecodeEngine::Release(uint64_t id, std::string_view token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tokens_.find(id);
+    if (it == tokens_.end()) return NotFoundError("sequence " + std::to_string(id) + " is not live here");
+    if (!ConstantTimeEqual(it->second, token)) {
+      return Status(StatusCode::kPermissionDenied, "sequence " + std::to_string(id) + ": wrong reservation token");
+    }
+  }
+  Cancel(id);
+  return Status::Ok();
 }
 
 void DecodeEngine::Cancel(uint64_t id) {
@@ -323,6 +353,7 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
   {
     std::lock_guard<std::mutex> lock(mu_);
     committed_pages_ -= r.committed_pages;
+    tokens_.erase(r.id);
     --decoding_;
     pages_fetched_ += last.pages_fetched;
     retrieval_seconds_ += last.retrieval_seconds;

@@ -27,6 +27,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,13 @@ struct DecodeEngineOptions {
   double reservation_timeout_seconds = 120;
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
   kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
+};
+
+// What Reserve hands out: the sequence id (random, never 0) and its secret token (16 random
+// bytes). Start, Release and the KV transfer must present the token.
+struct Admission {
+  uint64_t id = 0;
+  std::string token;
 };
 
 struct DecodeParams {
@@ -99,17 +108,27 @@ class DecodeEngine {
   ~DecodeEngine();
 
   // Admits a sequence. budget_pages: 0 = full attention, else the sparse page budget.
-  // RESOURCE_EXHAUSTED (pool or max_sequences), INVALID_ARGUMENT (bad sizes).
-  StatusOr<uint64_t> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // RESOURCE_EXHAUSTED (pool, or max_sequences sequences reserved, receiving or decoding),
+  // INVALID_ARGUMENT (bad sizes).
+  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // The admission estimate Reserve commits for such a sequence; more than pool().capacity_pages()
+  // means it can never be admitted here.
+  int64_t PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const;
   // Waits until the KV of sequence `id` has arrived (or kv_deadline), imports it and starts
   // decoding. NOT_FOUND (unknown id), FAILED_PRECONDITION (already started), INVALID_ARGUMENT
   // (params: sampling out of range, first_token outside the vocabulary, max_tokens above the
   // reservation's), transfer errors (DEADLINE_EXCEEDED, CANCELLED, ...), DATA_LOSS (bad wire
   // form). On every error but NOT_FOUND and FAILED_PRECONDITION the reservation is freed before
   // this returns.
-  StatusOr<std::shared_ptr<TokenStream>> Start(uint64_t id, const DecodeParams& params,
+  // PERMISSION_DENIED (wrong token) changes nothing.
+  StatusOr<std::shared_ptr<TokenStream>> Start(uint64_t id, std::string_view token, const DecodeParams& params,
                                                transport::Clock::time_point kv_deadline);
-  // Cancels a sequence in any state; its stream (if started) ends with CANCELLED.
+  // Cancels a live sequence (reserved, receiving or decoding) for a caller that presents its
+  // token: NOT_FOUND when `id` is not live, PERMISSION_DENIED (and nothing changes) for a wrong
+  // token.
+  Status Release(uint64_t id, std::string_view token);
+  // Cancels a sequence in any state without a token: for the owner of a started stream (the
+  // Decode call that presented the token). Its stream (if started) ends with CANCELLED.
   void Cancel(uint64_t id);
 
   DecodeEngineStats stats() const;
@@ -141,8 +160,8 @@ class DecodeEngine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t next_id_ = 1;                                       // guarded by mu_
   std::map<uint64_t, std::shared_ptr<Reservation>> reserved_;  // guarded by mu_
+  std::map<uint64_t, std::string> tokens_;  // guarded by mu_: every live sequence's token
   std::deque<std::unique_ptr<Running>> joining_;               // guarded by mu_
   std::vector<uint64_t> cancel_requests_;                      // guarded by mu_
   int64_t committed_pages_ = 0;                                // guarded by mu_

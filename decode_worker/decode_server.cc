@@ -31,6 +31,10 @@ model::SamplingParams ToModel(const pb::SamplingParams& s) {
   return p;
 }
 
+// Trailing metadata of a RESOURCE_EXHAUSTED Reserve: "never" when the request exceeds the whole
+// pool (router/router_server.cc reads it).
+constexpr std::string_view kFitsKey = "icecache-fits";
+
 int BudgetOf(const pb::CachePolicy& c, int default_budget) {
   switch (c.policy_case()) {
     case pb::CachePolicy::kFull:
@@ -72,11 +76,19 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   DecodeServiceImpl(DecodeEngine* engine, const cluster::ClusterConfig& config, const model::ModelConfig& mc)
       : engine_(engine), config_(config), model_config_(mc) {}
 
-  grpc::Status Reserve(grpc::ServerContext*, const pb::ReserveRequest* req, pb::ReserveResponse* resp) override {
+  grpc::Status Reserve(grpc::ServerContext* ctx, const pb::ReserveRequest* req, pb::ReserveResponse* resp) override {
     int budget = BudgetOf(req->cache(), config_.cache.default_budget_pages);
-    auto id = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget);
-    if (!id.ok()) return ToGrpc(id.status());
-    resp->set_sequence_id(*id);
+    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget);
+    if (!admitted.ok()) {
+      // Tells the router not to queue a request that no amount of waiting lets in here.
+      if (admitted.status().code() == StatusCode::kResourceExhausted &&
+          engine_->PagesNeeded(req->prompt_tokens(), req->max_tokens(), budget) > engine_->pool().capacity_pages()) {
+        ctx->AddTrailingMetadata(std::string(kFitsKey), "never");
+      }
+      return ToGrpc(admitted.status());
+    }
+    resp->set_sequence_id(admitted->id);
+    resp->set_reservation_token(admitted->token);
     resp->set_transport_address(engine_->transport_address());
     return grpc::Status::OK;
   }
@@ -92,7 +104,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     double wait = req->kv_wait_seconds() > 0 ? req->kv_wait_seconds() : config_.ucx.transfer_timeout_seconds;
     auto deadline = transport::Clock::now() + std::chrono::duration_cast<transport::Clock::duration>(
                                                   std::chrono::duration<double>(wait));
-    auto stream = engine_->Start(req->sequence_id(), p, deadline);
+    auto stream = engine_->Start(req->sequence_id(), req->reservation_token(), p, deadline);
     if (!stream.ok()) return ToGrpc(stream.status());
     bool cancelled = false;
     for (;;) {
@@ -127,8 +139,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   }
 
   grpc::Status Release(grpc::ServerContext*, const pb::ReleaseRequest* req, pb::ReleaseResponse*) override {
-    engine_->Cancel(req->sequence_id());
-    return grpc::Status::OK;
+    return ToGrpc(engine_->Release(req->sequence_id(), req->reservation_token()));
   }
 
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {

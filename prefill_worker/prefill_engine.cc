@@ -99,6 +99,10 @@ StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return UnavailableError("prefill worker is shutting down");
+    if (static_cast<int>(queue_.size()) >= options_.max_queued_requests) {
+      return ResourceExhaustedError("prefill worker has " + std::to_string(queue_.size()) +
+                                    " prompts queued (prefill.max_queued_requests)");
+    }
     queued_tokens_ += static_cast<int64_t>(p->job.tokens.size());
     queue_.push_back(p);
   }
@@ -271,7 +275,7 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
   const auto t1 = Clock::now();
   const auto deadline = t1 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(options_.transfer_timeout_seconds));
-  auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, *wire, *b->pool,
+  auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, p->job.token, *wire, *b->pool,
                                          options_.max_segment_bytes, deadline);
   const auto t2 = Clock::now();
   if (!shipped.ok()) return fail(shipped.status().WithContext("shipping the KV cache to the decode worker"));

@@ -52,6 +52,7 @@ struct PrefillEngineOptions {
   kernels::DType kv_dtype = kernels::DType::kBF16;  // pages built and shipped in this type
   bool overlap_tree_build = true;                  // build layer l while layer l+1 computes
   size_t max_segment_bytes = 4 << 20;              // largest run of pages in one segment
+  int max_queued_requests = 256;  // Run refuses more queued prompts with RESOURCE_EXHAUSTED
 };
 
 struct PrefillJob {
@@ -60,6 +61,7 @@ struct PrefillJob {
   bool build_index = true;         // false: every layer dense (the sequence attends fully)
   std::string peer;                // decode worker's transport address
   uint64_t transfer_id = 0;        // decode worker's sequence id
+  std::string token;               // decode worker's reservation token (kKvTokenBytes bytes)
   // Polled before the job joins a batch and before it ships: true = the caller has gone (its RPC
   // was cancelled); the job is dropped and Run returns CANCELLED. May be empty.
   std::function<bool()> cancelled;
@@ -98,7 +100,8 @@ class PrefillEngine {
 
   // Prefills, ships and returns the first token. Errors: INVALID_ARGUMENT (empty prompt, ids out
   // of range), errors of the transport (UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION when
-  // the decode worker gave up on the sequence), RESOURCE_EXHAUSTED.
+  // the decode worker gave up on the sequence), RESOURCE_EXHAUSTED (max_queued_requests prompts
+  // already queued: nothing was done), CANCELLED (job.cancelled() turned true).
   StatusOr<PrefillResult> Run(PrefillJob job);
 
   // Prompt tokens queued or in a forward pass right now.

@@ -42,8 +42,21 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
       : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir) {}
 
   grpc::Status Prefill(grpc::ServerContext* ctx, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
+    // The address goes to ucp_ep_create and the token into the KV header: check their shape first.
+    if (req->decode_transport_address().empty() ||
+        req->decode_transport_address().size() > transport::kMaxTransportAddressBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "decode_transport_address has " + std::to_string(req->decode_transport_address().size()) +
+                              " bytes: it must be 1.." + std::to_string(transport::kMaxTransportAddressBytes));
+    }
+    if (req->reservation_token().size() != transport::kKvTokenBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "reservation_token must be the " + std::to_string(transport::kKvTokenBytes) +
+                              " bytes Reserve returned");
+    }
     PrefillJob job;
     job.tokens.assign(req->token_ids().begin(), req->token_ids().end());
+    job.token = req->reservation_token();
     const auto& s = req->sampling();
     job.sampling.temperature = s.temperature();
     job.sampling.top_k = s.top_k();
@@ -133,6 +146,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   eo.overlap_tree_build = config.prefill.overlap_tree_build;
   eo.max_segment_bytes = static_cast<size_t>(config.ucx.max_segment_bytes);
+  eo.max_queued_requests = config.prefill.max_queued_requests;
   impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
   impl->registry = std::make_shared<prometheus::Registry>();
   impl->metrics = std::make_unique<Metrics>(*impl->registry);

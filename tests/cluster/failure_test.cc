@@ -75,6 +75,7 @@ grpc::Status ReservePrefillDecode(LoopbackCluster& c, int32_t first_token, float
     pr.mutable_token_ids()->Add(prompt.begin(), prompt.end());
     pr.set_sequence_id(reserved.sequence_id());
     pr.set_decode_transport_address(reserved.transport_address());
+    pr.set_reservation_token(reserved.reservation_token());
     pr.set_build_index(false);
     v1::PrefillResponse presp;
     grpc::Status s = pre->Prefill(&ctx, pr, &presp);
@@ -84,6 +85,7 @@ grpc::Status ReservePrefillDecode(LoopbackCluster& c, int32_t first_token, float
   grpc::ClientContext ctx;
   v1::DecodeRequest dr;
   dr.set_sequence_id(reserved.sequence_id());
+  dr.set_reservation_token(reserved.reservation_token());
   dr.set_first_token(first_token);
   dr.set_max_tokens(8);
   dr.mutable_sampling()->set_temperature(temperature);
@@ -273,6 +275,313 @@ TEST_F(ClusterFailureTest, StopStringsPromptBytesAndMessagesAreBounded) {
   grpc::Status s = pre->Prefill(&ctx, pr, &presp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// ---- Trust on the internal plane: unguessable ids and per-reservation tokens ----------------
+
+v1::ReserveResponse ReserveOn(v1::DecodeWorker::Stub& dec, int prompt_tokens, int max_tokens) {
+  v1::ReserveRequest rr;
+  rr.set_prompt_tokens(prompt_tokens);
+  rr.set_max_tokens(max_tokens);
+  rr.mutable_cache()->set_full(true);
+  v1::ReserveResponse reserved;
+  grpc::ClientContext ctx;
+  grpc::Status s = dec.Reserve(&ctx, rr, &reserved);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return reserved;
+}
+
+grpc::Status ReleaseOn(v1::DecodeWorker::Stub& dec, uint64_t id, const std::string& token) {
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id(id);
+  rel.set_reservation_token(token);
+  v1::ReleaseResponse ignored;
+  grpc::ClientContext ctx;
+  return dec.Release(&ctx, rel, &ignored);
+}
+
+grpc::Status DecodeOn(v1::DecodeWorker::Stub& dec, uint64_t id, const std::string& token) {
+  v1::DecodeRequest dr;
+  dr.set_sequence_id(id);
+  dr.set_reservation_token(token);
+  dr.set_first_token(1);
+  dr.set_max_tokens(4);
+  dr.set_kv_wait_seconds(5);
+  grpc::ClientContext ctx;
+  auto reader = dec.Decode(&ctx, dr);
+  v1::DecodeResponse resp;
+  while (reader->Read(&resp)) {
+  }
+  return reader->Finish();
+}
+
+// The probe: Release(1..2000) without a token, sent to the decode worker of another
+// client's stream, used to cancel it. Ids are now random and Release needs the token.
+TEST_F(ClusterFailureTest, ReleaseProbeOfSmallIdsCancelsNothing) {
+  auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(cluster_->decode[0]->address()));
+  const std::vector<int32_t> prompt = Prompt(25, 21);
+  constexpr int kTokens = 1000;  // long enough to outlast the probe
+  std::atomic<int> streamed{0};
+  Result good;
+  std::thread t([&] {
+    RemoteGenerateOptions o;
+    o.prompt_ids = prompt;
+    o.max_tokens = kTokens;
+    o.ignore_eos = true;
+    o.budget_pages = 0;
+    good = Generate(cluster_->router->address(), o, &streamed);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (streamed < 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::atomic<int> not_found{0};
+  std::vector<std::thread> probes;
+  for (int p = 0; p < 4; ++p) {
+    probes.emplace_back([&, p] {
+      for (uint64_t id = 1 + p; id <= 2000; id += 4) {
+        grpc::Status s = ReleaseOn(*dec, id, "");
+        not_found += s.error_code() == grpc::StatusCode::NOT_FOUND;
+      }
+    });
+  }
+  for (auto& probe : probes) probe.join();
+  EXPECT_EQ(not_found.load(), 2000);
+  EXPECT_LT(streamed.load(), kTokens) << "the good stream ended before the probe: the test proves nothing";
+  t.join();
+  ASSERT_TRUE(good.status.ok()) << good.status.ToString();
+  EXPECT_EQ(good.tokens, SingleProcessGreedy(*dir_, prompt, kTokens));
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// Knowing the id is not enough: a wrong token is PERMISSION_DENIED for Release and Decode and
+// leaves the reservation as it was; the right token releases it.
+TEST_F(ClusterFailureTest, WrongTokenIsDeniedWithoutSideEffects) {
+  auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(cluster_->decode[0]->address()));
+  v1::ReserveResponse a = ReserveOn(*dec, 30, 4);
+  v1::ReserveResponse b = ReserveOn(*dec, 30, 4);
+  EXPECT_EQ(a.reservation_token().size(), 16u);
+  EXPECT_NE(a.reservation_token(), b.reservation_token());
+  EXPECT_NE(a.sequence_id(), b.sequence_id());
+  // 64 random bits: both ids below 2^32 by chance has probability 2^-64.
+  EXPECT_TRUE(a.sequence_id() > 0xffffffffull || b.sequence_id() > 0xffffffffull) << a.sequence_id();
+  const auto held = cluster_->decode[0]->stats();
+  EXPECT_EQ(held.active_sequences, 2);
+
+  std::string wrong = a.reservation_token();
+  wrong[0] ^= 1;
+  grpc::Status s = ReleaseOn(*dec, a.sequence_id(), wrong);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = ReleaseOn(*dec, a.sequence_id(), b.reservation_token());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = DecodeOn(*dec, a.sequence_id(), "");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = DecodeOn(*dec, a.sequence_id(), wrong);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  const auto after = cluster_->decode[0]->stats();
+  EXPECT_EQ(after.active_sequences, 2);
+  EXPECT_EQ(after.committed_pages, held.committed_pages);
+
+  EXPECT_TRUE(ReleaseOn(*dec, a.sequence_id(), a.reservation_token()).ok());
+  EXPECT_TRUE(ReleaseOn(*dec, b.sequence_id(), b.reservation_token()).ok());
+  EXPECT_EQ(ReleaseOn(*dec, a.sequence_id(), a.reservation_token()).error_code(), grpc::StatusCode::NOT_FOUND);
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// KV shipped with another token (a prefill call that knows the id but not the token) is refused
+// when the owner starts decoding, and everything is freed.
+TEST_F(ClusterFailureTest, KvShippedWithAWrongTokenIsRefused) {
+  auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(cluster_->decode[0]->address()));
+  auto pre = v1::PrefillWorker::NewStub(cluster::MakeChannel(cluster_->prefill[0]->address()));
+  const std::vector<int32_t> prompt = Prompt(30, 4);
+  v1::ReserveResponse r = ReserveOn(*dec, static_cast<int>(prompt.size()), 4);
+  v1::PrefillRequest pr;
+  pr.mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  pr.set_sequence_id(r.sequence_id());
+  pr.set_decode_transport_address(r.transport_address());
+  pr.set_reservation_token(std::string(16, 'x'));
+  v1::PrefillResponse presp;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = pre->Prefill(&ctx, pr, &presp);
+    ASSERT_TRUE(s.ok()) << s.error_message();  // the prefill worker cannot tell; the decode worker can
+  }
+  grpc::Status s = DecodeOn(*dec, r.sequence_id(), r.reservation_token());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// The transport address and token in a PrefillRequest are checked before use: too long, empty,
+// or not an icecache address never reach ucp_ep_create.
+TEST_F(ClusterFailureTest, TransportAddressAndTokenShapesAreChecked) {
+  auto pre = v1::PrefillWorker::NewStub(cluster::MakeChannel(cluster_->prefill[0]->address()));
+  auto prefill = [&](const std::string& address, const std::string& token) {
+    v1::PrefillRequest pr;
+    pr.add_token_ids(5);
+    pr.add_token_ids(6);
+    pr.set_sequence_id(12345);
+    pr.set_decode_transport_address(address);
+    pr.set_reservation_token(token);
+    v1::PrefillResponse presp;
+    grpc::ClientContext ctx;
+    return pre->Prefill(&ctx, pr, &presp);
+  };
+  const std::string token(16, 't');
+  grpc::Status s = prefill(std::string(5000, 'a'), token);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("decode_transport_address"), std::string::npos) << s.error_message();
+  s = prefill("", token);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  s = prefill("some address", "short");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("reservation_token"), std::string::npos) << s.error_message();
+  // Right length, wrong contents: refused by the transport before ucp_ep_create.
+  s = prefill(std::string(300, '\x01'), token);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("not an icecache transport address"), std::string::npos) << s.error_message();
+  // A real address cut short by one byte.
+  auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(cluster_->decode[0]->address()));
+  v1::ReserveResponse r = ReserveOn(*dec, 2, 2);
+  std::string cut = r.transport_address();
+  cut.pop_back();
+  s = prefill(cut, r.reservation_token());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("truncated or corrupt"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(ReleaseOn(*dec, r.sequence_id(), r.reservation_token()).ok());
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+}  // namespace
+}  // namespace icecache::testing
+
+namespace icecache::testing {
+namespace {
+
+// ---- Overload: queue with a bound instead of refusing at once -------------------------------
+
+std::unique_ptr<LoopbackCluster> SmallCluster(int max_sequences, int max_waiting, double max_wait_seconds) {
+  return LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self", true,
+                                0, 60000, "reference", "f32", [&](cluster::ClusterConfig& c) {
+                                  c.decode.max_sequences = max_sequences;
+                                  c.router.max_waiting = max_waiting;
+                                  c.router.max_queue_wait_seconds = max_wait_seconds;
+                                });
+}
+
+bool WaitFor(const std::function<bool()>& cond, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
+// 12 concurrent streams on a decode worker that runs 3 sequences at once: all complete (they
+// used to get RESOURCE_EXHAUSTED beyond the slots), each with its full length.
+TEST(ClusterOverload, MoreStreamsThanSlotsAllComplete) {
+  auto c = SmallCluster(/*max_sequences=*/3, /*max_waiting=*/64, /*max_wait_seconds=*/120);
+  ASSERT_NE(c, nullptr);
+  constexpr int kStreams = 12;
+  std::vector<Result> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      RemoteGenerateOptions o;
+      o.prompt_ids = Prompt(10 + i, 300 + i);
+      o.max_tokens = 30;
+      o.ignore_eos = true;
+      results[i] = Generate(c->router->address(), o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.ToString();
+    EXPECT_EQ(results[i].tokens.size(), 30u) << i;
+  }
+  EXPECT_EQ(c->decode[0]->stats().reservations, kStreams);
+  EXPECT_EQ(c->router->queued_requests(), 0);
+  ExpectDecodeIdle(*c->decode[0]);
+}
+
+// RESOURCE_EXHAUSTED only when the queue is full or the wait runs out; a queued request is
+// served once the running one ends.
+TEST(ClusterOverload, FullQueueAndWaitLimitAreResourceExhausted) {
+  auto c = SmallCluster(/*max_sequences=*/1, /*max_waiting=*/1, /*max_wait_seconds=*/120);
+  ASSERT_NE(c, nullptr);
+  std::atomic<bool> stop_first{false};
+  std::atomic<int> first_streamed{0};
+  Status first_status;
+  std::thread first([&] {
+    RemoteGenerateOptions o;
+    o.prompt_ids = Prompt(10, 1);
+    o.max_tokens = 4000;
+    o.ignore_eos = true;
+    o.router = c->router->address();
+    int n = 0;
+    first_status = router::RunRemoteGenerate(o, [&](const RemoteChunk& ch) {
+      n += static_cast<int>(ch.token_ids.size());
+      first_streamed = n;
+      return !stop_first.load();
+    });
+  });
+  ASSERT_TRUE(WaitFor([&] { return first_streamed > 0; }, 60));
+  Result second;
+  std::thread queued([&] {
+    RemoteGenerateOptions o;
+    o.prompt_ids = Prompt(12, 2);
+    o.max_tokens = 5;
+    o.ignore_eos = true;
+    second = Generate(c->router->address(), o);
+  });
+  ASSERT_TRUE(WaitFor([&] { return c->router->queued_requests() == 1; }, 60));
+  // The queue (1) is full: the third is refused at once.
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(12, 3);
+  o.max_tokens = 5;
+  Result third = Generate(c->router->address(), o);
+  EXPECT_EQ(third.status.code(), StatusCode::kResourceExhausted) << third.status.ToString();
+  EXPECT_NE(third.status.message().find("router.max_waiting"), std::string::npos) << third.status.message();
+  // The running stream ends: the queued one is served.
+  stop_first = true;
+  first.join();
+  queued.join();
+  EXPECT_EQ(first_status.code(), StatusCode::kCancelled) << first_status.ToString();
+  ASSERT_TRUE(second.status.ok()) << second.status.ToString();
+  EXPECT_EQ(second.tokens.size(), 5u);
+  EXPECT_TRUE(WaitFor([&] { return c->decode[0]->stats().active_sequences == 0; }, 10));
+  ExpectDecodeIdle(*c->decode[0]);
+}
+
+TEST(ClusterOverload, WaitLimitIsResourceExhausted) {
+  auto c = SmallCluster(/*max_sequences=*/1, /*max_waiting=*/8, /*max_wait_seconds=*/0.3);
+  ASSERT_NE(c, nullptr);
+  std::atomic<bool> stop_first{false};
+  std::atomic<int> first_streamed{0};
+  std::thread first([&] {
+    RemoteGenerateOptions o;
+    o.prompt_ids = Prompt(10, 1);
+    o.max_tokens = 4000;
+    o.ignore_eos = true;
+    o.router = c->router->address();
+    (void)router::RunRemoteGenerate(o, [&](const RemoteChunk& ch) {
+      first_streamed += static_cast<int>(ch.token_ids.size());
+      return !stop_first.load();
+    });
+  });
+  ASSERT_TRUE(WaitFor([&] { return first_streamed > 0; }, 60));
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(12, 2);
+  o.max_tokens = 5;
+  Result late = Generate(c->router->address(), o);
+  const bool still_running = first_streamed < 4000;
+  stop_first = true;
+  first.join();
+  ASSERT_TRUE(still_running) << "the first stream ended before the wait limit: the test proves nothing";
+  EXPECT_EQ(late.status.code(), StatusCode::kResourceExhausted) << late.status.ToString();
+  EXPECT_NE(late.status.message().find("router.max_queue_wait_seconds"), std::string::npos) << late.status.message();
+  EXPECT_TRUE(WaitFor([&] { return c->decode[0]->stats().active_sequences == 0; }, 10));
+  ExpectDecodeIdle(*c->decode[0]);
 }
 
 }  // namespace
