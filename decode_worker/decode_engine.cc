@@ -86,6 +86,7 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model
   po.num_pages = options.pool_pages;
   ICE_ASSIGN_OR_RETURN(e->pool_, kvstore::PagePool::Create(po));
   e->backend_ = std::make_unique<IceCacheBackend>(model->attention_shape(), e->pool_.get());
+  e->heartbeat_ns_ = Clock::now().time_since_epoch().count();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   e->reaper_ = std::thread([raw = e.get()] { raw->ReaperLoop(); });
   return e;
@@ -135,6 +136,7 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
   ICE_ASSIGN_OR_RETURN(std::string token, SecureRandomToken(16));
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return UnavailableError("decode worker is shutting down");
+  if (draining_) return UnavailableError("decode worker is draining (shutting down): not admitting sequences");
   if (static_cast<int>(reserved_.size()) + decoding_ >= options_.max_sequences) {
     return ResourceExhaustedError("decode worker is at its limit of " + std::to_string(options_.max_sequences) +
                                   " sequences");
@@ -296,6 +298,15 @@ void DecodeEngine::Cancel(uint64_t id) {
   cv_.notify_all();
 }
 
+void DecodeEngine::StopAdmitting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+transport::Clock::time_point DecodeEngine::last_heartbeat() const {
+  return transport::Clock::time_point(transport::Clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
+}
+
 DecodeEngineStats DecodeEngine::stats() const {
   DecodeEngineStats s;
   s.total_pages = pool_->capacity_pages();
@@ -364,6 +375,7 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
 void DecodeEngine::Loop() {
   if (options_.threads > 0) omp_set_num_threads(options_.threads);  // this thread's parallel regions
   for (;;) {
+    heartbeat_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     std::deque<std::unique_ptr<Running>> joining;
     std::vector<uint64_t> cancels;
     {

@@ -22,6 +22,7 @@
 // Thread safety: all public methods may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -131,6 +132,12 @@ class DecodeEngine {
   // Decode call that presented the token). Its stream (if started) ends with CANCELLED.
   void Cancel(uint64_t id);
 
+  // Draining: from now on Reserve answers UNAVAILABLE; live sequences carry on.
+  void StopAdmitting();
+  // When the engine loop last came round (it does at least every 200 ms when idle, and once per
+  // decode step when busy).
+  transport::Clock::time_point last_heartbeat() const;
+
   DecodeEngineStats stats() const;
   const kvstore::PagePool& pool() const { return *pool_; }
   const std::string& transport_address() const { return transport_->address(); }
@@ -171,6 +178,8 @@ class DecodeEngine {
   int64_t pages_fetched_ = 0;                                  // guarded by mu_
   double retrieval_seconds_ = 0;                               // guarded by mu_
   bool stop_ = false;                                          // guarded by mu_
+  bool draining_ = false;                                      // guarded by mu_
+  std::atomic<int64_t> heartbeat_ns_{0};  // steady clock of the loop's last iteration
 
   std::map<uint64_t, std::unique_ptr<Running>> running_;  // engine thread only
   std::thread thread_;

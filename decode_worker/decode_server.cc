@@ -71,6 +71,10 @@ struct Metrics {
   prometheus::Counter& transfer_bytes;
 };
 
+bool Stalled(const DecodeEngine& engine, double stall_seconds) {
+  return transport::Clock::now() - engine.last_heartbeat() > std::chrono::duration<double>(stall_seconds);
+}
+
 class DecodeServiceImpl final : public pb::DecodeWorker::Service {
  public:
   DecodeServiceImpl(DecodeEngine* engine, const cluster::ClusterConfig& config, const model::ModelConfig& mc)
@@ -143,6 +147,9 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   }
 
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {
+    if (Stalled(*engine_, config_.decode.health_stall_seconds)) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode engine loop is stalled");
+    }
     DecodeEngineStats s = engine_->stats();
     resp->set_total_pages(s.total_pages);
     resp->set_free_pages(s.total_pages - s.committed_pages);
@@ -176,7 +183,16 @@ struct DecodeServer::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
   int metrics_port = 0;
   std::atomic<bool> stop{false};
+  std::atomic<bool> draining{false};
   std::thread metrics_thread;
+
+  void UpdateHealth() {
+    const bool serving = !draining && !stop && !Stalled(*engine, config.decode.health_stall_seconds);
+    if (auto* h = server->GetHealthCheckService()) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus("icecache.v1.DecodeWorker", serving);
+    }
+  }
   std::once_flag shutdown_once;
 
   void UpdateMetrics(DecodeEngineStats& last, uint64_t& last_bytes) {
@@ -202,7 +218,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
   ICE_ASSIGN_OR_RETURN(impl->transport,
-                       transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
+                       transport::CreateUcxTransport(transport::UcxOptions{
+                           config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
   DecodeEngineOptions eo;
   eo.page_size = config.cache.page_size;
   eo.threads = config.decode.threads;
@@ -228,9 +245,10 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   impl->metrics_thread = std::thread([raw] {
     DecodeEngineStats last;
     uint64_t last_bytes = 0;
-    while (!raw->stop) {
-      raw->UpdateMetrics(last, last_bytes);
-      for (int i = 0; i < 5 && !raw->stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int tick = 0; !raw->stop; ++tick) {
+      if (tick % 5 == 0) raw->UpdateMetrics(last, last_bytes);
+      raw->UpdateHealth();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
   ICE_LOG(INFO) << "decode worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
@@ -240,8 +258,27 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
 
 DecodeServer::~DecodeServer() { Shutdown(); }
 
+bool DecodeServer::Drain(double seconds) {
+  if (impl_->stop) return true;  // already shut down (WorkerMain may stop twice)
+  impl_->draining = true;
+  impl_->UpdateHealth();
+  impl_->engine->StopAdmitting();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->engine->stats().active_sequences > 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ICE_LOG(WARNING) << "drain: " << impl_->engine->stats().active_sequences
+                       << " sequences still live after " << seconds << " s; stopping anyway";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 void DecodeServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    impl_->draining = true;
+    impl_->UpdateHealth();
     impl_->stop = true;
     if (impl_->metrics_thread.joinable()) impl_->metrics_thread.join();
     // Running streams end when the engine goes away; give handlers a moment via the deadline.

@@ -135,7 +135,8 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   ICE_RETURN_IF_ERROR(kvstore::ValidateDciParams(eo.dci).WithContext("cache.dci_*"));
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir));
   ICE_ASSIGN_OR_RETURN(impl->transport,
-                       transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
+                       transport::CreateUcxTransport(transport::UcxOptions{
+                           config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
   eo.page_size = config.cache.page_size;
   eo.threads = config.prefill.threads;
   eo.dense_layers = config.cache.dense_layers;

@@ -243,19 +243,24 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(prefill.Number("max_queued_requests", &c.prefill.max_queued_requests, 1, 1 << 24));
 
   MapReader decode = top.Sub("decode");
-  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences"}));
+  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences",
+                                         "health_stall_seconds", "drain_seconds"}));
   ICE_RETURN_IF_ERROR(ReadAddress(decode, "listen", &c.decode.listen, origin, "decode"));
   ICE_RETURN_IF_ERROR(decode.Number("metrics_port", &c.decode.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(decode.Number("threads", &c.decode.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(decode.Number<int64_t>("pool_pages", &c.decode.pool_pages, 1, int64_t{1} << 40));
   ICE_RETURN_IF_ERROR(decode.Number("max_sequences", &c.decode.max_sequences, 1, 1 << 20));
+  ICE_RETURN_IF_ERROR(decode.Number("health_stall_seconds", &c.decode.health_stall_seconds, 0.001, 86400.0));
+  ICE_RETURN_IF_ERROR(decode.Number("drain_seconds", &c.decode.drain_seconds, 0.0, 86400.0));
 
   MapReader ucx = top.Sub("ucx");
-  ICE_RETURN_IF_ERROR(ucx.CheckShape({"tls", "net_devices", "transfer_timeout_seconds", "max_segment_bytes"}));
+  ICE_RETURN_IF_ERROR(ucx.CheckShape(
+      {"tls", "net_devices", "transfer_timeout_seconds", "max_segment_bytes", "peer_failure_detection"}));
   ICE_RETURN_IF_ERROR(ucx.String("tls", &c.ucx.tls));
   ICE_RETURN_IF_ERROR(ucx.String("net_devices", &c.ucx.net_devices));
   ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
   ICE_RETURN_IF_ERROR(ucx.Number<int64_t>("max_segment_bytes", &c.ucx.max_segment_bytes, 1, int64_t{1} << 30));
+  ICE_RETURN_IF_ERROR(ucx.Bool("peer_failure_detection", &c.ucx.peer_failure_detection));
   return c;
 }
 
@@ -378,12 +383,15 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;
   out << YAML::Key << "threads" << YAML::Value << c.decode.threads;
   out << YAML::Key << "pool_pages" << YAML::Value << c.decode.pool_pages;
-  out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences << YAML::EndMap;
+  out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences;
+  out << YAML::Key << "health_stall_seconds" << YAML::Value << c.decode.health_stall_seconds;
+  out << YAML::Key << "drain_seconds" << YAML::Value << c.decode.drain_seconds << YAML::EndMap;
   out << YAML::Key << "ucx" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tls" << YAML::Value << c.ucx.tls;
   out << YAML::Key << "net_devices" << YAML::Value << c.ucx.net_devices;
   out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
   out << YAML::Key << "max_segment_bytes" << YAML::Value << c.ucx.max_segment_bytes;
+  out << YAML::Key << "peer_failure_detection" << YAML::Value << c.ucx.peer_failure_detection;
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

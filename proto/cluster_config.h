@@ -101,6 +101,12 @@ struct DecodeSection {
   int threads = 0;
   int64_t pool_pages = 16384;  // host KV pages (each holds page_size tokens of every layer's K and V)
   int max_sequences = 64;  // sequences admitted at once: reserved, receiving or decoding
+  // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine loop has not come round for this
+  // long (a stuck forward pass or a wedged thread).
+  double health_stall_seconds = 30;
+  // SIGTERM: stop admitting, report NOT_SERVING, let running sequences finish for up to this
+  // long, then stop (`icecache cluster` sends SIGKILL 10 s after SIGTERM).
+  double drain_seconds = 5;
 };
 
 struct UcxSection {
@@ -110,6 +116,10 @@ struct UcxSection {
   // Consecutive KV pages are shipped as one segment of at most this many bytes (a segment never
   // holds less than one page; a value below the page size ships one page per segment).
   int64_t max_segment_bytes = 4 << 20;
+  // Endpoints detect a failed peer (UCX peer error handling): a dead decode worker fails the
+  // prefill worker's send at once instead of at transfer_timeout_seconds. UCX 1.13's shared
+  // memory transports cannot do this, so with it on only tcp carries KV.
+  bool peer_failure_detection = false;
 };
 
 struct ClusterConfig {
