@@ -47,6 +47,7 @@ struct PrefillEngine::SeqBuild {
 
 PrefillEngine::PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options)
     : model_(model), transport_(transport), options_(options), ship_pool_(std::max(1, options.ship_threads)) {
+  Beat();
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -66,6 +67,11 @@ PrefillEngine::~PrefillEngine() {
 int64_t PrefillEngine::queued_tokens() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queued_tokens_;
+}
+
+std::chrono::steady_clock::time_point PrefillEngine::last_heartbeat() const {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
 }
 
 int64_t PrefillEngine::completed() const {
@@ -116,7 +122,8 @@ void PrefillEngine::EngineLoop() {
     std::vector<std::shared_ptr<Pending>> batch;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stop_ || !queue_.empty(); })) Beat();
+      Beat();
       if (stop_) return;
       // (the loop below may drop every queued job: an empty batch is skipped)
       int64_t tokens = 0;
@@ -197,12 +204,15 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   std::vector<std::shared_ptr<SeqBuild>> builds(batch.size());
   // Runs on this thread inside the forward pass: hands the finished layer to a ship thread.
   auto on_layer = [&](model::SequenceId id, int layer) {
+    Beat();
     std::shared_ptr<SeqBuild> b = builds[id];
     if (!b) return;
     b->ready_layers = layer + 1;
     // EndsGroup reads only the cache's options, which never change.
     if (b->cache->EndsGroup(layer)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
   };
+  // The listener also keeps the heartbeat going through a long forward pass (with
+  // overlap_tree_build off the engine beats only between batches).
   CaptureBackend backend(model_->attention_shape(),
                          options_.overlap_tree_build ? CaptureBackend::LayerListener(on_layer) : nullptr);
   std::vector<model::SequenceInput> inputs;

@@ -18,6 +18,8 @@
 // Thread safety: Run() may be called from many threads at once (one per RPC).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -106,6 +108,9 @@ class PrefillEngine {
 
   // Prompt tokens queued or in a forward pass right now.
   int64_t queued_tokens() const;
+  // When the engine thread last showed life: it beats at least every 200 ms when idle, between
+  // batches, and (with overlap_tree_build) as each layer of a forward pass completes.
+  std::chrono::steady_clock::time_point last_heartbeat() const;
   int64_t completed() const;
   PrefillEngineStats stats() const;
 
@@ -131,6 +136,8 @@ class PrefillEngine {
   int64_t queued_tokens_ = 0;                   // guarded by mu_
   PrefillEngineStats stats_;                    // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
+  std::atomic<int64_t> heartbeat_ns_{0};        // steady clock of the last sign of life
+  void Beat() { heartbeat_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
   std::thread thread_;
 };
 

@@ -6,7 +6,9 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
@@ -36,10 +38,15 @@ struct Metrics {
   prometheus::Family<prometheus::Histogram>& phase;
 };
 
+bool Stalled(const PrefillEngine& engine, double stall_seconds) {
+  return std::chrono::steady_clock::now() - engine.last_heartbeat() > std::chrono::duration<double>(stall_seconds);
+}
+
 class PrefillServiceImpl final : public pb::PrefillWorker::Service {
  public:
-  PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir)
-      : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir) {}
+  PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir,
+                     double stall_seconds)
+      : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir), stall_seconds_(stall_seconds) {}
 
   grpc::Status Prefill(grpc::ServerContext* ctx, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
     // The address goes to ucp_ep_create and the token into the KV header: check their shape first.
@@ -89,6 +96,9 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
   }
 
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {
+    if (Stalled(*engine_, stall_seconds_)) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill engine shows no sign of life");
+    }
     resp->set_queued_prompt_tokens(engine_->queued_tokens());
     resp->set_model_name(model_dir_);
     resp->set_vocab_size(model_->config().vocab_size);
@@ -100,6 +110,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
   const model::Model* model_;
   Metrics* metrics_;
   std::string model_dir_;
+  double stall_seconds_;
 };
 
 }  // namespace
@@ -116,6 +127,19 @@ struct PrefillServer::Impl {
   std::string host;
   int port = 0;
   std::once_flag shutdown_once;
+  double stall_seconds = 120;
+  std::mutex health_mu;
+  std::condition_variable health_cv;
+  bool stop = false;  // guarded by health_mu
+  std::thread health_thread;
+
+  void UpdateHealth(bool stopping) {
+    const bool serving = !stopping && !Stalled(*engine, stall_seconds);
+    if (auto* h = server->GetHealthCheckService()) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus("icecache.v1.PrefillWorker", serving);
+    }
+  }
 };
 
 PrefillServer::PrefillServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -152,7 +176,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   impl->registry = std::make_shared<prometheus::Registry>();
   impl->metrics = std::make_unique<Metrics>(*impl->registry);
   impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
-                                                       config.model.dir);
+                                                       config.model.dir, config.prefill.health_stall_seconds);
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},
                                                           {"icecache.v1.PrefillWorker"}, &impl->port,
                                                           config.limits.max_message_bytes));
@@ -162,6 +186,14 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
     ICE_ASSIGN_OR_RETURN(impl->exposer,
                          cluster::StartMetricsExposer(impl->host, config.prefill.metrics_port, impl->registry));
   }
+  impl->stall_seconds = config.prefill.health_stall_seconds;
+  Impl* raw = impl.get();
+  impl->health_thread = std::thread([raw] {
+    std::unique_lock<std::mutex> lock(raw->health_mu);
+    while (!raw->health_cv.wait_for(lock, std::chrono::milliseconds(100), [raw] { return raw->stop; })) {
+      raw->UpdateHealth(false);
+    }
+  });
   ICE_LOG(INFO) << "prefill worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
                 << ")";
   return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));
@@ -171,6 +203,13 @@ PrefillServer::~PrefillServer() { Shutdown(); }
 
 void PrefillServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    {
+      std::lock_guard<std::mutex> lock(impl_->health_mu);
+      impl_->stop = true;
+    }
+    impl_->health_cv.notify_all();
+    if (impl_->health_thread.joinable()) impl_->health_thread.join();
+    impl_->UpdateHealth(/*stopping=*/true);
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     impl_->engine.reset();
     impl_->exposer.reset();

@@ -234,13 +234,15 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
 
   MapReader prefill = top.Sub("prefill");
   ICE_RETURN_IF_ERROR(prefill.CheckShape(
-      {"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "max_queued_requests"}));
+      {"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "max_queued_requests",
+       "health_stall_seconds"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(prefill.Number("max_batch_tokens", &c.prefill.max_batch_tokens, 1, kIntMax));
   ICE_RETURN_IF_ERROR(prefill.Bool("overlap_tree_build", &c.prefill.overlap_tree_build));
   ICE_RETURN_IF_ERROR(prefill.Number("max_queued_requests", &c.prefill.max_queued_requests, 1, 1 << 24));
+  ICE_RETURN_IF_ERROR(prefill.Number("health_stall_seconds", &c.prefill.health_stall_seconds, 0.001, 86400.0));
 
   MapReader decode = top.Sub("decode");
   ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences",
@@ -377,7 +379,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "threads" << YAML::Value << c.prefill.threads;
   out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens;
   out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build;
-  out << YAML::Key << "max_queued_requests" << YAML::Value << c.prefill.max_queued_requests << YAML::EndMap;
+  out << YAML::Key << "max_queued_requests" << YAML::Value << c.prefill.max_queued_requests;
+  out << YAML::Key << "health_stall_seconds" << YAML::Value << c.prefill.health_stall_seconds << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;

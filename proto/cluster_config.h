@@ -93,6 +93,9 @@ struct PrefillSection {
   // Prompts queued (not yet in a forward pass) beyond this are refused with RESOURCE_EXHAUSTED
   // (the router tries another prefill worker).
   int max_queued_requests = 256;
+  // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine has shown no sign of life for
+  // this long (it beats when idle, and once per layer of a forward pass).
+  double health_stall_seconds = 120;
 };
 
 struct DecodeSection {

@@ -635,16 +635,23 @@ TEST(ClusterDrain, DrainRefusesNewWorkAndLetsRunningStreamsFinish) {
   ExpectDecodeIdle(*c->decode[0]);
 }
 
-// Health follows the engine loop's heartbeat: with a stall limit below the loop's idle wake-up
-// (200 ms) an idle worker reads as stalled (NOT_SERVING, Stats UNAVAILABLE); with the default it
-// serves. (A real stall cannot be produced on demand; this checks the wiring both ways.)
+// Health follows the engine loops' heartbeats: with a stall limit below the loops' idle wake-up
+// (200 ms) idle workers read as stalled (NOT_SERVING, Stats UNAVAILABLE, so the router is not
+// SERVING either); with the defaults they serve. (A real stall cannot be produced on demand; this checks the wiring both ways.)
 TEST(ClusterHealth, HealthFollowsTheEngineHeartbeat) {
   auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self", true,
                                   0, 60000, "reference", "f32",
-                                  [](cluster::ClusterConfig& cfg) { cfg.decode.health_stall_seconds = 0.001; });
+                                  [](cluster::ClusterConfig& cfg) {
+                                    cfg.decode.health_stall_seconds = 0.001;
+                                    cfg.prefill.health_stall_seconds = 0.001;
+                                  });
   ASSERT_NE(c, nullptr);
   const std::string dec_addr = c->decode[0]->address();
   EXPECT_TRUE(WaitFor([&] { return !router::CheckHealth(dec_addr, "icecache.v1.DecodeWorker", 5).ok(); }, 10));
+  EXPECT_TRUE(WaitFor(
+      [&] { return !router::CheckHealth(c->prefill[0]->address(), "icecache.v1.PrefillWorker", 5).ok(); }, 10));
+  // Without a live worker of each kind the router stops reporting SERVING too.
+  EXPECT_TRUE(WaitFor([&] { return !router::CheckHealth(c->router->address(), "", 5).ok(); }, 10));
   auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(dec_addr));
   bool saw_unavailable = WaitFor(
       [&] {
@@ -657,6 +664,8 @@ TEST(ClusterHealth, HealthFollowsTheEngineHeartbeat) {
   auto normal = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self");
   ASSERT_NE(normal, nullptr);
   EXPECT_TRUE(router::CheckHealth(normal->decode[0]->address(), "icecache.v1.DecodeWorker", 5).ok());
+  EXPECT_TRUE(router::CheckHealth(normal->prefill[0]->address(), "icecache.v1.PrefillWorker", 5).ok());
+  EXPECT_TRUE(WaitFor([&] { return router::CheckHealth(normal->router->address(), "", 5).ok(); }, 10));
 }
 
 }  // namespace
