@@ -180,6 +180,7 @@ StatusOr<Generated> DirectTpot(Cluster& c, int prompt, int max_tokens) {
   pr.mutable_token_ids()->Add(ids.begin(), ids.end());
   pr.set_sequence_id(reserved.sequence_id());
   pr.set_decode_transport_address(reserved.transport_address());
+  pr.set_reservation_token(reserved.reservation_token());
   pb::PrefillResponse prefilled;
   {
     grpc::ClientContext ctx;
@@ -187,6 +188,7 @@ StatusOr<Generated> DirectTpot(Cluster& c, int prompt, int max_tokens) {
   }
   pb::DecodeRequest dr;
   dr.set_sequence_id(reserved.sequence_id());
+  dr.set_reservation_token(reserved.reservation_token());
   dr.set_first_token(prefilled.first_token());
   dr.set_max_tokens(max_tokens);
   dr.set_ignore_eos(true);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/secure_random.h"
 #include "kvstore/sequence_cache.h"
 #include "transport/kv_shipping.h"
 
@@ -49,6 +50,9 @@ DecodeUpdate ShutdownUpdate() {
 
 struct DecodeEngine::Reservation {
   uint64_t id = 0;
+  std::string token;
+  int prompt_tokens = 0;
+  int max_tokens = 0;
   int64_t committed_pages = 0;
   int budget_pages = 0;
   Clock::time_point created;
@@ -89,7 +93,9 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model
   bo.device_cache_pages = options.device_cache_pages;
   ICE_ASSIGN_OR_RETURN(e->backend_, IceCacheBackend::Create(model->attention_shape(), e->pool_.get(), bo));
   e->device_cache_stats_ = e->backend_->device_cache_stats();
+  e->heartbeat_ns_ = Clock::now().time_since_epoch().count();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
+  e->reaper_ = std::thread([raw = e.get()] { raw->ReaperLoop(); });
   return e;
 }
 
@@ -101,7 +107,9 @@ DecodeEngine::~DecodeEngine() {
     for (auto& [id, r] : reserved_) ids.push_back(id);
   }
   cv_.notify_all();
+  reaper_cv_.notify_all();
   thread_.join();
+  reaper_.join();
   for (auto& [id, r] : running_) {
     backend_->RemoveSequence(id).IgnoreError();
     r->stream->Push(ShutdownUpdate());
@@ -117,19 +125,26 @@ DecodeEngine::~DecodeEngine() {
   }
 }
 
-StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
-  if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
+int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const {
   const auto shape = model_->attention_shape();
   const int64_t ps = options_.page_size;
-  const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
+  const int64_t tokens = static_cast<int64_t>(std::max(prompt_tokens, 0)) + std::max(max_tokens, 0);
   // Positional pages for every token, plus slack for partly filled tree leaves (about one extra
   // leaf per cell; cells are ~1-2% of tokens) and the window's partial page.
   int64_t per_head = (tokens + ps - 1) / ps + 2;
   if (budget_pages != 0) per_head += per_head / 4 + 2;
-  const int64_t need = per_head * shape.num_layers * shape.num_kv_heads;
+  return per_head * shape.num_layers * shape.num_kv_heads;
+}
+
+StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
+  if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
+  const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
+  const int64_t need = PagesNeeded(prompt_tokens, max_tokens, budget_pages);
+  ICE_ASSIGN_OR_RETURN(std::string token, SecureRandomToken(16));
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return UnavailableError("decode worker is shutting down");
-  if (static_cast<int>(reserved_.size()) >= options_.max_sequences) {
+  if (draining_) return UnavailableError("decode worker is draining (shutting down): not admitting sequences");
+  if (static_cast<int>(reserved_.size()) + decoding_ >= options_.max_sequences) {
     return ResourceExhaustedError("decode worker is at its limit of " + std::to_string(options_.max_sequences) +
                                   " sequences");
   }
@@ -140,18 +155,25 @@ StatusOr<uint64_t> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int 
                                   std::to_string(pool_->capacity_pages()) + ")");
   }
   auto r = std::make_shared<Reservation>();
-  r->id = next_id_++;
+  do {
+    ICE_ASSIGN_OR_RETURN(r->id, SecureRandomId());
+  } while (tokens_.count(r->id) != 0);
+  r->token = token;
+  r->prompt_tokens = prompt_tokens;
+  r->max_tokens = max_tokens;
   r->committed_pages = need;
   r->budget_pages = budget_pages;
   r->created = Clock::now();
   // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
   // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
-  r->kv = std::make_unique<transport::KvReceiver>(pool_.get());
+  r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
   Status expect = transport_->ExpectScatter(r->id, r->kv->Sink());
   if (!expect.ok()) return expect;
   committed_pages_ += need;
+  ++reservations_;
   reserved_[r->id] = r;
-  return r->id;
+  tokens_[r->id] = token;
+  return Admission{r->id, std::move(token)};
 }
 
 void DecodeEngine::Drop(uint64_t id) {
@@ -162,22 +184,47 @@ void DecodeEngine::Drop(uint64_t id) {
     if (it == reserved_.end()) return;
     r = it->second;
     reserved_.erase(it);
+    tokens_.erase(id);
     committed_pages_ -= r->committed_pages;
   }
   r->kv->Release();
 }
 
-StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const DecodeParams& params,
-                                                           transport::Clock::time_point kv_deadline) {
+Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& params) const {
   ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
+  const int vocab = model_->config().vocab_size;
+  if (params.first_token < 0 || params.first_token >= vocab) {
+    return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
+                                std::to_string(vocab) + ")");
+  }
+  if (params.sampling.max_tokens > r.max_tokens) {
+    return InvalidArgumentError("max_tokens " + std::to_string(params.sampling.max_tokens) + " exceeds the " +
+                                std::to_string(r.max_tokens) + " reserved for sequence " + std::to_string(r.id));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::string_view token,
+                                                           const DecodeParams& params,
+                                                           transport::Clock::time_point kv_deadline) {
   std::shared_ptr<Reservation> r;
+  Status bad_params;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = reserved_.find(id);
     if (it == reserved_.end()) return NotFoundError("sequence " + std::to_string(id) + " is not reserved here");
+    if (!ConstantTimeEqual(it->second->token, token)) {
+      return Status(StatusCode::kPermissionDenied, "sequence " + std::to_string(id) + ": wrong reservation token");
+    }
     if (it->second->started) return FailedPreconditionError("sequence " + std::to_string(id) + " already started");
     it->second->started = true;
     r = it->second;
+    bad_params = CheckParams(*r, params);
+  }
+  if (!bad_params.ok()) {
+    // The caller owns this reservation and cannot decode it: free it now, not at expiry.
+    DropClaimed(id);
+    return bad_params;
   }
   Status arrived = transport_->Wait(id, kv_deadline);
   if (!arrived.ok()) {
@@ -211,6 +258,26 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, const De
   return stream;
 }
 
+void DecodeEngine::DropClaimed(uint64_t id) {
+  transport_->Cancel(id);
+  // After Cancel, Wait returns as soon as no write into the reservation's pages is in flight.
+  transport_->Wait(id, Clock::now() + std::chrono::seconds(30)).IgnoreError();
+  Drop(id);
+}
+
+Status DecodeEngine::Release(uint64_t id, std::string_view token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tokens_.find(id);
+    if (it == tokens_.end()) return NotFoundError("sequence " + std::to_string(id) + " is not live here");
+    if (!ConstantTimeEqual(it->second, token)) {
+      return Status(StatusCode::kPermissionDenied, "sequence " + std::to_string(id) + ": wrong reservation token");
+    }
+  }
+  Cancel(id);
+  return Status::Ok();
+}
+
 void DecodeEngine::Cancel(uint64_t id) {
   bool reserved = false;
   bool claimed = false;  // this call owns the reservation's cleanup (no Start is waiting on it)
@@ -229,13 +296,22 @@ void DecodeEngine::Cancel(uint64_t id) {
   }
   if (reserved) {
     // A Start() blocked in Wait sees CANCELLED and drops the reservation itself.
-    transport_->Cancel(id);
     if (claimed) {
-      transport_->Wait(id, Clock::now() + std::chrono::seconds(30)).IgnoreError();
-      Drop(id);
+      DropClaimed(id);
+    } else {
+      transport_->Cancel(id);
     }
   }
   cv_.notify_all();
+}
+
+void DecodeEngine::StopAdmitting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+transport::Clock::time_point DecodeEngine::last_heartbeat() const {
+  return transport::Clock::time_point(transport::Clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
 }
 
 DecodeEngineStats DecodeEngine::stats() const {
@@ -247,6 +323,7 @@ DecodeEngineStats DecodeEngine::stats() const {
   s.committed_pages = committed_pages_;
   s.decoding_sequences = decoding_;
   s.active_sequences = decoding_ + static_cast<int>(reserved_.size());
+  s.reservations = reservations_;
   s.tokens_generated = tokens_generated_;
   s.pages_fetched = pages_fetched_;
   s.retrieval_seconds = retrieval_seconds_;
@@ -270,6 +347,15 @@ void DecodeEngine::ExpireReservations() {
   }
 }
 
+void DecodeEngine::ReaperLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!reaper_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; })) {
+    lock.unlock();
+    ExpireReservations();
+    lock.lock();
+  }
+}
+
 void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& status) {
   DecodeUpdate last;
   last.done = true;
@@ -287,6 +373,7 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
   {
     std::lock_guard<std::mutex> lock(mu_);
     committed_pages_ -= r.committed_pages;
+    tokens_.erase(r.id);
     --decoding_;
     pages_fetched_ += last.pages_fetched;
     retrieval_seconds_ += last.retrieval_seconds;
@@ -296,8 +383,8 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
 
 void DecodeEngine::Loop() {
   if (options_.threads > 0) omp_set_num_threads(options_.threads);  // this thread's parallel regions
-  auto last_expiry = Clock::now();
   for (;;) {
+    heartbeat_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     std::deque<std::unique_ptr<Running>> joining;
     std::vector<uint64_t> cancels;
     {
@@ -308,10 +395,6 @@ void DecodeEngine::Loop() {
       if (stop_) return;
       joining.swap(joining_);
       cancels.swap(cancel_requests_);
-    }
-    if (Clock::now() - last_expiry > std::chrono::seconds(1)) {
-      ExpireReservations();
-      last_expiry = Clock::now();
     }
     for (auto& r : joining) {
       uint64_t id = r->id;
@@ -344,7 +427,32 @@ void DecodeEngine::Loop() {
   }
 }
 
+Status DecodeEngine::CheckStepInput(const Running& r) const {
+  const auto& c = model_->config();
+  if (r.last < 0 || r.last >= c.vocab_size) {
+    return InvalidArgumentError("input token " + std::to_string(r.last) + " of sequence " + std::to_string(r.id) +
+                                " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  ICE_ASSIGN_OR_RETURN(int len, backend_->SequenceLength(r.id));
+  if (len + 1 > c.max_position) {
+    return OutOfRangeError("sequence " + std::to_string(r.id) + " has reached the model's context of " +
+                           std::to_string(c.max_position));
+  }
+  return Status::Ok();
+}
+
 void DecodeEngine::Step() {
+  // Checks that would fail the whole batch's forward pass are made per sequence first, so that
+  // one bad sequence ends alone and the others keep decoding.
+  std::vector<uint64_t> bad;
+  for (auto& [id, r] : running_) {
+    if (Status s = CheckStepInput(*r); !s.ok()) {
+      Finish(*r, model::FinishReason::kNone, s);
+      bad.push_back(id);
+    }
+  }
+  for (uint64_t id : bad) running_.erase(id);
+  if (running_.empty()) return;
   std::vector<model::SequenceInput> inputs;
   std::vector<Running*> order;
   for (auto& [id, r] : running_) {

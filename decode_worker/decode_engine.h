@@ -6,20 +6,30 @@
 // Life of a sequence: Reserve -> (prefill worker ships KV: transfer id = sequence id) ->
 // Start (waits for the KV, imports it, joins the batch) -> tokens ... -> finished, cancelled or
 // failed; its pages are freed at that moment. Release() drops a reservation that will not be
-// started; reservations not started within reservation_timeout_seconds are dropped too.
+// started; reservations not started within reservation_timeout_seconds are dropped too. A Start()
+// whose parameters are refused frees the reservation at once.
 //
 // Page accounting: each reservation commits an estimate of the pages the sequence can need
 // (prompt + max_tokens in every (layer, kv head), plus tree slack); admission fails with
 // RESOURCE_EXHAUSTED when the estimate does not fit the uncommitted pages.
 //
+// Isolation: an error of one sequence (bad input token, no context left, a failure in its KV
+// backend) ends that sequence's stream alone; the rest of the batch keeps decoding.
+//
+// Threads: the engine thread runs forward passes only; it never waits on the transport. A reaper
+// thread expires reservations; Start() waits for KV on the caller's thread.
+//
 // Thread safety: all public methods may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -40,6 +50,13 @@ struct DecodeEngineOptions {
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
   kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
   int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions); 0 = none (CPU only)
+};
+
+// What Reserve hands out: the sequence id (random, never 0) and its secret token (16 random
+// bytes). Start, Release and the KV transfer must present the token.
+struct Admission {
+  uint64_t id = 0;
+  std::string token;
 };
 
 struct DecodeParams {
@@ -78,6 +95,7 @@ struct DecodeEngineStats {
   int64_t page_bytes = 0;
   int active_sequences = 0;     // reserved, receiving or decoding
   int decoding_sequences = 0;
+  int64_t reservations = 0;          // cumulative: Reserve calls that admitted a sequence
   int64_t tokens_generated = 0;      // cumulative
   int64_t pages_fetched = 0;         // cumulative, sparse layers
   double retrieval_seconds = 0.0;    // cumulative
@@ -94,15 +112,34 @@ class DecodeEngine {
   ~DecodeEngine();
 
   // Admits a sequence. budget_pages: 0 = full attention, else the sparse page budget.
-  // RESOURCE_EXHAUSTED (pool or max_sequences), INVALID_ARGUMENT (bad sizes).
-  StatusOr<uint64_t> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // RESOURCE_EXHAUSTED (pool, or max_sequences sequences reserved, receiving or decoding),
+  // INVALID_ARGUMENT (bad sizes).
+  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // The admission estimate Reserve commits for such a sequence; more than pool().capacity_pages()
+  // means it can never be admitted here.
+  int64_t PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const;
   // Waits until the KV of sequence `id` has arrived (or kv_deadline), imports it and starts
-  // decoding. NOT_FOUND (unknown id), FAILED_PRECONDITION (already started), transfer errors
-  // (DEADLINE_EXCEEDED, CANCELLED, ...), DATA_LOSS (bad wire form). On error the sequence is gone.
-  StatusOr<std::shared_ptr<TokenStream>> Start(uint64_t id, const DecodeParams& params,
+  // decoding. NOT_FOUND (unknown id), FAILED_PRECONDITION (already started), INVALID_ARGUMENT
+  // (params: sampling out of range, first_token outside the vocabulary, max_tokens above the
+  // reservation's), transfer errors (DEADLINE_EXCEEDED, CANCELLED, ...), DATA_LOSS (bad wire
+  // form). On every error but NOT_FOUND and FAILED_PRECONDITION the reservation is freed before
+  // this returns.
+  // PERMISSION_DENIED (wrong token) changes nothing.
+  StatusOr<std::shared_ptr<TokenStream>> Start(uint64_t id, std::string_view token, const DecodeParams& params,
                                                transport::Clock::time_point kv_deadline);
-  // Cancels a sequence in any state; its stream (if started) ends with CANCELLED.
+  // Cancels a live sequence (reserved, receiving or decoding) for a caller that presents its
+  // token: NOT_FOUND when `id` is not live, PERMISSION_DENIED (and nothing changes) for a wrong
+  // token.
+  Status Release(uint64_t id, std::string_view token);
+  // Cancels a sequence in any state without a token: for the owner of a started stream (the
+  // Decode call that presented the token). Its stream (if started) ends with CANCELLED.
   void Cancel(uint64_t id);
+
+  // Draining: from now on Reserve answers UNAVAILABLE; live sequences carry on.
+  void StopAdmitting();
+  // When the engine loop last came round (it does at least every 200 ms when idle, and once per
+  // decode step when busy).
+  transport::Clock::time_point last_heartbeat() const;
 
   DecodeEngineStats stats() const;
   const kvstore::PagePool& pool() const { return *pool_; }
@@ -116,7 +153,14 @@ class DecodeEngine {
   void Step();
   void Finish(Running& r, model::FinishReason reason, const Status& status);
   void Drop(uint64_t id);  // removes a reservation after its transfer ended; frees its pages
+  // Cancels the transfer of a reservation this thread has claimed (started = true), waits for it
+  // to end and drops it.
+  void DropClaimed(uint64_t id);
+  Status CheckParams(const Reservation& r, const DecodeParams& params) const;  // REQUIRES: mu_ held
+  // Per-sequence preconditions of the next forward pass (input token, context room).
+  Status CheckStepInput(const Running& r) const;
   void ExpireReservations();
+  void ReaperLoop();  // expires reservations once a second, off the engine thread
 
   model::Model* const model_;
   transport::Transport* const transport_;
@@ -127,20 +171,25 @@ class DecodeEngine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t next_id_ = 1;                                       // guarded by mu_
   std::map<uint64_t, std::shared_ptr<Reservation>> reserved_;  // guarded by mu_
+  std::map<uint64_t, std::string> tokens_;  // guarded by mu_: every live sequence's token
   std::deque<std::unique_ptr<Running>> joining_;               // guarded by mu_
   std::vector<uint64_t> cancel_requests_;                      // guarded by mu_
   int64_t committed_pages_ = 0;                                // guarded by mu_
   int decoding_ = 0;                                           // guarded by mu_
+  int64_t reservations_ = 0;                                   // guarded by mu_
   int64_t tokens_generated_ = 0;                               // guarded by mu_
   int64_t pages_fetched_ = 0;                                  // guarded by mu_
   double retrieval_seconds_ = 0;                               // guarded by mu_
   DevicePageCacheStats device_cache_stats_;                    // guarded by mu_ (copied after each step)
   bool stop_ = false;                                          // guarded by mu_
+  bool draining_ = false;                                      // guarded by mu_
+  std::atomic<int64_t> heartbeat_ns_{0};  // steady clock of the loop's last iteration
 
   std::map<uint64_t, std::unique_ptr<Running>> running_;  // engine thread only
   std::thread thread_;
+  std::condition_variable reaper_cv_;  // wakes the reaper at shutdown (with mu_)
+  std::thread reaper_;  // never blocks the engine thread on transport waits
 };
 
 }  // namespace icecache::decode

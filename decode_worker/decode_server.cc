@@ -33,6 +33,10 @@ model::SamplingParams ToModel(const pb::SamplingParams& s) {
   return p;
 }
 
+// Trailing metadata of a RESOURCE_EXHAUSTED Reserve: "never" when the request exceeds the whole
+// pool (router/router_server.cc reads it).
+constexpr std::string_view kFitsKey = "icecache-fits";
+
 int BudgetOf(const pb::CachePolicy& c, int default_budget) {
   switch (c.policy_case()) {
     case pb::CachePolicy::kFull:
@@ -81,16 +85,28 @@ struct Metrics {
   prometheus::Counter& h2d_bytes;
 };
 
+bool Stalled(const DecodeEngine& engine, double stall_seconds) {
+  return transport::Clock::now() - engine.last_heartbeat() > std::chrono::duration<double>(stall_seconds);
+}
+
 class DecodeServiceImpl final : public pb::DecodeWorker::Service {
  public:
   DecodeServiceImpl(DecodeEngine* engine, const cluster::ClusterConfig& config, const model::ModelConfig& mc)
       : engine_(engine), config_(config), model_config_(mc) {}
 
-  grpc::Status Reserve(grpc::ServerContext*, const pb::ReserveRequest* req, pb::ReserveResponse* resp) override {
+  grpc::Status Reserve(grpc::ServerContext* ctx, const pb::ReserveRequest* req, pb::ReserveResponse* resp) override {
     int budget = BudgetOf(req->cache(), config_.cache.default_budget_pages);
-    auto id = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget);
-    if (!id.ok()) return ToGrpc(id.status());
-    resp->set_sequence_id(*id);
+    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget);
+    if (!admitted.ok()) {
+      // Tells the router not to queue a request that no amount of waiting lets in here.
+      if (admitted.status().code() == StatusCode::kResourceExhausted &&
+          engine_->PagesNeeded(req->prompt_tokens(), req->max_tokens(), budget) > engine_->pool().capacity_pages()) {
+        ctx->AddTrailingMetadata(std::string(kFitsKey), "never");
+      }
+      return ToGrpc(admitted.status());
+    }
+    resp->set_sequence_id(admitted->id);
+    resp->set_reservation_token(admitted->token);
     resp->set_transport_address(engine_->transport_address());
     return grpc::Status::OK;
   }
@@ -106,7 +122,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     double wait = req->kv_wait_seconds() > 0 ? req->kv_wait_seconds() : config_.ucx.transfer_timeout_seconds;
     auto deadline = transport::Clock::now() + std::chrono::duration_cast<transport::Clock::duration>(
                                                   std::chrono::duration<double>(wait));
-    auto stream = engine_->Start(req->sequence_id(), p, deadline);
+    auto stream = engine_->Start(req->sequence_id(), req->reservation_token(), p, deadline);
     if (!stream.ok()) return ToGrpc(stream.status());
     bool cancelled = false;
     for (;;) {
@@ -141,11 +157,13 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   }
 
   grpc::Status Release(grpc::ServerContext*, const pb::ReleaseRequest* req, pb::ReleaseResponse*) override {
-    engine_->Cancel(req->sequence_id());
-    return grpc::Status::OK;
+    return ToGrpc(engine_->Release(req->sequence_id(), req->reservation_token()));
   }
 
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {
+    if (Stalled(*engine_, config_.decode.health_stall_seconds)) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode engine loop is stalled");
+    }
     DecodeEngineStats s = engine_->stats();
     resp->set_total_pages(s.total_pages);
     resp->set_free_pages(s.total_pages - s.committed_pages);
@@ -179,7 +197,16 @@ struct DecodeServer::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
   int metrics_port = 0;
   std::atomic<bool> stop{false};
+  std::atomic<bool> draining{false};
   std::thread metrics_thread;
+
+  void UpdateHealth() {
+    const bool serving = !draining && !stop && !Stalled(*engine, config.decode.health_stall_seconds);
+    if (auto* h = server->GetHealthCheckService()) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus("icecache.v1.DecodeWorker", serving);
+    }
+  }
   std::once_flag shutdown_once;
 
   void UpdateMetrics(DecodeEngineStats& last, uint64_t& last_bytes) {
@@ -211,7 +238,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.decode.device));
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
   ICE_ASSIGN_OR_RETURN(impl->transport,
-                       transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
+                       transport::CreateUcxTransport(transport::UcxOptions{
+                           config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
   DecodeEngineOptions eo;
   eo.page_size = config.cache.page_size;
   eo.threads = config.decode.threads;
@@ -226,7 +254,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
   impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->model->config());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.decode.listen, {impl->service.get()},
-                                                          {"icecache.v1.DecodeWorker"}, &impl->port));
+                                                          {"icecache.v1.DecodeWorker"}, &impl->port,
+                                                          config.limits.max_message_bytes));
   int unused_port = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.decode.listen, &impl->host, &unused_port));
   impl->registry = std::make_shared<prometheus::Registry>();
@@ -240,9 +269,10 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   impl->metrics_thread = std::thread([raw] {
     DecodeEngineStats last;
     uint64_t last_bytes = 0;
-    while (!raw->stop) {
-      raw->UpdateMetrics(last, last_bytes);
-      for (int i = 0; i < 5 && !raw->stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int tick = 0; !raw->stop; ++tick) {
+      if (tick % 5 == 0) raw->UpdateMetrics(last, last_bytes);
+      raw->UpdateHealth();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
   ICE_LOG(INFO) << "decode worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
@@ -253,8 +283,27 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
 
 DecodeServer::~DecodeServer() { Shutdown(); }
 
+bool DecodeServer::Drain(double seconds) {
+  if (impl_->stop) return true;  // already shut down (WorkerMain may stop twice)
+  impl_->draining = true;
+  impl_->UpdateHealth();
+  impl_->engine->StopAdmitting();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->engine->stats().active_sequences > 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ICE_LOG(WARNING) << "drain: " << impl_->engine->stats().active_sequences
+                       << " sequences still live after " << seconds << " s; stopping anyway";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 void DecodeServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    impl_->draining = true;
+    impl_->UpdateHealth();
     impl_->stop = true;
     if (impl_->metrics_thread.joinable()) impl_->metrics_thread.join();
     // Running streams end when the engine goes away; give handlers a moment via the deadline.

@@ -1,6 +1,11 @@
 // The decode worker process as a library: loads the model, creates the UCX transport and the
 // decode engine, and serves icecache.v1.DecodeWorker (+ health, reflection) and /metrics.
-// Tests start it in-process; decode_main.cc is the icecache-decode binary.
+// Tests start it in-process; decode_main.cc is the icecache-decode binary (SIGTERM: Drain for
+// decode.drain_seconds, then Shutdown).
+//
+// Health (grpc.health.v1, "" and icecache.v1.DecodeWorker): SERVING while the engine loop comes
+// round (heartbeat within decode.health_stall_seconds) and the worker is not draining; Stats
+// answers UNAVAILABLE while the loop is stalled, so routers rank the worker last.
 #pragma once
 
 #include <memory>
@@ -24,6 +29,10 @@ class DecodeServer {
   DecodeEngineStats stats() const;
 
   void Wait();      // until Shutdown()
+  // Graceful stop, step one (SIGTERM): reports NOT_SERVING, refuses new reservations
+  // (UNAVAILABLE: the router moves on) and waits up to `seconds` for live sequences to finish.
+  // Returns true when none is left. Shutdown() must still follow.
+  bool Drain(double seconds);
   void Shutdown();  // stops serving; cancels running sequences
 
  private:

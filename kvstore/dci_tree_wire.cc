@@ -214,19 +214,29 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (num_pages < need)
     return InvalidArgumentError("sequence wire form: tree needs " + std::to_string(need) + " pages, " +
                                 std::to_string(num_pages) + " given");
-  t->leaf_pages_.assign(pages, pages + need);
-  *pages_used = need;
-  // Index ranges are checked before the tree is used.
+  // Index ranges are checked before the tree takes the pages: an error below must leave them with
+  // the caller (the tree's destructor frees its leaf_pages_).
   for (int32_t v : t->tok_leaf_) if (v < 0 || static_cast<size_t>(v) >= nl) return DataLossError("sequence wire form: token leaf out of range");
   for (int32_t v : t->leaf_cell_) if (v < 0 || static_cast<size_t>(v) >= nc) return DataLossError("sequence wire form: leaf cell out of range");
   for (int32_t v : t->leaf_tokens_) if (v < -1 || v >= static_cast<int64_t>(n)) return DataLossError("sequence wire form: leaf token out of range");
   for (int32_t v : t->parent_) if (v < -1 || v >= static_cast<int64_t>(n)) return DataLossError("sequence wire form: parent out of range");
   for (int32_t v : t->node_cell_) if (v < -1 || v >= static_cast<int64_t>(nc)) return DataLossError("sequence wire form: node cell out of range");
   for (int8_t v : t->level_) if (v < 0 || static_cast<size_t>(v) >= t->level_counts_.size()) return DataLossError("sequence wire form: level out of range");
+  if (t->level_nodes_.size() != t->level_counts_.size()) return DataLossError("sequence wire form: tree level lists disagree with the level counts");
+  for (size_t l = 0; l < t->level_nodes_.size(); ++l) {
+    // Level 0 (most tokens) keeps no list; every upper level lists exactly its nodes.
+    if (static_cast<int64_t>(t->level_nodes_[l].size()) != (l == 0 ? 0 : t->level_counts_[l]))
+      return DataLossError("sequence wire form: tree level " + std::to_string(l) + " lists the wrong number of nodes");
+    for (int32_t v : t->level_nodes_[l])
+      if (v < 0 || static_cast<size_t>(v) >= n || t->level_[v] != static_cast<int8_t>(l))
+        return DataLossError("sequence wire form: tree level node out of range");
+  }
   for (const Cell& c : t->cells_) {
     if (c.owner < -1 || c.owner >= static_cast<int64_t>(n)) return DataLossError("sequence wire form: cell owner out of range");
     for (int32_t leaf : c.leaves) if (leaf < 0 || static_cast<size_t>(leaf) >= nl) return DataLossError("sequence wire form: cell leaf out of range");
   }
+  t->leaf_pages_.assign(pages, pages + need);
+  *pages_used = need;
   Status inv = t->CheckInvariants();
   if (!inv.ok()) {
     t->leaf_pages_.clear();  // the caller still owns the pages

@@ -117,7 +117,9 @@ class SequenceCache {
   StatusOr<SequenceWire> Serialize() const;
   // Rebuilds a cache in `pool` from metadata and destination page ids (same order as
   // SequenceWire::pages, contents already in place). On success the cache owns the pages; on
-  // error the caller still owns them. DATA_LOSS / INVALID_ARGUMENT name the problem.
+  // error the caller still owns them. DATA_LOSS / INVALID_ARGUMENT name the problem; a form whose
+  // fields parse but disagree (page counts that do not match the token counts, a tree on a dense
+  // or follower layer, a sparse leader without its tree) is DATA_LOSS.
   static StatusOr<std::unique_ptr<SequenceCache>> Deserialize(const uint8_t* metadata, size_t size, const int32_t* pages,
                                                               size_t num_pages, PagePool* pool);
 
@@ -136,6 +138,9 @@ class SequenceCache {
     return static_cast<int>(v < 0 ? 0 : (v > page_size_ ? page_size_ : v));
   }
   int GroupSize(int leader) const;  // layers served by this leader's tree
+  // Cross-field invariants of a deserialized cache (token counts against page lists and trees),
+  // so that no later call indexes an empty list or a missing tree. DATA_LOSS naming the field.
+  Status CheckWireInvariants() const;
   Status AppendToList(std::vector<int32_t>* pages, int64_t index_in_list, const float* k, const float* v);
   Status FillList(std::vector<int32_t>* pages, const float* k, const float* v, size_t stride, int64_t count);
   Status EvictWindowPage();

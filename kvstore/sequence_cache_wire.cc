@@ -3,6 +3,7 @@
 //   then per (layer, head): sink / window / dense page counts and, for tree owners, the tree
 //   metadata (DciTree::Serialize). Pages are never referenced by id: they are consumed in order
 //   from the shipped page list (sink, window, dense, tree leaves x payloads per (layer, head)).
+#include <algorithm>
 #include <string>
 
 #include "kvstore/sequence_cache.h"
@@ -11,6 +12,52 @@
 namespace icecache::kvstore {
 namespace {
 constexpr uint32_t kMagic = 0x564b4349;  // "ICKV"
+}
+
+Status SequenceCache::CheckWireInvariants() const {
+  const int64_t ps = page_size_;
+  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * ps;
+  auto pages_for = [ps](int64_t tokens) { return static_cast<uint64_t>((tokens + ps - 1) / ps); };
+  auto bad = [](const std::string& what) { return DataLossError("sequence wire form: " + what); };
+  if (sink_tokens_ != std::min(n_, sink_cap)) return bad("sink tokens do not match the sink size");
+  // Without sparse layers the window is never evicted and only the dense lists matter.
+  if (options_.num_layers > options_.dense_layers) {
+    if (sink_tokens_ < sink_cap && window_start_ != n_) return bad("a window or tree before the sink is full");
+    if (options_.window_pages > 0) {
+      if ((window_start_ - sink_tokens_) % ps != 0) return bad("tree tokens are not whole pages");
+      if (n_ - window_start_ > static_cast<int64_t>(options_.window_pages) * ps) {
+        return bad("window longer than window_pages");
+      }
+    }
+  }
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    for (int head = 0; head < options_.num_kv_heads; ++head) {
+      const HeadState& h = Head(layer, head);
+      const std::string where = " (layer " + std::to_string(layer) + ", head " + std::to_string(head) + ")";
+      if (IsDense(layer)) {
+        if (h.dense.size() != pages_for(n_) || !h.sink.empty() || !h.window.empty() || h.tree) {
+          return bad("dense pages do not match the token count" + where);
+        }
+        continue;
+      }
+      if (!h.dense.empty() || h.sink.size() != pages_for(sink_tokens_) || h.window.size() != pages_for(n_ - window_start_)) {
+        return bad("sink/window pages do not match the token counts" + where);
+      }
+      const bool leader = LeaderOf(layer) == layer;
+      if (!leader && h.tree) return bad("a tree on an ICE follower layer" + where);
+      if (!leader) continue;
+      const int64_t tree_tokens = window_start_ - sink_tokens_;
+      if (!h.tree) {
+        if (tree_tokens > 0) return bad("a sparse layer with tree tokens but no tree" + where);
+        continue;
+      }
+      if (h.tree->size() != tree_tokens || h.tree->first_position() != sink_tokens_) {
+        return bad("the tree's token range does not match the sink and window" + where);
+      }
+      if (h.tree->num_payloads() != GroupSize(layer)) return bad("the tree's payload count does not match" + where);
+    }
+  }
+  return Status::Ok();
 }
 
 StatusOr<SequenceWire> SequenceCache::Serialize() const {
@@ -117,6 +164,7 @@ StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Deserialize(const uint8_
     }
   }
   if (err.ok() && !r.done()) err = DataLossError("sequence wire form: trailing bytes after the last head");
+  if (err.ok()) err = c->CheckWireInvariants();
   if (err.ok() && used != num_pages)
     err = InvalidArgumentError("sequence wire form: " + std::to_string(num_pages) + " pages given, " +
                                std::to_string(used) + " described");

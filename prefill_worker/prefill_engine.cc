@@ -47,6 +47,7 @@ struct PrefillEngine::SeqBuild {
 
 PrefillEngine::PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options)
     : model_(model), transport_(transport), options_(options), ship_pool_(std::max(1, options.ship_threads)) {
+  Beat();
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -66,6 +67,11 @@ PrefillEngine::~PrefillEngine() {
 int64_t PrefillEngine::queued_tokens() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queued_tokens_;
+}
+
+std::chrono::steady_clock::time_point PrefillEngine::last_heartbeat() const {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
 }
 
 int64_t PrefillEngine::completed() const {
@@ -99,6 +105,10 @@ StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return UnavailableError("prefill worker is shutting down");
+    if (static_cast<int>(queue_.size()) >= options_.max_queued_requests) {
+      return ResourceExhaustedError("prefill worker has " + std::to_string(queue_.size()) +
+                                    " prompts queued (prefill.max_queued_requests)");
+    }
     queued_tokens_ += static_cast<int64_t>(p->job.tokens.size());
     queue_.push_back(p);
   }
@@ -112,18 +122,27 @@ void PrefillEngine::EngineLoop() {
     std::vector<std::shared_ptr<Pending>> batch;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stop_ || !queue_.empty(); })) Beat();
+      Beat();
       if (stop_) return;
+      // (the loop below may drop every queued job: an empty batch is skipped)
       int64_t tokens = 0;
       while (!queue_.empty()) {
-        int64_t n = static_cast<int64_t>(queue_.front()->job.tokens.size());
+        const auto& front = queue_.front();
+        if (front->job.cancelled && front->job.cancelled()) {
+          queued_tokens_ -= static_cast<int64_t>(front->job.tokens.size());
+          front->done.set_value(CancelledError("prefill request cancelled while queued"));
+          queue_.pop_front();
+          continue;
+        }
+        int64_t n = static_cast<int64_t>(front->job.tokens.size());
         if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
         tokens += n;
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
     }
-    RunBatch(std::move(batch));
+    if (!batch.empty()) RunBatch(std::move(batch));
   }
 }
 
@@ -185,12 +204,15 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   std::vector<std::shared_ptr<SeqBuild>> builds(batch.size());
   // Runs on this thread inside the forward pass: hands the finished layer to a ship thread.
   auto on_layer = [&](model::SequenceId id, int layer) {
+    Beat();
     std::shared_ptr<SeqBuild> b = builds[id];
     if (!b) return;
     b->ready_layers = layer + 1;
     // EndsGroup reads only the cache's options, which never change.
     if (b->cache->EndsGroup(layer)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
   };
+  // The listener also keeps the heartbeat going through a long forward pass (with
+  // overlap_tree_build off the engine beats only between batches).
   CaptureBackend backend(model_->attention_shape(), model_->device(),
                          options_.overlap_tree_build ? CaptureBackend::LayerListener(on_layer) : nullptr);
   std::vector<model::SequenceInput> inputs;
@@ -256,12 +278,13 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
     if (!b->status.ok()) return fail(b->status);
     if (Status s = b->cache->FinishBuild(); !s.ok()) return fail(s);
   }
+  if (p->job.cancelled && p->job.cancelled()) return fail(CancelledError("prefill request cancelled before shipping"));
   auto wire = b->cache->Serialize();
   if (!wire.ok()) return fail(wire.status());
   const auto t1 = Clock::now();
   const auto deadline = t1 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(options_.transfer_timeout_seconds));
-  auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, *wire, *b->pool,
+  auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, p->job.token, *wire, *b->pool,
                                          options_.max_segment_bytes, deadline);
   const auto t2 = Clock::now();
   if (!shipped.ok()) return fail(shipped.status().WithContext("shipping the KV cache to the decode worker"));

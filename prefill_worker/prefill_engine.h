@@ -18,9 +18,12 @@
 // Thread safety: Run() may be called from many threads at once (one per RPC).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +54,7 @@ struct PrefillEngineOptions {
   kernels::DType kv_dtype = kernels::DType::kBF16;  // pages built and shipped in this type
   bool overlap_tree_build = true;                  // build layer l while layer l+1 computes
   size_t max_segment_bytes = 4 << 20;              // largest run of pages in one segment
+  int max_queued_requests = 256;  // Run refuses more queued prompts with RESOURCE_EXHAUSTED
 };
 
 struct PrefillJob {
@@ -59,6 +63,10 @@ struct PrefillJob {
   bool build_index = true;         // false: every layer dense (the sequence attends fully)
   std::string peer;                // decode worker's transport address
   uint64_t transfer_id = 0;        // decode worker's sequence id
+  std::string token;               // decode worker's reservation token (kKvTokenBytes bytes)
+  // Polled before the job joins a batch and before it ships: true = the caller has gone (its RPC
+  // was cancelled); the job is dropped and Run returns CANCELLED. May be empty.
+  std::function<bool()> cancelled;
 };
 
 struct PrefillResult {
@@ -94,11 +102,15 @@ class PrefillEngine {
 
   // Prefills, ships and returns the first token. Errors: INVALID_ARGUMENT (empty prompt, ids out
   // of range), errors of the transport (UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION when
-  // the decode worker gave up on the sequence), RESOURCE_EXHAUSTED.
+  // the decode worker gave up on the sequence), RESOURCE_EXHAUSTED (max_queued_requests prompts
+  // already queued: nothing was done), CANCELLED (job.cancelled() turned true).
   StatusOr<PrefillResult> Run(PrefillJob job);
 
   // Prompt tokens queued or in a forward pass right now.
   int64_t queued_tokens() const;
+  // When the engine thread last showed life: it beats at least every 200 ms when idle, between
+  // batches, and (with overlap_tree_build) as each layer of a forward pass completes.
+  std::chrono::steady_clock::time_point last_heartbeat() const;
   int64_t completed() const;
   PrefillEngineStats stats() const;
 
@@ -124,6 +136,8 @@ class PrefillEngine {
   int64_t queued_tokens_ = 0;                   // guarded by mu_
   PrefillEngineStats stats_;                    // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
+  std::atomic<int64_t> heartbeat_ns_{0};        // steady clock of the last sign of life
+  void Beat() { heartbeat_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
   std::thread thread_;
 };
 

@@ -6,7 +6,9 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
@@ -37,14 +39,32 @@ struct Metrics {
   prometheus::Family<prometheus::Histogram>& phase;
 };
 
+bool Stalled(const PrefillEngine& engine, double stall_seconds) {
+  return std::chrono::steady_clock::now() - engine.last_heartbeat() > std::chrono::duration<double>(stall_seconds);
+}
+
 class PrefillServiceImpl final : public pb::PrefillWorker::Service {
  public:
-  PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir)
-      : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir) {}
+  PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir,
+                     double stall_seconds)
+      : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir), stall_seconds_(stall_seconds) {}
 
-  grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
+  grpc::Status Prefill(grpc::ServerContext* ctx, const pb::PrefillRequest* req, pb::PrefillResponse* resp) override {
+    // The address goes to ucp_ep_create and the token into the KV header: check their shape first.
+    if (req->decode_transport_address().empty() ||
+        req->decode_transport_address().size() > transport::kMaxTransportAddressBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "decode_transport_address has " + std::to_string(req->decode_transport_address().size()) +
+                              " bytes: it must be 1.." + std::to_string(transport::kMaxTransportAddressBytes));
+    }
+    if (req->reservation_token().size() != transport::kKvTokenBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "reservation_token must be the " + std::to_string(transport::kKvTokenBytes) +
+                              " bytes Reserve returned");
+    }
     PrefillJob job;
     job.tokens.assign(req->token_ids().begin(), req->token_ids().end());
+    job.token = req->reservation_token();
     const auto& s = req->sampling();
     job.sampling.temperature = s.temperature();
     job.sampling.top_k = s.top_k();
@@ -53,6 +73,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     job.build_index = req->build_index();
     job.peer = req->decode_transport_address();
     job.transfer_id = req->sequence_id();
+    job.cancelled = [ctx] { return ctx->IsCancelled(); };
     metrics_->waiting.Increment();
     auto r = engine_->Run(std::move(job));
     metrics_->waiting.Decrement();
@@ -76,6 +97,9 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
   }
 
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {
+    if (Stalled(*engine_, stall_seconds_)) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill engine shows no sign of life");
+    }
     resp->set_queued_prompt_tokens(engine_->queued_tokens());
     resp->set_model_name(model_dir_);
     resp->set_vocab_size(model_->config().vocab_size);
@@ -87,6 +111,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
   const model::Model* model_;
   Metrics* metrics_;
   std::string model_dir_;
+  double stall_seconds_;
 };
 
 }  // namespace
@@ -103,6 +128,19 @@ struct PrefillServer::Impl {
   std::string host;
   int port = 0;
   std::once_flag shutdown_once;
+  double stall_seconds = 120;
+  std::mutex health_mu;
+  std::condition_variable health_cv;
+  bool stop = false;  // guarded by health_mu
+  std::thread health_thread;
+
+  void UpdateHealth(bool stopping) {
+    const bool serving = !stopping && !Stalled(*engine, stall_seconds);
+    if (auto* h = server->GetHealthCheckService()) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus("icecache.v1.PrefillWorker", serving);
+    }
+  }
 };
 
 PrefillServer::PrefillServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -124,7 +162,8 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.prefill.device));
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
   ICE_ASSIGN_OR_RETURN(impl->transport,
-                       transport::CreateUcxTransport(transport::UcxOptions{config.ucx.tls, config.ucx.net_devices}));
+                       transport::CreateUcxTransport(transport::UcxOptions{
+                           config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
   eo.page_size = config.cache.page_size;
   eo.threads = config.prefill.threads;
   eo.dense_layers = config.cache.dense_layers;
@@ -136,19 +175,29 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   eo.overlap_tree_build = config.prefill.overlap_tree_build;
   eo.max_segment_bytes = static_cast<size_t>(config.ucx.max_segment_bytes);
+  eo.max_queued_requests = config.prefill.max_queued_requests;
   impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
   impl->registry = std::make_shared<prometheus::Registry>();
   impl->metrics = std::make_unique<Metrics>(*impl->registry);
   impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
-                                                       config.model.dir);
+                                                       config.model.dir, config.prefill.health_stall_seconds);
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},
-                                                          {"icecache.v1.PrefillWorker"}, &impl->port));
+                                                          {"icecache.v1.PrefillWorker"}, &impl->port,
+                                                          config.limits.max_message_bytes));
   int unused = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.prefill.listen, &impl->host, &unused));
   if (config.prefill.metrics_port > 0) {
     ICE_ASSIGN_OR_RETURN(impl->exposer,
                          cluster::StartMetricsExposer(impl->host, config.prefill.metrics_port, impl->registry));
   }
+  impl->stall_seconds = config.prefill.health_stall_seconds;
+  Impl* raw = impl.get();
+  impl->health_thread = std::thread([raw] {
+    std::unique_lock<std::mutex> lock(raw->health_mu);
+    while (!raw->health_cv.wait_for(lock, std::chrono::milliseconds(100), [raw] { return raw->stop; })) {
+      raw->UpdateHealth(false);
+    }
+  });
   ICE_LOG(INFO) << "prefill worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
                 << ")";
   return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));
@@ -158,6 +207,13 @@ PrefillServer::~PrefillServer() { Shutdown(); }
 
 void PrefillServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    {
+      std::lock_guard<std::mutex> lock(impl_->health_mu);
+      impl_->stop = true;
+    }
+    impl_->health_cv.notify_all();
+    if (impl_->health_thread.joinable()) impl_->health_thread.join();
+    impl_->UpdateHealth(/*stopping=*/true);
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     impl_->engine.reset();
     impl_->exposer.reset();

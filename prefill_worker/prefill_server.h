@@ -1,5 +1,8 @@
 // The prefill worker process as a library: loads the model, creates the UCX transport and the
 // prefill engine, serves icecache.v1.PrefillWorker (+ health, reflection) and /metrics.
+// Health ("" and icecache.v1.PrefillWorker): SERVING while the engine shows life (heartbeat
+// within prefill.health_stall_seconds; Stats answers UNAVAILABLE otherwise), NOT_SERVING from
+// Shutdown on.
 #pragma once
 
 #include <memory>

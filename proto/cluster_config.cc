@@ -207,14 +207,22 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   }
 
   MapReader limits = top.Sub("limits");
-  ICE_RETURN_IF_ERROR(limits.CheckShape({"max_tokens", "max_prompt_tokens"}));
+  ICE_RETURN_IF_ERROR(limits.CheckShape({"max_tokens", "max_prompt_tokens", "max_prompt_bytes", "max_stop_strings",
+                                         "max_stop_string_bytes", "max_stop_token_ids", "max_message_bytes"}));
   ICE_RETURN_IF_ERROR(limits.Number("max_tokens", &c.limits.max_tokens, 1, kIntMax));
   ICE_RETURN_IF_ERROR(limits.Number("max_prompt_tokens", &c.limits.max_prompt_tokens, 1, kIntMax));
+  ICE_RETURN_IF_ERROR(limits.Number<int64_t>("max_prompt_bytes", &c.limits.max_prompt_bytes, 1, int64_t{1} << 30));
+  ICE_RETURN_IF_ERROR(limits.Number("max_stop_strings", &c.limits.max_stop_strings, 0, 1 << 16));
+  ICE_RETURN_IF_ERROR(limits.Number("max_stop_string_bytes", &c.limits.max_stop_string_bytes, 1, 1 << 20));
+  ICE_RETURN_IF_ERROR(limits.Number("max_stop_token_ids", &c.limits.max_stop_token_ids, 0, 1 << 16));
+  ICE_RETURN_IF_ERROR(
+      limits.Number<int64_t>("max_message_bytes", &c.limits.max_message_bytes, 1 << 16, int64_t{1} << 30));
 
   MapReader router = top.Sub("router");
   ICE_RETURN_IF_ERROR(router.CheckShape({"listen", "metrics_port", "prefill", "decode", "dns_refresh_seconds",
                                          "stats_refresh_seconds", "request_timeout_seconds",
-                                         "kv_transfer_timeout_seconds"}));
+                                         "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
+                                         "max_streams"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -224,37 +232,49 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("request_timeout_seconds", &c.router.request_timeout_seconds, 0.001, 1e7));
   ICE_RETURN_IF_ERROR(
       router.Number("kv_transfer_timeout_seconds", &c.router.kv_transfer_timeout_seconds, 0.001, 1e5));
+  ICE_RETURN_IF_ERROR(router.Number("max_waiting", &c.router.max_waiting, 0, 1 << 24));
+  ICE_RETURN_IF_ERROR(router.Number("max_queue_wait_seconds", &c.router.max_queue_wait_seconds, 0.0, 86400.0));
+  ICE_RETURN_IF_ERROR(router.Number("max_streams", &c.router.max_streams, 1, 1 << 24));
 
   MapReader prefill = top.Sub("prefill");
-  ICE_RETURN_IF_ERROR(prefill.CheckShape({"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "device"}));
+  ICE_RETURN_IF_ERROR(prefill.CheckShape(
+      {"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "max_queued_requests",
+       "health_stall_seconds", "device"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(prefill.Number("max_batch_tokens", &c.prefill.max_batch_tokens, 1, kIntMax));
   ICE_RETURN_IF_ERROR(prefill.Bool("overlap_tree_build", &c.prefill.overlap_tree_build));
+  ICE_RETURN_IF_ERROR(prefill.Number("max_queued_requests", &c.prefill.max_queued_requests, 1, 1 << 24));
+  ICE_RETURN_IF_ERROR(prefill.Number("health_stall_seconds", &c.prefill.health_stall_seconds, 0.001, 86400.0));
   ICE_RETURN_IF_ERROR(prefill.String("device", &c.prefill.device));
   if (auto d = kernels::ParseDevice(c.prefill.device); !d.ok()) {
     return InvalidArgumentError(origin + ": prefill.device: " + d.status().message());
   }
 
   MapReader decode = top.Sub("decode");
-  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences", "device"}));
+  ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences",
+                                         "health_stall_seconds", "drain_seconds", "device"}));
   ICE_RETURN_IF_ERROR(ReadAddress(decode, "listen", &c.decode.listen, origin, "decode"));
   ICE_RETURN_IF_ERROR(decode.Number("metrics_port", &c.decode.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(decode.Number("threads", &c.decode.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(decode.Number<int64_t>("pool_pages", &c.decode.pool_pages, 1, int64_t{1} << 40));
   ICE_RETURN_IF_ERROR(decode.Number("max_sequences", &c.decode.max_sequences, 1, 1 << 20));
+  ICE_RETURN_IF_ERROR(decode.Number("health_stall_seconds", &c.decode.health_stall_seconds, 0.001, 86400.0));
+  ICE_RETURN_IF_ERROR(decode.Number("drain_seconds", &c.decode.drain_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(decode.String("device", &c.decode.device));
   if (auto d = kernels::ParseDevice(c.decode.device); !d.ok()) {
     return InvalidArgumentError(origin + ": decode.device: " + d.status().message());
   }
 
   MapReader ucx = top.Sub("ucx");
-  ICE_RETURN_IF_ERROR(ucx.CheckShape({"tls", "net_devices", "transfer_timeout_seconds", "max_segment_bytes"}));
+  ICE_RETURN_IF_ERROR(ucx.CheckShape(
+      {"tls", "net_devices", "transfer_timeout_seconds", "max_segment_bytes", "peer_failure_detection"}));
   ICE_RETURN_IF_ERROR(ucx.String("tls", &c.ucx.tls));
   ICE_RETURN_IF_ERROR(ucx.String("net_devices", &c.ucx.net_devices));
   ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
   ICE_RETURN_IF_ERROR(ucx.Number<int64_t>("max_segment_bytes", &c.ucx.max_segment_bytes, 1, int64_t{1} << 30));
+  ICE_RETURN_IF_ERROR(ucx.Bool("peer_failure_detection", &c.ucx.peer_failure_detection));
   return c;
 }
 
@@ -351,7 +371,12 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "device_cache_pages" << YAML::Value << c.cache.device_cache_pages << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
-  out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens << YAML::EndMap;
+  out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens;
+  out << YAML::Key << "max_prompt_bytes" << YAML::Value << c.limits.max_prompt_bytes;
+  out << YAML::Key << "max_stop_strings" << YAML::Value << c.limits.max_stop_strings;
+  out << YAML::Key << "max_stop_string_bytes" << YAML::Value << c.limits.max_stop_string_bytes;
+  out << YAML::Key << "max_stop_token_ids" << YAML::Value << c.limits.max_stop_token_ids;
+  out << YAML::Key << "max_message_bytes" << YAML::Value << c.limits.max_message_bytes << YAML::EndMap;
   out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.router.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.router.metrics_port;
@@ -361,6 +386,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "stats_refresh_seconds" << YAML::Value << c.router.stats_refresh_seconds;
   out << YAML::Key << "request_timeout_seconds" << YAML::Value << c.router.request_timeout_seconds;
   out << YAML::Key << "kv_transfer_timeout_seconds" << YAML::Value << c.router.kv_transfer_timeout_seconds;
+  out << YAML::Key << "max_waiting" << YAML::Value << c.router.max_waiting;
+  out << YAML::Key << "max_queue_wait_seconds" << YAML::Value << c.router.max_queue_wait_seconds;
+  out << YAML::Key << "max_streams" << YAML::Value << c.router.max_streams;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;
@@ -368,6 +396,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "threads" << YAML::Value << c.prefill.threads;
   out << YAML::Key << "max_batch_tokens" << YAML::Value << c.prefill.max_batch_tokens;
   out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build;
+  out << YAML::Key << "max_queued_requests" << YAML::Value << c.prefill.max_queued_requests;
+  out << YAML::Key << "health_stall_seconds" << YAML::Value << c.prefill.health_stall_seconds;
   out << YAML::Key << "device" << YAML::Value << c.prefill.device << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
@@ -375,12 +405,15 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "threads" << YAML::Value << c.decode.threads;
   out << YAML::Key << "pool_pages" << YAML::Value << c.decode.pool_pages;
   out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences;
+  out << YAML::Key << "health_stall_seconds" << YAML::Value << c.decode.health_stall_seconds;
+  out << YAML::Key << "drain_seconds" << YAML::Value << c.decode.drain_seconds;
   out << YAML::Key << "device" << YAML::Value << c.decode.device << YAML::EndMap;
   out << YAML::Key << "ucx" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tls" << YAML::Value << c.ucx.tls;
   out << YAML::Key << "net_devices" << YAML::Value << c.ucx.net_devices;
   out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
   out << YAML::Key << "max_segment_bytes" << YAML::Value << c.ucx.max_segment_bytes;
+  out << YAML::Key << "peer_failure_detection" << YAML::Value << c.ucx.peer_failure_detection;
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

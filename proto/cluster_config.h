@@ -58,6 +58,12 @@ struct CacheSection {
 struct LimitsSection {
   int max_tokens = 4096;          // upper bound of GenerateRequest.max_tokens
   int max_prompt_tokens = 131072;
+  int64_t max_prompt_bytes = 1 << 20;  // prompt text, checked before tokenizing
+  int max_stop_strings = 16;           // GenerateRequest.stop entries
+  int max_stop_string_bytes = 256;     // bytes of one stop string
+  int max_stop_token_ids = 64;         // GenerateRequest.stop_token_ids entries
+  // Largest gRPC message every server (router, prefill, decode) accepts and every channel receives.
+  int64_t max_message_bytes = 16 << 20;
 };
 
 // Where a set of workers is. Either a static list of "host:port", or a DNS name ("name:port")
@@ -76,6 +82,12 @@ struct RouterSection {
   double stats_refresh_seconds = 0.5;  // how often worker load is polled
   double request_timeout_seconds = 600;  // used when the client sets no deadline
   double kv_transfer_timeout_seconds = 30;
+  // Admission: a request that finds every decode worker full waits (in arrival order) for room
+  // instead of failing; RESOURCE_EXHAUSTED only when max_waiting requests already wait or the
+  // wait passes max_queue_wait_seconds. max_streams caps the router's concurrent Generate calls.
+  int max_waiting = 1024;
+  double max_queue_wait_seconds = 60;
+  int max_streams = 4096;
 };
 
 struct PrefillSection {
@@ -86,6 +98,12 @@ struct PrefillSection {
   // Build layer l's DCI trees while the forward pass computes layer l+1 (false: build every
   // layer after the forward pass, the old schedule; kept for comparison).
   bool overlap_tree_build = true;
+  // Prompts queued (not yet in a forward pass) beyond this are refused with RESOURCE_EXHAUSTED
+  // (the router tries another prefill worker).
+  int max_queued_requests = 256;
+  // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine has shown no sign of life for
+  // this long (it beats when idle, and once per layer of a forward pass).
+  double health_stall_seconds = 120;
   // Execution device (kernels::ParseDevice): auto (a GPU when one is present), cpu, cuda or cuda:N.
   std::string device = "auto";
 };
@@ -95,8 +113,14 @@ struct DecodeSection {
   int metrics_port = 0;
   int threads = 0;
   int64_t pool_pages = 16384;  // host KV pages (each holds page_size tokens of every layer's K and V)
-  int max_sequences = 64;
+  int max_sequences = 64;  // sequences admitted at once: reserved, receiving or decoding
   std::string device = "auto";  // as prefill.device
+  // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine loop has not come round for this
+  // long (a stuck forward pass or a wedged thread).
+  double health_stall_seconds = 30;
+  // SIGTERM: stop admitting, report NOT_SERVING, let running sequences finish for up to this
+  // long, then stop (`icecache cluster` sends SIGKILL 10 s after SIGTERM).
+  double drain_seconds = 5;
 };
 
 struct UcxSection {
@@ -106,6 +130,10 @@ struct UcxSection {
   // Consecutive KV pages are shipped as one segment of at most this many bytes (a segment never
   // holds less than one page; a value below the page size ships one page per segment).
   int64_t max_segment_bytes = 4 << 20;
+  // Endpoints detect a failed peer (UCX peer error handling): a dead decode worker fails the
+  // prefill worker's send at once instead of at transfer_timeout_seconds. UCX 1.13's shared
+  // memory transports cannot do this, so with it on only tcp carries KV.
+  bool peer_failure_detection = false;
 };
 
 struct ClusterConfig {

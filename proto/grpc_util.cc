@@ -3,19 +3,22 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+#include <cstdint>
+
 namespace icecache::cluster {
 
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
                                                     const std::vector<grpc::Service*>& services,
                                                     const std::vector<std::string>& service_names,
-                                                    int* bound_port) {
+                                                    int* bound_port, int64_t max_message_bytes) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   for (grpc::Service* s : services) builder.RegisterService(s);
-  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return UnavailableError("cannot listen on " + listen + " (address in use or invalid)");
   if (auto* health = server->GetHealthCheckService()) {
@@ -26,11 +29,11 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
   return server;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int64_t max_message_bytes) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX)));
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 

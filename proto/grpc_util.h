@@ -19,16 +19,24 @@ inline Status FromGrpc(const grpc::Status& s) {
   return s.ok() ? Status::Ok() : Status(static_cast<StatusCode>(s.error_code()), s.error_message());
 }
 
+// limits.max_message_bytes' default: the largest message a server accepts or a channel receives.
+inline constexpr int64_t kDefaultMaxMessageBytes = 16 << 20;
+
 // Builds and starts a server on `listen` ("host:port"; port 0 picks a free one) serving
 // `services`, grpc.health.v1.Health (status SERVING for "" and each service name) and server
-// reflection. *bound_port receives the port. UNAVAILABLE when the address cannot be bound.
+// reflection. Requests larger than max_message_bytes are refused by gRPC (RESOURCE_EXHAUSTED)
+// before any handler runs. *bound_port receives the port. UNAVAILABLE when the address cannot be
+// bound.
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
                                                     const std::vector<grpc::Service*>& services,
                                                     const std::vector<std::string>& service_names,
-                                                    int* bound_port);
+                                                    int* bound_port,
+                                                    int64_t max_message_bytes = kDefaultMaxMessageBytes);
 
-// An insecure channel to "host:port" with keepalive settings suited to long streams.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+// An insecure channel to "host:port" with keepalive settings suited to long streams, receiving
+// messages up to max_message_bytes.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           int64_t max_message_bytes = kDefaultMaxMessageBytes);
 
 // "host:port" -> host and port. INVALID_ARGUMENT naming the value.
 Status SplitHostPort(const std::string& address, std::string* host, int* port);

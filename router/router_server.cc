@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 #include <filesystem>
+#include <cmath>
 #include <random>
 
 #include "common/logging.h"
@@ -19,6 +20,8 @@
 #include "model/tokenizer/tokenizer.h"
 #include "proto/grpc_util.h"
 #include "proto/metrics_exposer.h"
+#include "router/admission_queue.h"
+#include "router/request_checks.h"
 #include "router/worker_pool.h"
 
 namespace icecache::router {
@@ -41,7 +44,8 @@ struct Metrics {
                 .Help("Request arrival to last token").Register(r).Add({}, cluster::LatencyBuckets())),
         running(prometheus::BuildGauge().Name("icecache_requests_running").Help("Requests decoding").Register(r).Add({})),
         waiting(prometheus::BuildGauge().Name("icecache_requests_waiting")
-                    .Help("Requests admitted and not yet streaming (reserve/prefill)").Register(r).Add({})),
+                    .Help("Requests waiting for a decode worker (admission queue) or in reserve/prefill")
+                    .Register(r).Add({})),
         prompt_tokens(prometheus::BuildCounter().Name("icecache_prompt_tokens_total")
                           .Help("Prompt tokens of served requests").Register(r).Add({})),
         generation_tokens(prometheus::BuildCounter().Name("icecache_generation_tokens_total")
@@ -85,18 +89,27 @@ class GenerationServiceImpl final : public pb::Generation::Service {
  public:
   GenerationServiceImpl(const cluster::ClusterConfig& config, model::ModelConfig model_config,
                         std::unique_ptr<tokenizer::Tokenizer> tok, WorkerPool* prefill, WorkerPool* decode,
-                        Metrics* metrics)
+                        Metrics* metrics, AdmissionQueue* admission)
       : config_(config),
         model_config_(std::move(model_config)),
         tok_(std::move(tok)),
         prefill_(prefill),
         decode_(decode),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        admission_(admission) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
     const auto arrival = Clock::now();
-    grpc::Status s = Serve(ctx, req, writer, arrival);
+    grpc::Status s;
+    if (streams_.fetch_add(1) >= config_.router.max_streams) {
+      s = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       "the router serves " + std::to_string(config_.router.max_streams) +
+                           " streams at once (router.max_streams); retry later");
+    } else {
+      s = Serve(ctx, req, writer, arrival);
+    }
+    streams_.fetch_sub(1);
     if (!s.ok()) {
       metrics_->errors.Add({{"code", std::string(StatusCodeName(static_cast<StatusCode>(s.error_code())))}})
           .Increment();
@@ -106,8 +119,9 @@ class GenerationServiceImpl final : public pb::Generation::Service {
 
  private:
   Status Validate(const pb::GenerateRequest& req, std::vector<int32_t>* ids) const {
+    // Sizes, UTF-8 and sampling first: nothing is tokenized for a request refused anyway.
+    ICE_RETURN_IF_ERROR(CheckRequestBeforeTokenizing(req, config_.limits, tok_ != nullptr));
     if (req.prompt_case() == pb::GenerateRequest::kText) {
-      if (req.text().empty()) return InvalidArgumentError("prompt text is empty");
       if (!tok_) {
         return InvalidArgumentError("this model has no tokenizer.json: send the prompt as token_ids instead of text");
       }
@@ -148,15 +162,19 @@ class GenerationServiceImpl final : public pb::Generation::Service {
                                     std::to_string(min_budget) + " pages (or use full)");
       }
     }
-    if (req.stop_size() > 0 && !tok_) return InvalidArgumentError("stop strings need a model with a tokenizer");
-    const auto& sp = req.sampling();
-    if (sp.temperature() < 0 || sp.top_p() < 0 || sp.top_p() > 1 || sp.top_k() < 0) {
-      return InvalidArgumentError("sampling: temperature must be >= 0, top_p in [0, 1], top_k >= 0");
-    }
     for (int32_t id : req.stop_token_ids()) {
       if (id < 0 || id >= model_config_.vocab_size) return InvalidArgumentError("stop_token_ids has an id outside the vocabulary");
     }
     return Status::Ok();
+  }
+
+  // The client's deadline on the steady clock (or the configured request timeout).
+  Clock::time_point SteadyDeadline(const grpc::ServerContext* ctx) const {
+    const auto sys_deadline = ctx->deadline();
+    const auto timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(config_.router.request_timeout_seconds));
+    if (sys_deadline == std::chrono::system_clock::time_point::max()) return Clock::now() + timeout;
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(sys_deadline - std::chrono::system_clock::now());
   }
 
   grpc::Status Serve(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
@@ -185,44 +203,68 @@ class GenerationServiceImpl final : public pb::Generation::Service {
     };
 
     std::optional<Gauge> waiting(std::in_place, metrics_->waiting);
-    // 1. Reserve on the best decode worker that has room.
-    auto decoders = decode_->Ranked(/*claim=*/1);
-    if (decoders.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode workers are configured");
+    // 1. Reserve on the best decode worker that has room; without room anywhere, wait in the
+    // admission queue (bounded in length and time) and retry.
     WorkerInfo decoder;
     pb::ReserveResponse reserved;
-    grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no decode worker answered");
-    bool got = false;
-    for (const auto& w : decoders) {
-      auto c = grpc::ClientContext::FromServerContext(*ctx);
-      deadline_of(c.get());
-      pb::ReserveRequest rr;
-      rr.set_request_id(req->request_id());
-      rr.set_prompt_tokens(static_cast<int32_t>(ids.size()));
-      rr.set_max_tokens(req->max_tokens());
-      if (budget == 0) {
-        rr.mutable_cache()->set_full(true);
-      } else {
-        rr.mutable_cache()->set_budget_pages(budget);
+    bool never_fits = false;  // every worker said the request exceeds its whole pool
+    auto try_reserve = [&]() -> Status {
+      auto decoders = decode_->Ranked(/*claim=*/1);
+      if (decoders.empty()) return UnavailableError("no decode workers are configured");
+      grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no decode worker answered");
+      size_t exhausted = 0, never = 0;
+      bool got = false;
+      for (const auto& w : decoders) {
+        auto c = grpc::ClientContext::FromServerContext(*ctx);
+        deadline_of(c.get());
+        pb::ReserveRequest rr;
+        rr.set_request_id(req->request_id());
+        rr.set_prompt_tokens(static_cast<int32_t>(ids.size()));
+        rr.set_max_tokens(req->max_tokens());
+        if (budget == 0) {
+          rr.mutable_cache()->set_full(true);
+        } else {
+          rr.mutable_cache()->set_budget_pages(budget);
+        }
+        grpc::Status s = w.decode->Reserve(c.get(), rr, &reserved);
+        if (s.ok()) {
+          decoder = w;
+          got = true;
+          break;
+        }
+        last_error = s;
+        if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+          ++exhausted;
+          const auto& md = c->GetServerTrailingMetadata();
+          auto it = md.find("icecache-fits");
+          if (it != md.end() && it->second == "never") ++never;
+        }
+        if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
       }
-      grpc::Status s = w.decode->Reserve(c.get(), rr, &reserved);
-      if (s.ok()) {
-        decoder = w;
-        got = true;
-        break;
+      // Move the claim Ranked() made on the first worker to the one that accepted (or drop it).
+      decode_->AddInflight(decoders.front().address, -1);
+      if (got) {
+        decode_->AddInflight(decoder.address, 1);
+        return Status::Ok();
       }
-      last_error = s;
-      if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
+      if (exhausted > 0 && last_error.error_code() != grpc::StatusCode::CANCELLED &&
+          last_error.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        never_fits = never == decoders.size();
+        return ResourceExhaustedError("no decode worker can hold this request now: " + last_error.error_message());
+      }
+      return cluster::FromGrpc(last_error);
+    };
+    {
+      Status admitted = admission_->Admit(
+          try_reserve, [&](const Status&) { return !never_fits; }, [&] { return ctx->IsCancelled(); },
+          SteadyDeadline(ctx));
+      if (!admitted.ok()) return cluster::ToGrpc(admitted);
     }
-    // Move the claim Ranked() made on the first worker to the one that accepted (or drop it).
-    decode_->AddInflight(decoders.front().address, -1);
-    if (!got) {
-      if (last_error.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            "no decode worker can hold this request now: " + last_error.error_message());
-      }
-      return last_error;
-    }
-    decode_->AddInflight(decoder.address, 1);
+    // From here on this request holds decode capacity: whoever waits may retry once it ends.
+    struct NotifyOnExit {
+      AdmissionQueue* q;
+      ~NotifyOnExit() { q->Notify(); }
+    } notify_on_exit{admission_};
     struct InflightGuard {
       WorkerPool* pool;
       std::string address;
@@ -234,33 +276,51 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       pb::ReleaseRequest rel;
       rel.set_sequence_id(reserved.sequence_id());
+      rel.set_reservation_token(reserved.reservation_token());
       pb::ReleaseResponse ignored;
       decoder.decode->Release(&c, rel, &ignored).ok();
     };
 
-    // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker.
+    // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker. A
+    // worker that is full (RESOURCE_EXHAUSTED: nothing done) or unreachable is skipped for the
+    // next one. (A worker that died mid-shipment leaves pages in the reservation: the next
+    // worker's shipment is then refused and the request fails, releasing everything.)
     auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(ids.size()));
     if (prefillers.empty()) {
       release();
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill workers are configured");
     }
-    const WorkerInfo& prefiller = prefillers.front();
-    InflightGuard prefill_guard{prefill_, prefiller.address, static_cast<int64_t>(ids.size())};
+    InflightGuard prefill_guard{prefill_, prefillers.front().address, static_cast<int64_t>(ids.size())};
     pb::PrefillResponse prefilled;
     {
-      auto c = grpc::ClientContext::FromServerContext(*ctx);
-      deadline_of(c.get());
       pb::PrefillRequest pr;
       pr.set_request_id(req->request_id());
       pr.mutable_token_ids()->Add(ids.begin(), ids.end());
       *pr.mutable_sampling() = sampling;
       pr.set_sequence_id(reserved.sequence_id());
       pr.set_decode_transport_address(reserved.transport_address());
+      pr.set_reservation_token(reserved.reservation_token());
       pr.set_build_index(budget != 0);
-      grpc::Status s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
+      grpc::Status s;
+      for (size_t i = 0; i < prefillers.size(); ++i) {
+        const WorkerInfo& prefiller = prefillers[i];
+        if (i > 0) {  // move the in-flight claim to this worker
+          prefill_->AddInflight(prefill_guard.address, -prefill_guard.n);
+          prefill_->AddInflight(prefiller.address, prefill_guard.n);
+          prefill_guard.address = prefiller.address;
+        }
+        auto c = grpc::ClientContext::FromServerContext(*ctx);
+        deadline_of(c.get());
+        s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
+        if (s.ok()) break;
+        s = grpc::Status(s.error_code(), "prefill on " + prefiller.address + " failed: " + s.error_message());
+        const bool next = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                          s.error_code() == grpc::StatusCode::UNAVAILABLE;
+        if (!next || ctx->IsCancelled()) break;
+      }
       if (!s.ok()) {
         release();
-        return grpc::Status(s.error_code(), "prefill on " + prefiller.address + " failed: " + s.error_message());
+        return s;
       }
     }
     metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
@@ -273,6 +333,7 @@ class GenerationServiceImpl final : public pb::Generation::Service {
     deadline_of(dctx.get());
     pb::DecodeRequest dr;
     dr.set_sequence_id(reserved.sequence_id());
+    dr.set_reservation_token(reserved.reservation_token());
     dr.set_first_token(prefilled.first_token());
     *dr.mutable_sampling() = sampling;
     dr.set_max_tokens(req->max_tokens());
@@ -347,6 +408,8 @@ class GenerationServiceImpl final : public pb::Generation::Service {
 
     if (!emit({prefilled.first_token()}, /*first=*/true)) {
       dctx->TryCancel();
+      reader->Finish();
+      release();
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
     pb::DecodeResponse dresp;
@@ -367,6 +430,10 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       finish = pb::FINISH_REASON_STOP;
     }
     grpc::Status ds = reader->Finish();
+    // A Decode that failed before it took the reservation over (refused parameters, KV that
+    // never arrived, a worker that went away) must not leave it held until it expires. Release
+    // of a sequence that has already ended is a no-op on the worker.
+    if (!ds.ok()) release();
     if (!stopped_by_string && !ds.ok()) {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client");
       return grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message());
@@ -409,6 +476,8 @@ class GenerationServiceImpl final : public pb::Generation::Service {
   WorkerPool* prefill_;
   WorkerPool* decode_;
   Metrics* metrics_;
+  AdmissionQueue* admission_;
+  std::atomic<int> streams_{0};  // Generate calls in progress (limit: router.max_streams)
 };
 
 }  // namespace
@@ -419,6 +488,7 @@ struct RouterServer::Impl {
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<AdmissionQueue> admission;
   std::unique_ptr<GenerationServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
   std::string host;
@@ -457,10 +527,13 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   impl->decode->Start();
   impl->registry = std::make_shared<prometheus::Registry>();
   impl->metrics = std::make_unique<Metrics>(*impl->registry);
+  impl->admission = std::make_unique<AdmissionQueue>(config.router.max_waiting, config.router.max_queue_wait_seconds);
   impl->service = std::make_unique<GenerationServiceImpl>(config, mc, std::move(tok), impl->prefill.get(),
-                                                          impl->decode.get(), impl->metrics.get());
+                                                          impl->decode.get(), impl->metrics.get(),
+                                                          impl->admission.get());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.router.listen, {impl->service.get()},
-                                                          {"icecache.v1.Generation"}, &impl->port));
+                                                          {"icecache.v1.Generation"}, &impl->port,
+                                                          config.limits.max_message_bytes));
   int unused = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.router.listen, &impl->host, &unused));
   if (config.router.metrics_port > 0) {
@@ -506,5 +579,6 @@ void RouterServer::Wait() { impl_->server->Wait(); }
 int RouterServer::port() const { return impl_->port; }
 std::string RouterServer::address() const { return impl_->host + ":" + std::to_string(impl_->port); }
 int RouterServer::metrics_port() const { return impl_->metrics_port; }
+int RouterServer::queued_requests() const { return impl_->admission->waiting(); }
 
 }  // namespace icecache::router

@@ -3,6 +3,11 @@
 // a decode worker (free KV pages, active sequences) and a prefill worker (queued prompt tokens),
 // runs Reserve -> Prefill -> Decode and relays the token stream. Client cancellation and
 // deadlines propagate to the workers (their calls are children of the client's call).
+// Overload: a request that finds every decode worker full waits in a bounded admission queue
+// (router.max_waiting, router.max_queue_wait_seconds; router/admission_queue.h) and is refused
+// with RESOURCE_EXHAUSTED only when the queue is full or its wait runs out; at most
+// router.max_streams Generate calls run at once. A prefill worker that is full or unreachable is
+// skipped for the next one.
 // Health: the router reports SERVING (overall and for icecache.v1.Generation) only while at least
 // one prefill and one decode worker answer their Stats calls.
 #pragma once
@@ -25,6 +30,8 @@ class RouterServer {
   int port() const;
   std::string address() const;
   int metrics_port() const;  // 0 when disabled
+  // Requests waiting in the admission queue for a decode worker with room now.
+  int queued_requests() const;
   void Wait();
   void Shutdown();
 

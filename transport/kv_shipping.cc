@@ -7,7 +7,7 @@ namespace icecache::transport {
 namespace {
 
 constexpr uint32_t kMagic = 0x564b4349;  // "ICKV"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the reservation token
 
 struct KvShipHeader {
   uint32_t magic;
@@ -16,8 +16,16 @@ struct KvShipHeader {
   uint32_t reserved;
   uint64_t page_bytes;
   uint64_t num_pages;
+  uint8_t token[kKvTokenBytes];
 };
-static_assert(sizeof(KvShipHeader) == 32);
+static_assert(sizeof(KvShipHeader) == 48);
+
+bool TokenMatches(const KvShipHeader& h, const std::string& token) {
+  if (token.size() != kKvTokenBytes) return false;
+  uint8_t diff = 0;
+  for (size_t i = 0; i < kKvTokenBytes; ++i) diff |= static_cast<uint8_t>(h.token[i] ^ static_cast<uint8_t>(token[i]));
+  return diff == 0;
+}
 
 std::string DTypeLabel(uint32_t d) {
   return d <= 2 ? std::string(kernels::DTypeName(static_cast<kernels::DType>(d))) : "dtype " + std::to_string(d);
@@ -26,10 +34,16 @@ std::string DTypeLabel(uint32_t d) {
 }  // namespace
 
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
-                                   const kvstore::SequenceWire& wire, const kvstore::PagePool& pool,
-                                   size_t max_segment_bytes, Clock::time_point deadline) {
+                                   std::string_view token, const kvstore::SequenceWire& wire,
+                                   const kvstore::PagePool& pool, size_t max_segment_bytes,
+                                   Clock::time_point deadline) {
+  if (token.size() != kKvTokenBytes) {
+    return InvalidArgumentError("reservation token has " + std::to_string(token.size()) + " bytes, expected " +
+                                std::to_string(kKvTokenBytes));
+  }
   const size_t page_bytes = pool.page_bytes();
-  KvShipHeader h{kMagic, kVersion, static_cast<uint32_t>(pool.dtype()), 0, page_bytes, wire.pages.size()};
+  KvShipHeader h{kMagic, kVersion, static_cast<uint32_t>(pool.dtype()), 0, page_bytes, wire.pages.size(), {}};
+  std::memcpy(h.token, token.data(), kKvTokenBytes);
   std::vector<uint8_t> first(sizeof(h) + wire.metadata.size());
   std::memcpy(first.data(), &h, sizeof(h));
   if (!wire.metadata.empty()) std::memcpy(first.data() + sizeof(h), wire.metadata.data(), wire.metadata.size());
@@ -67,6 +81,7 @@ StatusOr<std::vector<Destination>> KvReceiver::Receive(uint32_t index, size_t by
     }
     if (bytes > (64u << 20)) return InvalidArgumentError("sequence metadata larger than 64 MiB");
     metadata_.resize(bytes);
+    // The header is checked once it has landed (Import); the sink cannot see the bytes before.
     return std::vector<Destination>{{metadata_.data(), bytes}};
   }
   if (bytes == 0 || bytes % page_bytes != 0) {
@@ -105,6 +120,9 @@ StatusOr<std::unique_ptr<kvstore::SequenceCache>> KvReceiver::Import() {
   if (h.magic != kMagic || h.version != kVersion) {
     return DataLossError("shipped KV has an unknown header (magic " + std::to_string(h.magic) + ", version " +
                          std::to_string(h.version) + ")");
+  }
+  if (!TokenMatches(h, token_)) {
+    return Status(StatusCode::kPermissionDenied, "shipped KV does not carry this reservation's token");
   }
   if (h.page_bytes != pool_->page_bytes() || h.dtype != static_cast<uint32_t>(pool_->dtype())) {
     return FailedPreconditionError("shipped KV pages are " + std::to_string(h.page_bytes) + " bytes of " +

@@ -3,7 +3,8 @@
 // receiver, in one place.
 //
 // Wire protocol (transfer id = the decode worker's sequence id):
-//   segment 0      KvShipHeader followed by the SequenceCache metadata (SequenceWire::metadata);
+//   segment 0      KvShipHeader (carrying the reservation's 16-byte token) followed by the
+//                  SequenceCache metadata (SequenceWire::metadata);
 //   segment 1 + s  a run of k >= 1 pages: wire pages s .. s+k-1 (SequenceWire::pages order),
 //                  k * page_bytes bytes, the pages back to back.
 //   Finish         the number of segments sent (1 + runs).
@@ -15,12 +16,17 @@
 // Pages travel in the pool's dtype; the header names it and the page size. A receiver whose pool
 // has pages of another size refuses the transfer: at once when a run is not a whole number of its
 // pages, else in Import (FAILED_PRECONDITION naming both sides' page size and dtype).
+//
+// Trust: Import refuses (PERMISSION_DENIED) a header whose token is not the reservation's, and a
+// transfer whose header never arrived (DATA_LOSS); the pages received stay with the receiver
+// until Release. (The sink cannot read the header: it lands zero-copy after the sink returned.)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -39,9 +45,12 @@ struct KvShipStats {
 
 // Sends `wire` (pages in `pool`) as transfer `id` to `peer` and Finish()es it. Runs are capped at
 // max(max_segment_bytes, one page). Errors are the transport's (see Transport::Send).
+// `token` is the reservation token (kKvTokenBytes bytes; INVALID_ARGUMENT otherwise).
+inline constexpr size_t kKvTokenBytes = 16;
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
-                                   const kvstore::SequenceWire& wire, const kvstore::PagePool& pool,
-                                   size_t max_segment_bytes, Clock::time_point deadline);
+                                   std::string_view token, const kvstore::SequenceWire& wire,
+                                   const kvstore::PagePool& pool, size_t max_segment_bytes,
+                                   Clock::time_point deadline);
 
 // The receiving half of one transfer into `pool` (not owned, must outlive this).
 // Thread safety: Sink()'s function runs on the transport's progress thread while the transfer is
@@ -49,7 +58,8 @@ StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer
 // (then nothing runs the sink any more).
 class KvReceiver {
  public:
-  explicit KvReceiver(kvstore::PagePool* pool) : pool_(pool) {}
+  // `token`: what the sender's header must carry.
+  KvReceiver(kvstore::PagePool* pool, std::string token) : pool_(pool), token_(std::move(token)) {}
   ~KvReceiver() { Release(); }
   KvReceiver(const KvReceiver&) = delete;
   KvReceiver& operator=(const KvReceiver&) = delete;
@@ -69,6 +79,7 @@ class KvReceiver {
   StatusOr<std::vector<Destination>> Receive(uint32_t index, size_t bytes);
 
   kvstore::PagePool* const pool_;
+  const std::string token_;
   std::vector<uint8_t> metadata_;  // segment 0: header + SequenceCache metadata
   std::vector<int32_t> pages_;     // pages_[s] = pool page holding wire page s, -1: not arrived
 };

@@ -29,6 +29,11 @@ namespace icecache::transport {
 
 using Clock = std::chrono::steady_clock;
 
+// Largest transport address a peer may hand over (UCX worker addresses over tcp/sm are a few
+// hundred bytes). Send/Finish refuse longer or malformed addresses with INVALID_ARGUMENT before
+// the address reaches the transport library.
+inline constexpr size_t kMaxTransportAddressBytes = 4096;
+
 // Returns where segment `index` of `bytes` bytes is to be written (at least `bytes` writable), or
 // an error, which fails the transfer (Wait returns it; the sender's Send sees an error too).
 // Called on the transport's progress thread: it must be quick and must not call the Transport.

@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -22,6 +23,47 @@
 
 namespace icecache::transport {
 namespace {
+
+// Our address = "ICUX" | u32 length | u32 FNV-1a of the UCX worker address | the UCX address.
+// Peers hand addresses over gRPC; the frame lets Send refuse a truncated, padded or foreign
+// address before its bytes reach ucp_ep_create (which trusts them).
+constexpr char kAddressMagic[4] = {'I', 'C', 'U', 'X'};
+constexpr size_t kAddressFrame = 12;
+
+uint32_t Fnv1a(std::string_view bytes) {
+  uint32_t h = 2166136261u;
+  for (char c : bytes) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  return h;
+}
+
+std::string FrameAddress(std::string_view ucx) {
+  std::string out(kAddressMagic, 4);
+  const uint32_t len = static_cast<uint32_t>(ucx.size()), sum = Fnv1a(ucx);
+  out.append(reinterpret_cast<const char*>(&len), 4);
+  out.append(reinterpret_cast<const char*>(&sum), 4);
+  out.append(ucx);
+  return out;
+}
+
+StatusOr<std::string_view> UnframeAddress(const std::string& peer) {
+  if (peer.empty()) return InvalidArgumentError("empty transport address");
+  if (peer.size() > kMaxTransportAddressBytes) {
+    return InvalidArgumentError("transport address of " + std::to_string(peer.size()) + " bytes is longer than " +
+                                std::to_string(kMaxTransportAddressBytes));
+  }
+  uint32_t len = 0, sum = 0;
+  if (peer.size() < kAddressFrame || std::memcmp(peer.data(), kAddressMagic, 4) != 0) {
+    return InvalidArgumentError("not an icecache transport address");
+  }
+  std::memcpy(&len, peer.data() + 4, 4);
+  std::memcpy(&sum, peer.data() + 8, 4);
+  std::string_view ucx(peer.data() + kAddressFrame, peer.size() - kAddressFrame);
+  if (len != ucx.size() || len == 0 || Fnv1a(ucx) != sum) {
+    return InvalidArgumentError("transport address is truncated or corrupt");
+  }
+  return ucx;
+}
+
 
 constexpr unsigned kAmData = 1;
 constexpr unsigned kAmFinish = 2;
@@ -186,7 +228,7 @@ Status UcxTransport::Init(const UcxOptions& options) {
   if ((s = ucp_worker_get_address(worker_, &addr, &addr_len)) != UCS_OK) {
     return UnavailableError("ucp_worker_get_address: " + UcsError(s));
   }
-  address_.assign(reinterpret_cast<const char*>(addr), addr_len);
+  address_ = FrameAddress(std::string_view(reinterpret_cast<const char*>(addr), addr_len));
   ucp_worker_release_address(worker_, addr);
 
   for (unsigned id : {kAmData, kAmFinish}) {
@@ -270,11 +312,11 @@ void UcxTransport::ProgressLoop() {
 StatusOr<ucp_ep_h> UcxTransport::Endpoint(const std::string& peer) {
   auto it = endpoints_.find(peer);
   if (it != endpoints_.end()) return it->second;
-  if (peer.empty()) return InvalidArgumentError("empty transport address");
+  ICE_ASSIGN_OR_RETURN(std::string_view ucx_address, UnframeAddress(peer));
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+  ep.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
   ep.err_mode = peer_failure_detection_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep.err_handler.cb = &UcxTransport::OnEndpointError;
   ep.err_handler.arg = this;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,7 +36,8 @@ struct LoopbackCluster {
                                                 const std::string& tls, bool with_tokenizer = true,
                                                 int metrics_base = 0, int64_t pool_pages = 60000,
                                                 const std::string& dci_preset = "reference",
-                                                const std::string& kv_dtype = "f32") {
+                                                const std::string& kv_dtype = "f32",
+                                                const std::function<void(cluster::ClusterConfig&)>& tweak = nullptr) {
     auto c = std::make_unique<LoopbackCluster>();
     c->model_dir = dir;
     if (!std::filesystem::exists(dir + "/config.json")) {
@@ -78,6 +80,7 @@ struct LoopbackCluster {
     cfg.ucx.tls = tls;
     cfg.ucx.net_devices = "lo";
     cfg.ucx.transfer_timeout_seconds = 20;
+    if (tweak) tweak(cfg);
     int next_metrics = metrics_base > 0 ? metrics_base + 1 : 0;
     for (int i = 0; i < num_prefill; ++i) {
       cfg.prefill.metrics_port = metrics_base > 0 ? next_metrics++ : 0;

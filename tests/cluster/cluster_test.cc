@@ -424,6 +424,7 @@ TEST(ClusterStall, KvThatNeverArrivesTimesOutAndFreesTheReservation) {
   EXPECT_GT(c->decode[0]->stats().committed_pages, 0);
   v1::DecodeRequest dr;
   dr.set_sequence_id(reserved.sequence_id());
+  dr.set_reservation_token(reserved.reservation_token());
   dr.set_first_token(1);
   dr.set_max_tokens(10);
   dr.set_kv_wait_seconds(0.2);

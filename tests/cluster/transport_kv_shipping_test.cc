@@ -14,6 +14,7 @@ namespace icecache::transport {
 namespace {
 
 using namespace std::chrono_literals;
+const std::string kToken = "0123456789abcdef";  // a reservation token (16 bytes)
 using kvstore::PagePool;
 using kvstore::SequenceCache;
 using kvstore::SequenceCacheOptions;
@@ -122,9 +123,9 @@ TEST_F(KvShippingTest, RunsArriveInAFragmentedPool) {
 
   for (size_t max_segment : {size_t{1}, 5 * page_bytes, size_t{4} << 20}) {
     const uint64_t id = 100 + max_segment;
-    KvReceiver rx(dst_pool.get());
+    KvReceiver rx(dst_pool.get(), kToken);
     ASSERT_TRUE(receiver_->ExpectScatter(id, rx.Sink()).ok());
-    auto st = ShipSequence(*sender_, receiver_->address(), id, wire, *src_pool, max_segment, Clock::now() + 30s);
+    auto st = ShipSequence(*sender_, receiver_->address(), id, kToken, wire, *src_pool, max_segment, Clock::now() + 30s);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     ASSERT_TRUE(receiver_->Wait(id, Clock::now() + 30s).ok());
     EXPECT_EQ(st->pages, static_cast<int64_t>(wire.pages.size()));
@@ -152,9 +153,9 @@ TEST_F(KvShippingTest, PagesOfAnotherDtypeAreRefused) {
   auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kF32);  // pages twice as large
   // Runs of an odd number of bf16 pages are not whole f32 pages: refused as they arrive.
   {
-    KvReceiver rx(dst_pool.get());
+    KvReceiver rx(dst_pool.get(), kToken);
     ASSERT_TRUE(receiver_->ExpectScatter(1, rx.Sink()).ok());
-    (void)ShipSequence(*sender_, receiver_->address(), 1, wire, *src_pool, 3 * bf16_page, Clock::now() + 30s);
+    (void)ShipSequence(*sender_, receiver_->address(), 1, kToken, wire, *src_pool, 3 * bf16_page, Clock::now() + 30s);
     Status w = receiver_->Wait(1, Clock::now() + 30s);
     EXPECT_EQ(w.code(), StatusCode::kAborted) << w.ToString();
     EXPECT_NE(w.message().find("kv_dtype/page_size differ"), std::string::npos) << w.message();
@@ -162,9 +163,9 @@ TEST_F(KvShippingTest, PagesOfAnotherDtypeAreRefused) {
   }
   // Runs of 2 bf16 pages fill f32 pages exactly: the header check refuses them on import.
   {
-    KvReceiver rx(dst_pool.get());
+    KvReceiver rx(dst_pool.get(), kToken);
     ASSERT_TRUE(receiver_->ExpectScatter(2, rx.Sink()).ok());
-    auto st = ShipSequence(*sender_, receiver_->address(), 2, wire, *src_pool, 2 * bf16_page, Clock::now() + 30s);
+    auto st = ShipSequence(*sender_, receiver_->address(), 2, kToken, wire, *src_pool, 2 * bf16_page, Clock::now() + 30s);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     if (wire.pages.size() % 2 == 0) {
       ASSERT_TRUE(receiver_->Wait(2, Clock::now() + 30s).ok());
@@ -190,9 +191,9 @@ TEST_F(KvShippingTest, SameSizePagesOfAnotherDtypeAreRefusedOnImport) {
   ASSERT_TRUE(src->Build(m.kp.data(), m.vp.data(), m.n).ok());
   auto wire = src->Serialize().value();
   auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kF16);
-  KvReceiver rx(dst_pool.get());
+  KvReceiver rx(dst_pool.get(), kToken);
   ASSERT_TRUE(receiver_->ExpectScatter(3, rx.Sink()).ok());
-  ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 3, wire, *src_pool, 4 << 20, Clock::now() + 30s).ok());
+  ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 3, kToken, wire, *src_pool, 4 << 20, Clock::now() + 30s).ok());
   ASSERT_TRUE(receiver_->Wait(3, Clock::now() + 30s).ok());
   auto cache = rx.Import();
   ASSERT_FALSE(cache.ok());
@@ -201,6 +202,31 @@ TEST_F(KvShippingTest, SameSizePagesOfAnotherDtypeAreRefusedOnImport) {
   EXPECT_NE(cache.status().message().find("pages of f16"), std::string::npos) << cache.status().message();
   rx.Release();
   EXPECT_EQ(dst_pool->used_pages(), 0);
+}
+
+// A transfer whose header carries another reservation's token is refused on import, and its
+// pages go back to the pool.
+TEST_F(KvShippingTest, WrongTokenIsRefusedOnImport) {
+  const int layers = 3, nkv = 1, dim = 16;
+  auto m = kvstore::testing::RandomKv(layers, nkv, dim, 100, 8);
+  auto src_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
+  auto src = SequenceCache::Create(Opts(layers, nkv, 1), src_pool.get()).value();
+  ASSERT_TRUE(src->Build(m.kp.data(), m.vp.data(), m.n).ok());
+  auto wire = src->Serialize().value();
+  auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
+  KvReceiver rx(dst_pool.get(), kToken);
+  ASSERT_TRUE(receiver_->ExpectScatter(4, rx.Sink()).ok());
+  ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 4, "fedcba9876543210", wire, *src_pool, 4 << 20,
+                           Clock::now() + 30s).ok());
+  ASSERT_TRUE(receiver_->Wait(4, Clock::now() + 30s).ok());
+  auto cache = rx.Import();
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), StatusCode::kPermissionDenied) << cache.status().ToString();
+  rx.Release();
+  EXPECT_EQ(dst_pool->used_pages(), 0);
+  // A token of the wrong size is refused by the sender before anything is sent.
+  auto bad = ShipSequence(*sender_, receiver_->address(), 5, "short", wire, *src_pool, 4 << 20, Clock::now() + 30s);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(KvDtype, Parses) {
