@@ -95,6 +95,42 @@ render_set() {  # name, expected kinds, renderer args...
     --expect-kinds "$kinds" --config-out "$OUT/$name/cluster.yaml"
 }
 
+# The renderer's Helm functions on a throwaway chart: include, tpl, required, toYaml/fromYaml,
+# toJson, .Capabilities, .Release, .Chart, -f merging (maps merge, null deletes) and --set.
+ST="$OUT/selftest"
+rm -rf "$ST" && mkdir -p "$ST/chart/templates"
+printf 'apiVersion: v2\nname: st\nversion: 1.2.3\nappVersion: "9"\n' > "$ST/chart/Chart.yaml"
+printf 'a: {b: 1, c: two, gone: x}\nmsg: "{{ .Release.Name }}-tpl"\nneed: here\n' > "$ST/chart/values.yaml"
+printf 'a: {c: three, gone: null}\n' > "$ST/over.yaml"
+cat > "$ST/chart/templates/_h.tpl" <<'EOF2'
+{{- define "st.name" -}}{{ .Chart.Name }}-{{ .Chart.Version }}{{- end -}}
+EOF2
+cat > "$ST/chart/templates/t.yaml" <<'EOF2'
+name: {{ include "st.name" . }}
+tpl: {{ tpl .Values.msg . }}
+req: {{ required "need is required" .Values.need }}
+a: {{ toJson .Values.a }}
+round: {{ (toYaml .Values.a | fromYaml).c }}
+caps: {{ .Capabilities.KubeVersion.Minor }} {{ .Capabilities.APIVersions.Has "autoscaling/v2" }}
+ns: {{ .Release.Namespace }} set: {{ .Values.extra }}
+EOF2
+"$RENDER" --release rel --namespace ns -f "$ST/over.yaml" --set extra=7 "$ST/chart" > "$ST/out.yaml"
+cat > "$ST/want.yaml" <<'EOF2'
+---
+# Source: st/templates/t.yaml
+name: st-1.2.3
+tpl: rel-tpl
+req: here
+a: {"b":1,"c":"three"}
+round: three
+caps: 31 true
+ns: ns set: 7
+EOF2
+diff -u "$ST/want.yaml" "$ST/out.yaml" || { echo "render-chart: helm_render self-test failed"; exit 1; }
+if "$RENDER" --set need= "$ST/chart" > /dev/null 2>&1; then
+  echo "render-chart: helm_render self-test: required did not fail"; exit 1
+fi
+
 render_set default ConfigMap,Deployment,Service,PodDisruptionBudget
 render_set gpu ConfigMap,Deployment,Service,PodDisruptionBudget,ServiceMonitor,HorizontalPodAutoscaler,Ingress,PersistentVolumeClaim \
   -f "$CHART/ci/gpu-values.yaml"
