@@ -62,6 +62,18 @@ if [ "$BINARIES" = prebuilt ]; then
     cp "$PREBUILT_DIR/bin/$b" .image-bin/
   done
   strip .image-bin/*
+  # Libraries from outside Debian's paths (a -DICECACHE_CUDA=ON build links the CUDA runtime and
+  # cuBLAS from /usr/local/cuda) travel along into /usr/local/lib/icecache. The GPU driver
+  # (libcuda.so.1) is not bundled: the NVIDIA container runtime mounts the node's.
+  mkdir -p .image-bin/lib
+  for lib in $(ldd .image-bin/icecache* | awk '/=> \//{print $3}' | sort -u); do
+    case "$(readlink -f "$lib")" in
+      /lib/*|/usr/lib/*) ;;
+      */libcuda.so*) ;;
+      *) cp -L "$lib" .image-bin/lib/ && echo "build-image: bundling $lib" ;;
+    esac
+  done
+  mkdir -p .image-bin/bin && mv .image-bin/icecache* .image-bin/bin/
 fi
 
 echo "build-image: building $IMAGE (binaries: $BINARIES)"
