@@ -83,16 +83,17 @@ rules:
 EOF
 yamllint -c "$OUT/yamllint.yaml" "$CHART/values.yaml" "$CHART/Chart.yaml" "$CHART"/ci/*.yaml
 
-render_set() {  # name, expected kinds, renderer args...
-  local name=$1 kinds=$2
-  shift 2
+render_set() {  # name, expected kinds, restricted|any, renderer args...
+  local name=$1 kinds=$2 psa=()
+  [ "$3" = restricted ] && psa=(--restricted)
+  shift 3
   mkdir -p "$OUT/$name"
   "$RENDER" --release icecache --namespace inference --dump-values "$OUT/$name/values.json" "$@" \
     "$CHART" > "$OUT/$name/rendered.yaml"
   yamllint -c "$OUT/yamllint.yaml" "$OUT/$name/rendered.yaml"
   /usr/bin/python3 tools/helm_render/validate.py "$OUT/$name/rendered.yaml" "${MODEL_ARGS[@]}" \
     --values-json "$OUT/$name/values.json" --schema "$CHART/values.schema.json" \
-    --expect-kinds "$kinds" --config-out "$OUT/$name/cluster.yaml"
+    --expect-kinds "$kinds" "${psa[@]}" --config-out "$OUT/$name/cluster.yaml"
 }
 
 # The renderer's Helm functions on a throwaway chart: include, tpl, required, toYaml/fromYaml,
@@ -131,10 +132,11 @@ if "$RENDER" --set need= "$ST/chart" > /dev/null 2>&1; then
   echo "render-chart: helm_render self-test: required did not fail"; exit 1
 fi
 
-render_set default ConfigMap,Deployment,Service,PodDisruptionBudget
+render_set default ConfigMap,Deployment,Service,PodDisruptionBudget restricted
 render_set gpu ConfigMap,Deployment,Service,PodDisruptionBudget,ServiceMonitor,HorizontalPodAutoscaler,Ingress,PersistentVolumeClaim \
-  -f "$CHART/ci/gpu-values.yaml"
-render_set init ConfigMap,Deployment,Service,PodMonitor -f "$CHART/ci/init-values.yaml"
+  restricted -f "$CHART/ci/gpu-values.yaml"
+# init: its model source is a hostPath, which "restricted" forbids.
+render_set init ConfigMap,Deployment,Service,PodMonitor any -f "$CHART/ci/init-values.yaml"
 
 # A values file the schema must refuse (a misspelt key), so the schema check is known to bite.
 printf 'decode:\n  gpu: 1\n' > "$OUT/bad-values.yaml"

@@ -17,7 +17,8 @@
    names, label syntax, Deployment selectors match their pod labels, Services/PDBs select some
    Deployment's pods, volume mounts name volumes, ConfigMap volumes name a rendered ConfigMap (or
    are allowed to be external), named probe ports exist, HPA targets exist, ServiceMonitor
-   selects a Service that has its port.
+   selects a Service that has its port; with --restricted, the Pod Security Standard
+   "restricted" rules a pod spec shows (and a read-only root filesystem).
 6. Optionally the merged values validate against values.schema.json (python3-jsonschema).
 7. Optionally writes the ConfigMap's cluster.yaml to --config-out (for the C++ config test).
 
@@ -238,7 +239,39 @@ def check_pod(where, pod, configmaps):
             err(w, "privileged container")
 
 
-def cross_checks(docs):
+def check_restricted(where, pod):
+    """The Pod Security Standard "restricted" profile's rules, as far as a pod spec shows them."""
+    spec = pod.get("spec", {})
+    psc = spec.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            err(where, f"restricted: {key}")
+    for v in spec.get("volumes", []):
+        allowed = {"name", "configMap", "emptyDir", "persistentVolumeClaim", "secret", "projected",
+                   "downwardAPI", "csi", "ephemeral"}
+        if set(v) - allowed:
+            err(where, f"restricted: volume {v['name']} of type {sorted(set(v) - allowed)}")
+    for c in spec.get("initContainers", []) + spec.get("containers", []):
+        w = f"{where}.containers[{c.get('name')}]"
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            err(w, "restricted: allowPrivilegeEscalation must be false")
+        if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+            err(w, "restricted: capabilities must drop ALL")
+        if set((sc.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}:
+            err(w, "restricted: capabilities added")
+        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot"))):
+            err(w, "restricted: runAsNonRoot must be true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            err(w, "restricted: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            err(w, "restricted: seccompProfile must be RuntimeDefault or Localhost")
+        if not sc.get("readOnlyRootFilesystem"):
+            err(w, "readOnlyRootFilesystem is not set (this chart's own rule, not the profile's)")
+
+
+def cross_checks(docs, restricted):
     configmaps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     services = [d for d in docs if d["kind"] == "Service"]
@@ -262,6 +295,8 @@ def cross_checks(docs):
             if not selects(sel, tl):
                 err(where, "spec.selector does not match the pod template's labels")
             check_pod(where, d["spec"]["template"], configmaps)
+            if restricted:
+                check_restricted(where, d["spec"]["template"])
         if d["kind"] in ("Service", "PodDisruptionBudget"):
             sel = d["spec"].get("selector", {})
             if d["kind"] == "PodDisruptionBudget":
@@ -310,6 +345,8 @@ def main():
     ap.add_argument("--values-json")
     ap.add_argument("--schema")
     ap.add_argument("--config-out")
+    ap.add_argument("--restricted", action="store_true",
+                    help="pods must meet the Pod Security Standard 'restricted' (and read-only root)")
     ap.add_argument("--expect-kinds", default="", help="comma-separated kinds that must appear")
     a = ap.parse_args()
 
@@ -340,7 +377,7 @@ def main():
         elif schema:
             schema.check(where, d, KNOWN[key])
     if not errors:
-        cross_checks(docs)
+        cross_checks(docs, a.restricted)
 
     if a.schema and a.values_json:
         import jsonschema
