@@ -97,11 +97,12 @@ render_set() {  # name, expected kinds, restricted|any, renderer args...
 }
 
 # The renderer's Helm functions on a throwaway chart: include, tpl, required, toYaml/fromYaml,
-# toJson, .Capabilities, .Release, .Chart, -f merging (maps merge, null deletes) and --set.
+# toJson, .Capabilities, .Release, .Chart, -f merging (maps merge, null deletes), --set, and
+# Helm's float64 numbers (a large number printed without toYaml or int comes out as 2e+06).
 ST="$OUT/selftest"
 rm -rf "$ST" && mkdir -p "$ST/chart/templates"
 printf 'apiVersion: v2\nname: st\nversion: 1.2.3\nappVersion: "9"\n' > "$ST/chart/Chart.yaml"
-printf 'a: {b: 1, c: two, gone: x}\nmsg: "{{ .Release.Name }}-tpl"\nneed: here\n' > "$ST/chart/values.yaml"
+printf 'a: {b: 1, c: two, gone: x}\nmsg: "{{ .Release.Name }}-tpl"\nneed: here\nbig: 2000000\n' > "$ST/chart/values.yaml"
 printf 'a: {c: three, gone: null}\n' > "$ST/over.yaml"
 cat > "$ST/chart/templates/_h.tpl" <<'EOF2'
 {{- define "st.name" -}}{{ .Chart.Name }}-{{ .Chart.Version }}{{- end -}}
@@ -114,6 +115,7 @@ a: {{ toJson .Values.a }}
 round: {{ (toYaml .Values.a | fromYaml).c }}
 caps: {{ .Capabilities.KubeVersion.Minor }} {{ .Capabilities.APIVersions.Has "autoscaling/v2" }}
 ns: {{ .Release.Namespace }} set: {{ .Values.extra }}
+big: {{ .Values.big }} {{ int .Values.big }} {{ toYaml .Values.big }}
 EOF2
 "$RENDER" --release rel --namespace ns -f "$ST/over.yaml" --set extra=7 "$ST/chart" > "$ST/out.yaml"
 cat > "$ST/want.yaml" <<'EOF2'
@@ -126,6 +128,7 @@ a: {"b":1,"c":"three"}
 round: three
 caps: 31 true
 ns: ns set: 7
+big: 2e+06 2000000 2000000
 EOF2
 diff -u "$ST/want.yaml" "$ST/out.yaml" || { echo "render-chart: helm_render self-test failed"; exit 1; }
 if "$RENDER" --set need= "$ST/chart" > /dev/null 2>&1; then

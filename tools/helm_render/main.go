@@ -11,6 +11,8 @@
 // separated by "---", on stdout. NOTES.txt and partials (files starting with "_") are not emitted.
 // --dump-values writes the merged values as JSON (for values.schema.json checks).
 //
+// Numbers in values are float64, as in Helm (--set integers stay int64, as in Helm).
+//
 // Not Helm: no subcharts or dependencies, no hooks, no lookup against a cluster (lookup returns an
 // empty map), --set takes only scalar values (true/false/null/integers are typed, the rest are
 // strings), and the file ordering is by path rather than by kind.
@@ -20,6 +22,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -145,11 +148,58 @@ func applySet(values map[string]interface{}, expr string) {
 	}
 }
 
+// helmNumbers makes every number of a values tree a float64, as Helm's values are (it decodes
+// them through JSON): `{{ .Values.n }}` then prints 2000000 as "2e+06" here too, and the checks
+// catch a template that prints a large number without toYaml or int.
+func helmNumbers(v interface{}) interface{} {
+	switch x := v.(type) {
+	case map[string]interface{}:
+		for k, e := range x {
+			x[k] = helmNumbers(e)
+		}
+	case []interface{}:
+		for i, e := range x {
+			x[i] = helmNumbers(e)
+		}
+	case int:
+		return float64(x)
+	case int64:
+		return float64(x)
+	case uint64:
+		return float64(x)
+	}
+	return v
+}
+
+// jsonNumbers copies v with whole float64s as int64s, so toYaml writes numbers as Helm's
+// JSON-based YAML encoder does (1048576, not 1.048576e+06).
+func jsonNumbers(v interface{}) interface{} {
+	switch x := v.(type) {
+	case map[string]interface{}:
+		out := make(map[string]interface{}, len(x))
+		for k, e := range x {
+			out[k] = jsonNumbers(e)
+		}
+		return out
+	case []interface{}:
+		out := make([]interface{}, len(x))
+		for i, e := range x {
+			out[i] = jsonNumbers(e)
+		}
+		return out
+	case float64:
+		if x == math.Trunc(x) && math.Abs(x) < 1e21 {
+			return int64(x)
+		}
+	}
+	return v
+}
+
 func toYAML(v interface{}) string {
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
-	if err := enc.Encode(v); err != nil {
+	if err := enc.Encode(jsonNumbers(v)); err != nil {
 		return ""
 	}
 	enc.Close()
@@ -287,6 +337,7 @@ func main() {
 	for _, f := range valueFiles {
 		values = mergeValues(values, readYAMLMap(f))
 	}
+	values = helmNumbers(values).(map[string]interface{})
 	for _, s := range sets {
 		applySet(values, s)
 	}
