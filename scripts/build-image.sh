@@ -4,7 +4,7 @@
 # Default: the multi-stage build (compiles in the image; slow on a small machine). --prebuilt:
 # copies BUILD_DIR/bin's binaries (default build/, built by scripts/setup.sh) into the runtime
 # stage instead. Environment: ICECACHE_IMAGE (default localhost/icecache:0.1.0, what the chart's
-# values.yaml names), ICECACHE_IMAGE_WORK (debootstrap root and logs, default
+# values.yaml names), ICECACHE_BASE_IMAGE (default localhost/debian:12-local), ICECACHE_IMAGE_WORK (debootstrap root and logs, default
 # /var/tmp/icecache-image), PODMAN_STORAGE_DRIVER (default vfs).
 #
 # No registry is reachable here, so the base is made locally: debootstrap a minimal Debian 12
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${ICECACHE_IMAGE:-localhost/icecache:0.1.0}
-BASE=localhost/debian:12-local
+BASE=${ICECACHE_BASE_IMAGE:-localhost/debian:12-local}
 WORK=${ICECACHE_IMAGE_WORK:-/var/tmp/icecache-image}
 DRIVER=${PODMAN_STORAGE_DRIVER:-vfs}
 BINARIES=build
