@@ -44,13 +44,22 @@ TEST(HelmValues, ConfigSectionsParseUnderTheSchema) {
 }
 
 TEST(HelmValues, EveryContainerGetsTheEnvironment) {
-  // values.yaml's env (OMP_WAIT_POLICY=passive) is applied by each Deployment template.
-  for (const char* t : {"router", "prefill", "decode"}) {
-    const std::string path = std::string(ICECACHE_SOURCE_DIR) + "/helm/icecache/templates/" + t + ".yaml";
+  // values.yaml's env (OMP_WAIT_POLICY=passive) is applied by icecache.containerCommon
+  // (_helpers.tpl), which the one workload template (_workload.tpl) every component's Deployment
+  // comes from includes. cluster_helm_render_test counts it in the rendered chart.
+  auto read = [](const std::string& name) {
+    const std::string path = std::string(ICECACHE_SOURCE_DIR) + "/helm/icecache/templates/" + name;
     std::ifstream in(path);
-    ASSERT_TRUE(in) << path;
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_NE(text.find("{{- with .Values.env }}"), std::string::npos) << path << " does not apply .Values.env";
+    EXPECT_TRUE(in) << path;
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string helpers = read("_helpers.tpl");
+  const size_t common = helpers.find("define \"icecache.containerCommon\"");
+  ASSERT_NE(common, std::string::npos);
+  EXPECT_NE(helpers.find("{{- with .Values.env }}", common), std::string::npos);
+  EXPECT_NE(read("_workload.tpl").find("include \"icecache.containerCommon\""), std::string::npos);
+  for (const char* t : {"router", "prefill", "decode"}) {
+    EXPECT_NE(read(std::string(t) + ".yaml").find("include \"icecache.workload\""), std::string::npos) << t;
   }
 }
 

@@ -1,0 +1,78 @@
+// The chart as rendered (scripts/render-chart.sh, run by the CTest fixture chart_render into
+// ICECACHE_BINARY_DIR/helm-render): the ConfigMap's cluster.yaml of every values set loads under
+// the one config schema, and the chart's wiring (discovery names, device from gpus, metrics ports)
+// is what the processes will read. helm_values_test checks values.yaml alone; this one checks what
+// the templates make of it. Skipped when the renderer could not run (no Go / no apt).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "proto/cluster_config.h"
+
+namespace icecache::cluster {
+namespace {
+
+std::string RenderedConfig(const std::string& set) {
+  return std::string(ICECACHE_BINARY_DIR) + "/helm-render/" + set + "/cluster.yaml";
+}
+
+bool ReadFile(const std::string& path, std::string* text) {
+  std::ifstream in(path);
+  if (!in) return false;
+  text->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return true;
+}
+
+class HelmRender : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HelmRender, ConfigMapLoadsInTheConfigParser) {
+  const std::string path = RenderedConfig(GetParam());
+  std::string text;
+  if (!ReadFile(path, &text)) {
+    GTEST_SKIP() << path << " is missing: scripts/render-chart.sh did not run or could not install "
+                 << "Go (CTest test chart_render); the rendered chart is not checked";
+  }
+  auto c = ParseClusterConfig(text, path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << text;
+  // The release is rendered as "icecache" in namespace "inference".
+  EXPECT_EQ(c->router.prefill.dns, "icecache-prefill-headless.inference.svc.cluster.local:50061");
+  EXPECT_EQ(c->router.decode.dns, "icecache-decode-headless.inference.svc.cluster.local:50071");
+  EXPECT_TRUE(c->router.prefill.addresses.empty());
+  EXPECT_EQ(c->router.listen, "0.0.0.0:50051");
+  EXPECT_EQ(c->router.metrics_port, 9400);
+  EXPECT_EQ(c->prefill.metrics_port, 9401);
+  EXPECT_EQ(c->decode.metrics_port, 9402);
+  const std::string set = GetParam();
+  if (set == "init") {  // gpus: 0 in ci/init-values.yaml
+    EXPECT_EQ(c->prefill.device, "cpu");
+    EXPECT_EQ(c->decode.device, "cpu");
+  } else {
+    EXPECT_EQ(c->prefill.device, "cuda:0");
+    EXPECT_EQ(c->decode.device, "cuda:0");
+  }
+  if (set == "gpu") {  // ci/gpu-values.yaml overrides these config keys
+    EXPECT_EQ(c->decode.pool_pages, 524288);
+    EXPECT_EQ(c->cache.device_cache_pages, 65536);
+    EXPECT_EQ(c->model.dir, "/models/llama-3.1-8b");
+  }
+}
+
+TEST_P(HelmRender, EveryIcecacheContainerGetsTheEnvironment) {
+  const std::string path = std::string(ICECACHE_BINARY_DIR) + "/helm-render/" + GetParam() + "/rendered.yaml";
+  std::string text;
+  if (!ReadFile(path, &text)) GTEST_SKIP() << path << " is missing (see ConfigMapLoadsInTheConfigParser)";
+  size_t n = 0;
+  for (size_t at = text.find("name: OMP_WAIT_POLICY"); at != std::string::npos;
+       at = text.find("name: OMP_WAIT_POLICY", at + 1)) {
+    ++n;
+  }
+  EXPECT_EQ(n, 3u) << "one per router, prefill and decode container";
+}
+
+INSTANTIATE_TEST_SUITE_P(ValuesSets, HelmRender, ::testing::Values("default", "gpu", "init"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace icecache::cluster
