@@ -1,7 +1,5 @@
 #include "model/model.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -11,15 +9,11 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "model/gguf_model.h"
+#include "model/model_info.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace icecache::model {
 namespace {
-
-bool FileExists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 Status Linear(kernels::Backend be, const float* x, int m, const WeightRef& w, const WeightRef* bias, int n, int k,
               float* y, bool accumulate = false) {
@@ -68,18 +62,10 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const Model
     m->checkpoint_ = std::move(parts.checkpoint);
     m->tokenizer_ = std::move(parts.tokenizer);
   } else {
-    ICE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
+    ICE_ASSIGN_OR_RETURN(ModelInfo info, LoadModelInfo(dir));  // config.json, tokenizer.json if present
+    m->config_ = std::move(info.config);
+    m->tokenizer_ = std::move(info.tokenizer);
     ICE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
-    const std::string tok_path = dir + "/tokenizer.json";
-    if (FileExists(tok_path)) {
-#if ICECACHE_HAVE_TOKENIZER
-      ICE_ASSIGN_OR_RETURN(m->tokenizer_, tokenizer::Tokenizer::Load(tok_path));
-      if (m->tokenizer_->vocab_size() > m->config_.vocab_size) {
-        return InvalidArgumentError(tok_path + ": tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
-                                    " ids but config.json vocab_size is " + std::to_string(m->config_.vocab_size));
-      }
-#endif
-    }
   }
   ICE_RETURN_IF_ERROR(m->BindWeights());
   const std::vector<float> inv_freq = kernels::ComputeRopeInvFreq(m->config_.rope);

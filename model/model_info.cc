@@ -26,6 +26,10 @@ StatusOr<ModelInfo> LoadModelInfo(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::exists(tok_path, ec)) {
     ICE_ASSIGN_OR_RETURN(info.tokenizer, tokenizer::Tokenizer::Load(tok_path));
+    if (info.tokenizer->vocab_size() > info.config.vocab_size) {
+      return InvalidArgumentError(tok_path + ": tokenizer has " + std::to_string(info.tokenizer->vocab_size()) +
+                                  " ids but config.json vocab_size is " + std::to_string(info.config.vocab_size));
+    }
   }
 #endif
   return info;

@@ -10,13 +10,13 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
-#include <filesystem>
 #include <cmath>
 #include <random>
 
 #include "common/logging.h"
 #include "icecache/v1/generation.grpc.pb.h"
 #include "model/config.h"
+#include "model/model_info.h"
 #include "model/tokenizer/tokenizer.h"
 #include "proto/grpc_util.h"
 #include "proto/metrics_exposer.h"
@@ -507,12 +507,10 @@ RouterServer::RouterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::ClusterConfig& config) {
   auto impl = std::make_unique<Impl>();
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
-  ICE_ASSIGN_OR_RETURN(model::ModelConfig mc, model::LoadModelConfig(config.model.dir + "/config.json"));
-  std::unique_ptr<tokenizer::Tokenizer> tok;
-  const std::string tok_path = config.model.dir + "/tokenizer.json";
-  if (std::filesystem::exists(tok_path)) {
-    ICE_ASSIGN_OR_RETURN(tok, tokenizer::Tokenizer::Load(tok_path));
-  }
+  // Config and tokenizer of a HF directory or a GGUF file, without the weights.
+  ICE_ASSIGN_OR_RETURN(model::ModelInfo info, model::LoadModelInfo(config.model.dir));
+  model::ModelConfig mc = std::move(info.config);
+  std::unique_ptr<tokenizer::Tokenizer> tok = std::move(info.tokenizer);
   if (config.router.prefill.addresses.empty() && config.router.prefill.dns.empty()) {
     return InvalidArgumentError("router.prefill: no addresses and no dns name: the router has no prefill workers");
   }

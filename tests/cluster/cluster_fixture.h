@@ -40,7 +40,7 @@ struct LoopbackCluster {
                                                 const std::function<void(cluster::ClusterConfig&)>& tweak = nullptr) {
     auto c = std::make_unique<LoopbackCluster>();
     c->model_dir = dir;
-    if (!std::filesystem::exists(dir + "/config.json")) {
+    if (!std::filesystem::exists(dir + "/config.json") && !dir.ends_with(".gguf")) {
       model::RandomModelSpec spec;
       spec.hidden = 64;
       spec.layers = 4;

@@ -265,6 +265,23 @@ TEST(ClusterNoTokenizer, TextToModelWithoutTokenizerIsRejected) {
   EXPECT_EQ(r.tokens.size(), 8u);
 }
 
+// A GGUF checkpoint served by the whole cluster: the router reads its config and tokenizer from
+// the GGUF metadata (model::LoadModelInfo), the workers load it like Model::Load does.
+TEST(ClusterGguf, ServesAGgufFileWithExactFullAttention) {
+  const std::string gguf = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/gguf/tiny_llama.gguf";
+  auto c = LoopbackCluster::Start(gguf, 1, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  const std::vector<int32_t> prompt = Prompt(23, 5);
+  RemoteGenerateOptions o;
+  o.prompt_ids = prompt;
+  o.max_tokens = 12;
+  o.ignore_eos = true;
+  o.budget_pages = 0;  // full
+  Result r = Generate(c->router->address(), o);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.tokens, SingleProcessGreedy(gguf, prompt, 12));
+}
+
 TEST(ClusterUnavailable, NoReachableDecodeWorker) {
   cluster::ClusterConfig cfg;
   std::string dir = ::testing::TempDir() + "/icecache_cluster_model_unavail";
