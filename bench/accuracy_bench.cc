@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -430,18 +429,11 @@ int RunAccuracy(int argc, char** argv) {
       model::SequenceInput in{0, std::span<const int32_t>(p.ids.data(), n)};
       Status st = dense.AddSequence(0);
       if (st.ok()) st = m.Forward({&in, 1}, dense, model::LogitsMode::kLastToken, &logits);
-      const size_t hd = shape.head_dim, nkv = shape.num_kv_heads;
-      std::vector<float> kh(n * hd), vh(n * hd);
+      const size_t row = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
       for (int l = 0; l < shape.num_layers && st.ok(); ++l) {
-        k[l].resize(n * nkv * hd);
-        v[l].resize(n * nkv * hd);
-        for (size_t g = 0; g < nkv && st.ok(); ++g) {
-          st = dense.ReadKv(0, l, static_cast<int>(g), kh.data(), vh.data());
-          for (int64_t t = 0; t < n && st.ok(); ++t) {
-            std::memcpy(&k[l][(t * nkv + g) * hd], &kh[t * hd], hd * sizeof(float));
-            std::memcpy(&v[l][(t * nkv + g) * hd], &vh[t * hd], hd * sizeof(float));
-          }
-        }
+        k[l].resize(n * row);
+        v[l].resize(n * row);
+        st = dense.ReadLayerKv(0, l, k[l].data(), v[l].data());
       }
       if (!st.ok()) {
         std::fprintf(stderr, "accuracy: prefill: %s\n", st.ToString().c_str());

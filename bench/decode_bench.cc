@@ -81,10 +81,11 @@ struct DecodeResult {
 // IceCache decode (--budget-pages): the layout the cluster serves (cache.* defaults).
 struct SparseOptions {
   int budget_pages = 0;        // 0 = dense decode
-  int dense_layers = 2;
-  int sink_pages = 2;
-  int window_pages = 2;
-  int ice_group = 1;           // cache.ice_group
+  // The layout defaults are kvstore's (the cluster's cache.* defaults are the same values).
+  int dense_layers = kvstore::SequenceCacheOptions{}.dense_layers;
+  int sink_pages = kvstore::SequenceCacheOptions{}.sink_pages;
+  int window_pages = kvstore::SequenceCacheOptions{}.window_pages;
+  int ice_group = kvstore::SequenceCacheOptions{}.ice_group;
   int device_cache_pages = 0;  // 0: none on the CPU, min(pool, 65536) on a GPU (as the decode worker)
 };
 
@@ -133,16 +134,7 @@ StatusOr<DecodeResult> TimeSparseDecode(model::Model& m, int batch, int prompt_l
     // K/V back to the host as [n, kv_heads, head_dim] per layer, then the IceCache build.
     const size_t row = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
     std::vector<std::vector<float>> k(shape.num_layers, std::vector<float>(prompt_len * row)), v = k;
-    std::vector<float> hk(static_cast<size_t>(prompt_len) * shape.head_dim), hv(hk.size());
-    for (int l = 0; l < shape.num_layers; ++l) {
-      for (int g = 0; g < shape.num_kv_heads; ++g) {
-        ICE_RETURN_IF_ERROR(dense.ReadKv(0, l, g, hk.data(), hv.data()));
-        for (int t = 0; t < prompt_len; ++t) {
-          std::copy_n(&hk[static_cast<size_t>(t) * shape.head_dim], shape.head_dim, &k[l][t * row + g * shape.head_dim]);
-          std::copy_n(&hv[static_cast<size_t>(t) * shape.head_dim], shape.head_dim, &v[l][t * row + g * shape.head_dim]);
-        }
-      }
-    }
+    for (int l = 0; l < shape.num_layers; ++l) ICE_RETURN_IF_ERROR(dense.ReadLayerKv(0, l, k[l].data(), v[l].data()));
     kvstore::SequenceCacheOptions co;
     co.num_layers = shape.num_layers;
     co.num_kv_heads = shape.num_kv_heads;

@@ -138,10 +138,30 @@ Status DenseKvCache::Upload(const std::vector<T>& host, kernels::DeviceBuffer* b
   return buf->CopyFromHost(host.data(), bytes);
 }
 
-void DenseKvCache::AppendSlots(const Sequence& s, int layer, int kv_head, int len, std::vector<int64_t>* slots) const {
-  const int ps = options_.page_size;
-  const auto& list = s.pages[static_cast<size_t>(layer) * shape_.num_kv_heads + kv_head];
-  for (int pos = 0; pos < len; ++pos) slots->push_back(static_cast<int64_t>(list[pos / ps]) * ps + pos % ps);
+Status DenseKvCache::GatherHeads(const Sequence& s, int layer, int first_head, int num_heads, int len) const {
+  const int ps = options_.page_size, hkv = shape_.num_kv_heads, hd = shape_.head_dim;
+  read_slots_.clear();
+  for (int pos = 0; pos < len; ++pos) {
+    for (int g = first_head; g < first_head + num_heads; ++g) {
+      const int32_t page = s.pages[static_cast<size_t>(layer) * hkv + g][pos / ps];
+      read_slots_.push_back(static_cast<int64_t>(page) * ps + pos % ps);
+    }
+  }
+  ICE_RETURN_IF_ERROR(Upload(read_slots_, &slots_dev_));
+  const size_t bytes = static_cast<size_t>(len) * num_heads * hd * sizeof(float);
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, bytes, &gk_));
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, bytes, &gv_));
+  kernels::GatherKvParams g;
+  g.pages = pool_.data();
+  g.kv_dtype = options_.kv_dtype;
+  g.slot_ids = slots_dev_.as<int64_t>();
+  g.k = gk_.as<float>();
+  g.v = gv_.as<float>();
+  g.rows = len;
+  g.num_heads = num_heads;
+  g.head_dim = hd;
+  g.page_size = ps;
+  return kernels::GatherKv(g, device_.backend);
 }
 
 Status DenseKvCache::WriteNewKv(int layer, const float* k, const float* v) {
@@ -253,60 +273,32 @@ Status DenseKvCache::PrefillSegmentAttention(int layer, size_t seg, const float*
     p.v = v + row * hkv * hd;
   } else {
     // Earlier tokens exist: gather this layer's K/V from the pages into [kv_len, hkv, hd].
-    slots_.clear();
-    std::vector<std::vector<int64_t>> per_head(hkv);
-    for (int g = 0; g < hkv; ++g) AppendSlots(*s, layer, g, kv_len, &per_head[g]);
-    for (int pos = 0; pos < kv_len; ++pos) {
-      for (int g = 0; g < hkv; ++g) slots_.push_back(per_head[g][pos]);
-    }
-    ICE_RETURN_IF_ERROR(Upload(slots_, &slots_dev_));
-    const size_t elems = static_cast<size_t>(kv_len) * hkv * hd;
-    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gk_));
-    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gv_));
-    kernels::GatherKvParams g;
-    g.pages = pool_.data();
-    g.kv_dtype = options_.kv_dtype;
-    g.slot_ids = slots_dev_.as<int64_t>();
-    g.k = gk_.as<float>();
-    g.v = gv_.as<float>();
-    g.rows = kv_len;
-    g.num_heads = hkv;
-    g.head_dim = hd;
-    g.page_size = options_.page_size;
-    ICE_RETURN_IF_ERROR(kernels::GatherKv(g, device_.backend));
+    ICE_RETURN_IF_ERROR(GatherHeads(*s, layer, 0, hkv, kv_len));
     p.k = gk_.as<float>();
     p.v = gv_.as<float>();
   }
   return kernels::PrefillAttention(p, device_.backend);
 }
 
-Status DenseKvCache::ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const {
+Status DenseKvCache::ReadHeads(SequenceId id, int layer, int first_head, int num_heads, float* k, float* v) const {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return NotFoundError("DenseKvCache: unknown sequence " + std::to_string(id));
-  if (layer < 0 || layer >= shape_.num_layers || kv_head < 0 || kv_head >= shape_.num_kv_heads) {
-    return InvalidArgumentError("DenseKvCache: layer or kv head out of range");
-  }
+  if (layer < 0 || layer >= shape_.num_layers) return InvalidArgumentError("DenseKvCache: layer out of range");
   const int len = it->second.length;
   if (len == 0) return Status::Ok();
-  read_slots_.clear();
-  AppendSlots(it->second, layer, kv_head, len, &read_slots_);
-  ICE_RETURN_IF_ERROR(Upload(read_slots_, &slots_dev_));
-  const size_t elems = static_cast<size_t>(len) * shape_.head_dim;
-  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gk_));
-  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, elems * sizeof(float), &gv_));
-  kernels::GatherKvParams g;
-  g.pages = pool_.data();
-  g.kv_dtype = options_.kv_dtype;
-  g.slot_ids = slots_dev_.as<int64_t>();
-  g.k = gk_.as<float>();
-  g.v = gv_.as<float>();
-  g.rows = len;
-  g.num_heads = 1;
-  g.head_dim = shape_.head_dim;
-  g.page_size = options_.page_size;
-  ICE_RETURN_IF_ERROR(kernels::GatherKv(g, device_.backend));
-  ICE_RETURN_IF_ERROR(gk_.CopyToHost(k, elems * sizeof(float)));
-  return gv_.CopyToHost(v, elems * sizeof(float));
+  ICE_RETURN_IF_ERROR(GatherHeads(it->second, layer, first_head, num_heads, len));
+  const size_t bytes = static_cast<size_t>(len) * num_heads * shape_.head_dim * sizeof(float);
+  ICE_RETURN_IF_ERROR(gk_.CopyToHost(k, bytes));
+  return gv_.CopyToHost(v, bytes);
+}
+
+Status DenseKvCache::ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const {
+  if (kv_head < 0 || kv_head >= shape_.num_kv_heads) return InvalidArgumentError("DenseKvCache: kv head out of range");
+  return ReadHeads(id, layer, kv_head, 1, k, v);
+}
+
+Status DenseKvCache::ReadLayerKv(SequenceId id, int layer, float* k, float* v) const {
+  return ReadHeads(id, layer, 0, shape_.num_kv_heads, k, v);
 }
 
 void DenseKvCache::EndStep(bool commit) {

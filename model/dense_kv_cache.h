@@ -54,6 +54,9 @@ class DenseKvCache final : public AttentionBackend {
   // k, v [SequenceLength(id), head_dim]. For handing a prefilled sequence to another cache
   // (e.g. IceCache's tree build). NOT_FOUND / INVALID_ARGUMENT on a bad id, layer or head.
   Status ReadKv(SequenceId id, int layer, int kv_head, float* k, float* v) const;
+  // The same for every kv head of a layer: k, v [SequenceLength(id), num_kv_heads, head_dim], the
+  // layout SequenceCache::Build takes.
+  Status ReadLayerKv(SequenceId id, int layer, float* k, float* v) const;
 
   // Pages currently allocated to sequences, and the pool's size in pages.
   int64_t pages_in_use() const { return pages_in_use_; }
@@ -73,8 +76,11 @@ class DenseKvCache final : public AttentionBackend {
   Status WriteNewKv(int layer, const float* k, const float* v);
   Status DecodeAttention(int layer, const float* q, float* out);
   Status PrefillSegmentAttention(int layer, size_t seg, const float* q, const float* k, const float* v, float* out);
-  // Slot ids of positions [0, len) of one (layer, kv head) list, appended to *slots.
-  void AppendSlots(const Sequence& s, int layer, int kv_head, int len, std::vector<int64_t>* slots) const;
+  // Positions [0, len) of kv heads [first_head, first_head + num_heads) of one layer gathered into
+  // gk_, gv_ as [len, num_heads, head_dim] fp32 (device memory).
+  Status GatherHeads(const Sequence& s, int layer, int first_head, int num_heads, int len) const;
+  // GatherHeads over the committed tokens, copied to host k, v.
+  Status ReadHeads(SequenceId id, int layer, int first_head, int num_heads, float* k, float* v) const;
   // Uploads `count` int32 or int64 values to the given device buffer (grown as needed).
   template <typename T>
   Status Upload(const std::vector<T>& host, kernels::DeviceBuffer* buf) const;

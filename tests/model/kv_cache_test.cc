@@ -262,6 +262,18 @@ TEST(DenseKvCache, StoresKvAndAttendsExactly) {
         }
       }
     }
+    // All heads of the layer at once, [len, kv heads, head_dim]: the per-head reads interleaved.
+    std::vector<float> lk(len * 2 * 8), lv(lk.size());
+    ASSERT_TRUE(cache.ReadLayerKv(5, 1, lk.data(), lv.data()).ok());
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_TRUE(cache.ReadKv(5, 1, g, rk.data(), rv.data()).ok());
+      for (int t = 0; t < len; ++t) {
+        for (int d = 0; d < 8; ++d) {
+          EXPECT_EQ(lk[(t * 2 + g) * 8 + d], rk[t * 8 + d]);
+          EXPECT_EQ(lv[(t * 2 + g) * 8 + d], rv[t * 8 + d]);
+        }
+      }
+    }
     EXPECT_EQ(cache.ReadKv(6, 0, 0, rk.data(), rv.data()).code(), StatusCode::kNotFound);
     EXPECT_EQ(cache.ReadKv(5, 2, 0, rk.data(), rv.data()).code(), StatusCode::kInvalidArgument);
   }
