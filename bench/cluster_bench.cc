@@ -25,8 +25,8 @@
 #include "icecache/v1/worker.grpc.pb.h"
 #include "model/random_checkpoint.h"
 #include "prefill_worker/prefill_server.h"
-#include "proto/grpc_util.h"
-#include "router/client.h"
+#include "serving/grpc_util.h"
+#include "client/client.h"
 #include "router/router_server.h"
 #include "transport/transport.h"
 

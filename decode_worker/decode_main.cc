@@ -1,6 +1,6 @@
 // icecache-decode: a decode worker process. Options: see cluster::ConfigFromCommandLine.
 #include "decode_worker/decode_server.h"
-#include "proto/worker_main.h"
+#include "serving/worker_main.h"
 
 int main(int argc, char** argv) {
   return icecache::cluster::WorkerMain(argc, argv, "decode", [](const icecache::cluster::ClusterConfig& c)

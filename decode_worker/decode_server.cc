@@ -13,8 +13,8 @@
 #include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
 #include "kernels/backend.h"
-#include "proto/grpc_util.h"
-#include "proto/metrics_exposer.h"
+#include "serving/grpc_util.h"
+#include "serving/metrics_exposer.h"
 #include "transport/kv_shipping.h"
 #include "transport/transport.h"
 

@@ -13,7 +13,7 @@
 
 #include "common/status.h"
 #include "decode_worker/decode_engine.h"
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::decode {
 

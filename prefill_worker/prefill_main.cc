@@ -1,6 +1,6 @@
 // icecache-prefill: a prefill worker process. Options: see cluster::ConfigFromCommandLine.
 #include "prefill_worker/prefill_server.h"
-#include "proto/worker_main.h"
+#include "serving/worker_main.h"
 
 int main(int argc, char** argv) {
   return icecache::cluster::WorkerMain(argc, argv, "prefill", [](const icecache::cluster::ClusterConfig& c)

@@ -14,8 +14,8 @@
 #include "icecache/v1/worker.grpc.pb.h"
 #include "kernels/backend.h"
 #include "prefill_worker/prefill_engine.h"
-#include "proto/grpc_util.h"
-#include "proto/metrics_exposer.h"
+#include "serving/grpc_util.h"
+#include "serving/metrics_exposer.h"
 #include "transport/kv_shipping.h"
 
 namespace icecache::prefill {

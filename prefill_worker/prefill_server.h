@@ -10,7 +10,7 @@
 
 #include "common/status.h"
 #include "prefill_worker/prefill_engine.h"
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::prefill {
 

@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 #include "icecache/v1/generation.pb.h"
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::router {
 

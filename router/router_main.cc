@@ -1,5 +1,5 @@
 // icecache-router: the cluster's public Generation endpoint. Options: cluster::ConfigFromCommandLine.
-#include "proto/worker_main.h"
+#include "serving/worker_main.h"
 #include "router/router_server.h"
 
 int main(int argc, char** argv) {

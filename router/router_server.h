@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::router {
 

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "common/logging.h"
-#include "proto/grpc_util.h"
+#include "serving/grpc_util.h"
 
 namespace icecache::router {
 

@@ -16,7 +16,7 @@
 
 #include "common/status.h"
 #include "icecache/v1/worker.grpc.pb.h"
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::router {
 

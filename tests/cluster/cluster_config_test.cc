@@ -2,7 +2,7 @@
 
 #include <fstream>
 
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::cluster {
 namespace {

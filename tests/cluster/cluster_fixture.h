@@ -18,7 +18,7 @@
 #include "model/model.h"
 #include "model/random_checkpoint.h"
 #include "prefill_worker/prefill_server.h"
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 #include "router/router_server.h"
 
 namespace icecache::testing {

@@ -17,7 +17,7 @@
 
 #include "kernels/backend.h"
 #include "model/random_checkpoint.h"
-#include "router/client.h"
+#include "client/client.h"
 
 namespace icecache::testing {
 namespace {

@@ -11,9 +11,9 @@
 #include "model/dense_kv_cache.h"
 #include "model/generator.h"
 #include "model/model.h"
-#include "router/client.h"
+#include "client/client.h"
 #include "router/worker_pool.h"
-#include "proto/grpc_util.h"
+#include "serving/grpc_util.h"
 #include "icecache/v1/worker.grpc.pb.h"
 #include "tests/cluster/cluster_fixture.h"
 

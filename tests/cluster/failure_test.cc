@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "icecache/v1/worker.grpc.pb.h"
-#include "proto/grpc_util.h"
-#include "router/client.h"
+#include "serving/grpc_util.h"
+#include "client/client.h"
 #include "router/request_checks.h"
 #include "tests/cluster/cluster_fixture.h"
 

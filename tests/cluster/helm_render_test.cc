@@ -9,7 +9,7 @@
 #include <iterator>
 #include <string>
 
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 namespace icecache::cluster {
 namespace {

@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "router/client.h"
+#include "client/client.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace icecache::testing {

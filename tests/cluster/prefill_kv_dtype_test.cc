@@ -12,7 +12,7 @@
 #include "model/dense_kv_cache.h"
 #include "model/generator.h"
 #include "model/model.h"
-#include "router/client.h"
+#include "client/client.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace icecache::testing {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "router/client.h"
+#include "client/client.h"
 #include "tools/cli/command.h"
 
 namespace icecache::cli {

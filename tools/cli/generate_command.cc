@@ -11,7 +11,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "tools/cli/command.h"
 #ifdef ICECACHE_HAVE_CLUSTER
-#include "router/client.h"
+#include "client/client.h"
 #endif
 #include "tools/cli/generate_options.h"
 

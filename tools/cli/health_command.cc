@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "router/client.h"
+#include "client/client.h"
 #include "tools/cli/command.h"
 
 namespace icecache::cli {

@@ -1,10 +1,10 @@
-#include "router/client.h"
+#include "client/client.h"
 
 #include <chrono>
 #include <cstdio>
 
 #include "icecache/v1/generation.grpc.pb.h"
-#include "proto/grpc_util.h"
+#include "serving/grpc_util.h"
 
 namespace icecache::router {
 

@@ -1,4 +1,4 @@
-#include "proto/metrics_exposer.h"
+#include "serving/metrics_exposer.h"
 
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>

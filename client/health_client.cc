@@ -5,8 +5,8 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "proto/grpc_util.h"
-#include "router/client.h"
+#include "serving/grpc_util.h"
+#include "client/client.h"
 
 namespace icecache::router {
 

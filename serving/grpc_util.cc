@@ -1,4 +1,4 @@
-#include "proto/grpc_util.h"
+#include "serving/grpc_util.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>

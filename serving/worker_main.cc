@@ -1,4 +1,4 @@
-#include "proto/worker_main.h"
+#include "serving/worker_main.h"
 
 #include <signal.h>
 

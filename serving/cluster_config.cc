@@ -1,4 +1,4 @@
-#include "proto/cluster_config.h"
+#include "serving/cluster_config.h"
 
 #include <yaml-cpp/yaml.h>
 
