@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "prefill_worker/prefill_engine.h"
 #include "serving/grpc_util.h"
+#include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
 #include "transport/kv_shipping.h"
 
@@ -23,21 +24,7 @@ namespace {
 
 namespace pb = ::icecache::v1;
 
-struct Metrics {
-  explicit Metrics(prometheus::Registry& r)
-      : prompt_tokens(prometheus::BuildCounter().Name("icecache_prompt_tokens_total")
-                          .Help("Prompt tokens prefilled").Register(r).Add({})),
-        transfer_bytes(prometheus::BuildCounter().Name("icecache_transfer_bytes_total")
-                           .Help("KV bytes shipped to decode workers").Register(r).Add({})),
-        waiting(prometheus::BuildGauge().Name("icecache_requests_waiting")
-                    .Help("Prompts queued or in prefill").Register(r).Add({})),
-        phase(prometheus::BuildHistogram().Name("icecache_prefill_phase_seconds")
-                  .Help("Prefill time by phase").Register(r)) {}
-  prometheus::Counter& prompt_tokens;
-  prometheus::Counter& transfer_bytes;
-  prometheus::Gauge& waiting;
-  prometheus::Family<prometheus::Histogram>& phase;
-};
+using Metrics = cluster::PrefillMetrics;
 
 bool Stalled(const PrefillEngine& engine, double stall_seconds) {
   return std::chrono::steady_clock::now() - engine.last_heartbeat() > std::chrono::duration<double>(stall_seconds);
@@ -79,13 +66,12 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     metrics_->waiting.Decrement();
     if (!r.ok()) return cluster::ToGrpc(r.status());
     metrics_->prompt_tokens.Increment(req->token_ids_size());
-    metrics_->transfer_bytes.Increment(static_cast<double>(r->transfer_bytes));
-    const auto& b = cluster::LatencyBuckets();
-    metrics_->phase.Add({{"phase", "queue"}}, b).Observe(r->queue_seconds);
-    metrics_->phase.Add({{"phase", "compute"}}, b).Observe(r->compute_seconds);
-    metrics_->phase.Add({{"phase", "tree_build"}}, b).Observe(r->tree_build_seconds);
-    metrics_->phase.Add({{"phase", "tree_build_total"}}, b).Observe(r->tree_build_total_seconds);
-    metrics_->phase.Add({{"phase", "transfer"}}, b).Observe(r->transfer_seconds);
+    metrics_->sent_bytes.Increment(static_cast<double>(r->transfer_bytes));
+    metrics_->ObservePhase("queue", r->queue_seconds);
+    metrics_->ObservePhase("compute", r->compute_seconds);
+    metrics_->ObservePhase("tree_build", r->tree_build_seconds);
+    metrics_->ObservePhase("tree_build_total", r->tree_build_total_seconds);
+    metrics_->ObservePhase("transfer", r->transfer_seconds);
     resp->set_first_token(r->first_token);
     resp->set_queue_seconds(r->queue_seconds);
     resp->set_compute_seconds(r->compute_seconds);
@@ -178,7 +164,8 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   eo.max_queued_requests = config.prefill.max_queued_requests;
   impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
   impl->registry = std::make_shared<prometheus::Registry>();
-  impl->metrics = std::make_unique<Metrics>(*impl->registry);
+  impl->metrics = std::make_unique<Metrics>(
+      *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
   impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
                                                        config.model.dir, config.prefill.health_stall_seconds);
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},

@@ -19,6 +19,7 @@
 #include "model/model_info.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serving/grpc_util.h"
+#include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
 #include "router/admission_queue.h"
 #include "router/request_checks.h"
@@ -31,46 +32,7 @@ namespace pb = ::icecache::v1;
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-struct Metrics {
-  explicit Metrics(prometheus::Registry& r)
-      : ttft(prometheus::BuildHistogram().Name("icecache_time_to_first_token_seconds")
-                 .Help("Request arrival to first token").Register(r).Add({}, cluster::LatencyBuckets())),
-        itl(prometheus::BuildHistogram().Name("icecache_inter_token_latency_seconds")
-                .Help("Time between consecutive streamed tokens").Register(r).Add({}, cluster::LatencyBuckets())),
-        tpot(prometheus::BuildHistogram().Name("icecache_request_time_per_output_token_seconds")
-                 .Help("Mean time per output token after the first, per request")
-                 .Register(r).Add({}, cluster::LatencyBuckets())),
-        e2e(prometheus::BuildHistogram().Name("icecache_e2e_request_latency_seconds")
-                .Help("Request arrival to last token").Register(r).Add({}, cluster::LatencyBuckets())),
-        running(prometheus::BuildGauge().Name("icecache_requests_running").Help("Requests decoding").Register(r).Add({})),
-        waiting(prometheus::BuildGauge().Name("icecache_requests_waiting")
-                    .Help("Requests waiting for a decode worker (admission queue) or in reserve/prefill")
-                    .Register(r).Add({})),
-        prompt_tokens(prometheus::BuildCounter().Name("icecache_prompt_tokens_total")
-                          .Help("Prompt tokens of served requests").Register(r).Add({})),
-        generation_tokens(prometheus::BuildCounter().Name("icecache_generation_tokens_total")
-                              .Help("Tokens streamed to clients").Register(r).Add({})),
-        pages_fetched(prometheus::BuildCounter().Name("icecache_pages_fetched_total")
-                          .Help("KV pages attended in sparse layers").Register(r).Add({})),
-        transfer_bytes(prometheus::BuildCounter().Name("icecache_transfer_bytes_total")
-                           .Help("KV bytes shipped prefill -> decode").Register(r).Add({})),
-        success(prometheus::BuildCounter().Name("icecache_request_success_total")
-                    .Help("Finished requests by finish reason").Register(r)),
-        errors(prometheus::BuildCounter().Name("icecache_request_errors_total")
-                   .Help("Failed requests by gRPC status code").Register(r)) {}
-  prometheus::Histogram& ttft;
-  prometheus::Histogram& itl;
-  prometheus::Histogram& tpot;
-  prometheus::Histogram& e2e;
-  prometheus::Gauge& running;
-  prometheus::Gauge& waiting;
-  prometheus::Counter& prompt_tokens;
-  prometheus::Counter& generation_tokens;
-  prometheus::Counter& pages_fetched;
-  prometheus::Counter& transfer_bytes;
-  prometheus::Family<prometheus::Counter>& success;
-  prometheus::Family<prometheus::Counter>& errors;
-};
+using Metrics = cluster::RouterMetrics;
 
 const char* FinishName(pb::FinishReason r) {
   switch (r) {
@@ -261,6 +223,8 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       if (!admitted.ok()) return cluster::ToGrpc(admitted);
     }
     // From here on this request holds decode capacity: whoever waits may retry once it ends.
+    const auto reserved_at = Clock::now();
+    metrics_->queue_time.Observe(std::chrono::duration<double>(reserved_at - arrival).count());
     struct NotifyOnExit {
       AdmissionQueue* q;
       ~NotifyOnExit() { q->Notify(); }
@@ -324,7 +288,6 @@ class GenerationServiceImpl final : public pb::Generation::Service {
       }
     }
     metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
-    metrics_->transfer_bytes.Increment(static_cast<double>(prefilled.transfer_bytes()));
 
     // 3. Decode stream; the first token (from prefill) goes to the client right away.
     waiting.reset();
@@ -465,7 +428,12 @@ class GenerationServiceImpl final : public pb::Generation::Service {
     writer->Write(last);
     metrics_->e2e.Observe(e2e);
     if (completion > 1) metrics_->tpot.Observe(t->tpot_seconds());
-    metrics_->pages_fetched.Increment(static_cast<double>(pages_fetched));
+    if (completion > 0) {
+      metrics_->prefill_time.Observe(std::chrono::duration<double>(first_at - reserved_at).count());
+      metrics_->decode_time.Observe(std::chrono::duration<double>(last_at - first_at).count());
+    }
+    metrics_->prompt_tokens_per_request.Observe(static_cast<double>(ids.size()));
+    metrics_->generation_tokens_per_request.Observe(static_cast<double>(completion));
     metrics_->success.Add({{"finished_reason", FinishName(finish)}}).Increment();
     return grpc::Status::OK;
   }
@@ -524,7 +492,8 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   impl->prefill->Start();
   impl->decode->Start();
   impl->registry = std::make_shared<prometheus::Registry>();
-  impl->metrics = std::make_unique<Metrics>(*impl->registry);
+  impl->metrics = std::make_unique<Metrics>(
+      *impl->registry, cluster::ProcessLabels("router", cluster::ServedModelName(config.model.name, config.model.dir)));
   impl->admission = std::make_unique<AdmissionQueue>(config.router.max_waiting, config.router.max_queue_wait_seconds);
   impl->service = std::make_unique<GenerationServiceImpl>(config, mc, std::move(tok), impl->prefill.get(),
                                                           impl->decode.get(), impl->metrics.get(),

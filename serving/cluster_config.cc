@@ -171,8 +171,9 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(top.CheckShape({"model", "cache", "limits", "router", "prefill", "decode", "ucx"}));
 
   MapReader model = top.Sub("model");
-  ICE_RETURN_IF_ERROR(model.CheckShape({"dir"}));
+  ICE_RETURN_IF_ERROR(model.CheckShape({"dir", "name"}));
   ICE_RETURN_IF_ERROR(model.String("dir", &c.model.dir));
+  ICE_RETURN_IF_ERROR(model.String("name", &c.model.name));
 
   MapReader cache = top.Sub("cache");
   ICE_RETURN_IF_ERROR(
@@ -355,7 +356,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   };
   out << YAML::BeginMap;
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
-      << c.model.dir << YAML::EndMap;
+      << c.model.dir;
+  if (!c.model.name.empty()) out << YAML::Key << "name" << YAML::Value << c.model.name;
+  out << YAML::EndMap;
   out << YAML::Key << "cache" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "page_size" << YAML::Value << c.cache.page_size;
   out << YAML::Key << "default_budget_pages" << YAML::Value << c.cache.default_budget_pages;

@@ -14,7 +14,8 @@
 namespace icecache::cluster {
 
 struct ModelSection {
-  std::string dir;  // model directory (config.json, *.safetensors, optional tokenizer.json)
+  std::string dir;   // model directory (config.json, *.safetensors, optional tokenizer.json) or a .gguf file
+  std::string name;  // served model name (metrics' model_name; the API's model id); "": from `dir`
 };
 
 struct CacheSection {

@@ -1,4 +1,5 @@
-// Serving a prometheus-cpp registry on /metrics (the three services share this).
+// Serving a prometheus-cpp registry on /metrics (the three services share this); the families
+// themselves are listed in serving/metric_families.h.
 #pragma once
 
 #include <memory>
@@ -18,8 +19,5 @@ namespace icecache::cluster {
 // bound (the message names it).
 StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(const std::string& bind_host, int port,
                                                                   std::shared_ptr<prometheus::Registry> registry);
-
-// The latency buckets used by every icecache histogram (seconds, 1 ms .. 120 s).
-const std::vector<double>& LatencyBuckets();
 
 }  // namespace icecache::cluster

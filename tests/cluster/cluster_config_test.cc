@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "serving/cluster_config.h"
+#include "serving/metric_families.h"
 
 namespace icecache::cluster {
 namespace {
@@ -166,6 +167,19 @@ TEST(ClusterConfig, KvDtypeAndShippingKeys) {
   c = ConfigFromCommandLine(2, bad_argv.data(), "decode");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("cache.kv_dtype"), std::string::npos) << c.status().message();
+}
+
+TEST(ClusterConfig, ServedModelName) {
+  auto c = ParseClusterConfig("model: {dir: /models/x, name: my-model}\n", "inline");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model.name, "my-model");
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "roundtrip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->model.name, "my-model");
+  EXPECT_EQ(ServedModelName(c->model.name, c->model.dir), "my-model");
+  EXPECT_EQ(ServedModelName("", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"), "SmolLM2-135M-Instruct.Q4_1");
+  EXPECT_EQ(ServedModelName("", "/models/llama-3.2-1b/"), "llama-3.2-1b");
+  EXPECT_EQ(ServedModelName("", "tools/models/passkey"), "passkey");
 }
 
 TEST(ClusterConfig, ExampleConfigIsValid) {

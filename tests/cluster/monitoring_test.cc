@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -58,6 +60,21 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : resp.substr(body + 4);
 }
 
+std::string UrlEncode(const std::string& s) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '_' || c == '-' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
 int FreePortRange(int n) { return testing::FreePortRange(n, 104729u); }
 
 TEST(Monitoring, PromtoolAcceptsConfigAndRules) {
@@ -85,53 +102,80 @@ class MonitoringCluster : public ::testing::Test {
     o.ignore_eos = true;
     o.budget_pages = 4;
     ASSERT_TRUE(router::RunRemoteGenerate(o, [](const router::RemoteChunk&) { return true; }).ok());
+    // One refused request, so that the error counter family has a sample.
+    router::RemoteGenerateOptions bad;
+    bad.router = cluster_->router->address();
+    bad.prompt_ids = {1};
+    bad.max_tokens = 0;
+    EXPECT_EQ(router::RunRemoteGenerate(bad, [](const router::RemoteChunk&) { return true; }).code(),
+              StatusCode::kInvalidArgument);
+  }
+  // The dashboard's PromQL expressions, each with the panel title.
+  static std::vector<std::pair<std::string, std::string>> DashboardExprs() {
+    std::ifstream f(kMonitoring + "grafana/icecache-dashboard.json");
+    auto dash = nlohmann::json::parse(f);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& panel : dash["panels"]) {
+      for (const auto& target : panel["targets"]) out.emplace_back(panel["title"], target["expr"]);
+    }
+    return out;
   }
   int base_ = 0;
   std::unique_ptr<LoopbackCluster> cluster_;
 };
 
-TEST_F(MonitoringCluster, DashboardQueriesExportedMetrics) {
-  std::set<std::string> exported;
-  std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{|\s))");
-  // One refused request, so that the error counter family has a sample.
-  router::RemoteGenerateOptions bad;
-  bad.router = cluster_->router->address();
-  bad.prompt_ids = {1};
-  bad.max_tokens = 0;
-  EXPECT_EQ(router::RunRemoteGenerate(bad, [](const router::RemoteChunk&) { return true; }).code(),
-            StatusCode::kInvalidArgument);
+TEST_F(MonitoringCluster, EveryProcessLabelsItsSeriesAndNoFamilyIsShared) {
   // Metrics are refreshed every 0.5 s on the decode worker; give it a moment.
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  const char* kComponents[] = {"router", "prefill", "decode"};
+  const std::string model_name = "icecache_monitoring_model";  // the model directory's name
+  std::regex sample(R"(^(icecache_[a-zA-Z0-9_:]*)\{([^}]*)\}\s)");
+  std::map<std::string, std::string> owner;  // family -> the component exporting it
   std::string router_text;
-  for (int port = base_; port < base_ + 3; ++port) {
-    std::string text = HttpGet(port, "/metrics");
-    ASSERT_FALSE(text.empty()) << "no /metrics on port " << port;
-    if (port == base_) router_text = text;
+  for (int k = 0; k < 3; ++k) {
+    std::string text = HttpGet(base_ + k, "/metrics");
+    ASSERT_FALSE(text.empty()) << "no /metrics on port " << base_ + k;
+    if (k == 0) router_text = text;
     std::istringstream in(text);
+    int samples = 0;
     for (std::string line; std::getline(in, line);) {
+      if (line.rfind("icecache_", 0) != 0) continue;
       std::smatch m;
-      if (std::regex_search(line, m, sample)) exported.insert(m[1]);
+      ASSERT_TRUE(std::regex_search(line, m, sample)) << kComponents[k] << " exports a series without labels: " << line;
+      std::string labels = m[2];
+      EXPECT_NE(labels.find(std::string("component=\"") + kComponents[k] + "\""), std::string::npos) << line;
+      EXPECT_NE(labels.find("model_name=\"" + model_name + "\""), std::string::npos) << line;
+      std::string family = std::regex_replace(std::string(m[1]), std::regex("_(bucket|sum|count)$"), "");
+      auto [it, inserted] = owner.emplace(family, kComponents[k]);
+      EXPECT_EQ(it->second, kComponents[k]) << family << " is exported by both " << it->second << " and "
+                                            << kComponents[k] << ": a sum over targets would count it twice";
+      ++samples;
     }
+    EXPECT_GT(samples, 3) << kComponents[k];
   }
-  EXPECT_NE(router_text.find("icecache_time_to_first_token_seconds_count 1"), std::string::npos) << router_text;
-  EXPECT_NE(router_text.find("icecache_generation_tokens_total 5"), std::string::npos);
-  EXPECT_NE(router_text.find("icecache_request_success_total{finished_reason=\"length\"} 1"), std::string::npos);
+  auto has = [&](const std::string& pattern) { return std::regex_search(router_text, std::regex(pattern)); };
+  EXPECT_TRUE(has(R"(icecache_time_to_first_token_seconds_count\{[^}]*\} 1\n)")) << router_text;
+  EXPECT_TRUE(has(R"(icecache_generation_tokens_total\{[^}]*\} 5\n)")) << router_text;
+  EXPECT_TRUE(has(R"(icecache_request_success_total\{[^}]*finished_reason="length"[^}]*\} 1\n)")) << router_text;
+  // The vLLM-style request families, one sample each for the one served request.
+  EXPECT_TRUE(has(R"(icecache_request_queue_time_seconds_count\{[^}]*\} 1\n)")) << router_text;
+  EXPECT_TRUE(has(R"(icecache_request_prefill_time_seconds_count\{[^}]*\} 1\n)")) << router_text;
+  EXPECT_TRUE(has(R"(icecache_request_decode_time_seconds_count\{[^}]*\} 1\n)")) << router_text;
+  EXPECT_TRUE(has(R"(icecache_request_prompt_tokens_sum\{[^}]*\} 9\n)")) << router_text;
+  EXPECT_TRUE(has(R"(icecache_request_generation_tokens_sum\{[^}]*\} 5\n)")) << router_text;
 
-  std::ifstream f(kMonitoring + "grafana/icecache-dashboard.json");
-  auto dash = nlohmann::json::parse(f);
+  // Every metric a dashboard panel queries is exported by some process.
   std::regex metric(R"(icecache_[a-z0-9_]+)");
   int checked = 0;
-  for (const auto& panel : dash["panels"]) {
-    for (const auto& target : panel["targets"]) {
-      std::string expr = target["expr"];
-      for (auto it = std::sregex_iterator(expr.begin(), expr.end(), metric); it != std::sregex_iterator(); ++it) {
-        EXPECT_TRUE(exported.count(it->str())) << "dashboard panel '" << panel["title"] << "' queries " << it->str()
-                                               << ", which no service exports";
-        ++checked;
-      }
+  for (const auto& [title, expr] : DashboardExprs()) {
+    for (auto it = std::sregex_iterator(expr.begin(), expr.end(), metric); it != std::sregex_iterator(); ++it) {
+      std::string family = std::regex_replace(it->str(), std::regex("_bucket$"), "");
+      EXPECT_TRUE(owner.count(family)) << "dashboard panel '" << title << "' queries " << it->str()
+                                       << ", which no service exports";
+      ++checked;
     }
   }
-  EXPECT_GT(checked, 10);
+  EXPECT_GT(checked, 20);
 }
 
 TEST_F(MonitoringCluster, PrometheusScrapesTheCluster) {
@@ -154,17 +198,37 @@ TEST_F(MonitoringCluster, PrometheusScrapesTheCluster) {
     execlp("prometheus", "prometheus", cfg.c_str(), tsdb.c_str(), listen.c_str(), nullptr);
     _exit(127);
   }
+  // The scrape config above has no relabelling: the component label comes from the processes.
   std::string body;
   bool found = false;
   for (int i = 0; i < 300 && !found; ++i) {  // up to 30 s
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    body = HttpGet(prom_port, "/api/v1/query?query=icecache_generation_tokens_total");
+    body = HttpGet(prom_port, "/api/v1/query?query=" + UrlEncode("icecache_generation_tokens_total{component=\"router\"}"));
     found = body.find("\"result\":[{") != std::string::npos;
   }
+  EXPECT_TRUE(found) << body;
+  // A second request after the first scrapes, then enough scrapes (1 s apart) for rate() over 30 s.
+  router::RemoteGenerateOptions o;
+  o.router = cluster_->router->address();
+  o.prompt_ids = {5, 6, 7, 8, 9, 10, 11};
+  o.max_tokens = 4;
+  o.ignore_eos = true;
+  o.budget_pages = 4;
+  ASSERT_TRUE(router::RunRemoteGenerate(o, [](const router::RemoteChunk&) { return true; }).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  int evaluated = 0;
+  for (const auto& [title, expr] : DashboardExprs()) {
+    std::string e = std::regex_replace(expr, std::regex(R"(\$__rate_interval)"), "30s");
+    std::string r = HttpGet(prom_port, "/api/v1/query?query=" + UrlEncode(e));
+    EXPECT_NE(r.find("\"status\":\"success\""), std::string::npos) << "panel '" << title << "': " << e << " -> " << r;
+    EXPECT_NE(r.find("\"result\":[{"), std::string::npos)
+        << "panel '" << title << "': no data for " << e << " -> " << r;
+    ++evaluated;
+  }
+  EXPECT_GT(evaluated, 20);
   kill(prom, SIGTERM);
   waitpid(prom, nullptr, 0);
   std::filesystem::remove_all(dir);
-  EXPECT_TRUE(found) << body;
 }
 
 }  // namespace

@@ -1,0 +1,112 @@
+#include "serving/metric_families.h"
+
+#include <filesystem>
+
+namespace icecache::cluster {
+namespace {
+
+prometheus::Histogram& Histogram(prometheus::Registry& r, const prometheus::Labels& process, const char* name,
+                                 const char* help, const std::vector<double>& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Labels(process).Register(r).Add({}, buckets);
+}
+prometheus::Counter& Counter(prometheus::Registry& r, const prometheus::Labels& process, const char* name,
+                             const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Labels(process).Register(r).Add({});
+}
+prometheus::Gauge& Gauge(prometheus::Registry& r, const prometheus::Labels& process, const char* name,
+                         const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Labels(process).Register(r).Add({});
+}
+
+}  // namespace
+
+std::string ServedModelName(const std::string& configured_name, const std::string& model_path) {
+  if (!configured_name.empty()) return configured_name;
+  std::filesystem::path p(model_path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  std::string name = p.filename().string();
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  return name.empty() ? std::string("icecache") : name;
+}
+
+prometheus::Labels ProcessLabels(const std::string& component, const std::string& model_name) {
+  return {{"component", component}, {"model_name", model_name}};
+}
+
+const std::vector<double>& LatencyBuckets() {
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+                                        0.5,   0.75,   1.0,   2.5,  5.0,  7.5,  10,   20,   40,  80, 120};
+  return b;
+}
+
+const std::vector<double>& TokenCountBuckets() {
+  static const std::vector<double> b = {1,    2,    5,    10,   20,    50,    100,   200,   500,
+                                        1000, 2000, 4096, 8192, 16384, 32768, 65536, 131072};
+  return b;
+}
+
+RouterMetrics::RouterMetrics(prometheus::Registry& r, const prometheus::Labels& p)
+    : ttft(Histogram(r, p, "icecache_time_to_first_token_seconds", "Request arrival to first token",
+                     LatencyBuckets())),
+      itl(Histogram(r, p, "icecache_inter_token_latency_seconds", "Time between consecutive streamed tokens",
+                    LatencyBuckets())),
+      tpot(Histogram(r, p, "icecache_request_time_per_output_token_seconds",
+                     "Mean time per output token after the first, per request", LatencyBuckets())),
+      e2e(Histogram(r, p, "icecache_e2e_request_latency_seconds", "Request arrival to last token", LatencyBuckets())),
+      queue_time(Histogram(r, p, "icecache_request_queue_time_seconds",
+                           "Request arrival to a decode worker reserved (admission queue included)",
+                           LatencyBuckets())),
+      prefill_time(Histogram(r, p, "icecache_request_prefill_time_seconds",
+                             "Decode worker reserved to first token (prefill queue, compute, tree build, shipping)",
+                             LatencyBuckets())),
+      decode_time(Histogram(r, p, "icecache_request_decode_time_seconds", "First token to last token",
+                            LatencyBuckets())),
+      prompt_tokens_per_request(Histogram(r, p, "icecache_request_prompt_tokens", "Prompt tokens per finished request",
+                                          TokenCountBuckets())),
+      generation_tokens_per_request(Histogram(r, p, "icecache_request_generation_tokens",
+                                              "Generated tokens per finished request", TokenCountBuckets())),
+      running(Gauge(r, p, "icecache_requests_running", "Requests decoding")),
+      waiting(Gauge(r, p, "icecache_requests_waiting",
+                    "Requests waiting for a decode worker (admission queue) or in reserve/prefill")),
+      prompt_tokens(Counter(r, p, "icecache_prompt_tokens_total", "Prompt tokens of admitted requests")),
+      generation_tokens(Counter(r, p, "icecache_generation_tokens_total", "Tokens streamed to clients")),
+      success(prometheus::BuildCounter()
+                  .Name("icecache_request_success_total")
+                  .Help("Finished requests by finish reason")
+                  .Labels(p)
+                  .Register(r)),
+      errors(prometheus::BuildCounter()
+                 .Name("icecache_request_errors_total")
+                 .Help("Failed requests by gRPC status code")
+                 .Labels(p)
+                 .Register(r)) {}
+
+PrefillMetrics::PrefillMetrics(prometheus::Registry& r, const prometheus::Labels& p)
+    : prompt_tokens(Counter(r, p, "icecache_prefill_tokens_total", "Prompt tokens prefilled by this worker")),
+      sent_bytes(Counter(r, p, "icecache_prefill_kv_sent_bytes_total", "KV bytes shipped to decode workers")),
+      waiting(Gauge(r, p, "icecache_prefill_requests_waiting", "Prompts queued or in prefill on this worker")),
+      phase(prometheus::BuildHistogram()
+                .Name("icecache_prefill_phase_seconds")
+                .Help("Prefill time by phase")
+                .Labels(p)
+                .Register(r)) {}
+
+void PrefillMetrics::ObservePhase(const std::string& phase_name, double seconds) {
+  phase.Add({{"phase", phase_name}}, LatencyBuckets()).Observe(seconds);
+}
+
+DecodeMetrics::DecodeMetrics(prometheus::Registry& r, const prometheus::Labels& p)
+    : kv_host_bytes(Gauge(r, p, "icecache_kv_host_bytes", "Host bytes of KV pages in use")),
+      kv_usage(Gauge(r, p, "icecache_kv_cache_usage_ratio", "Fraction of the KV page pool in use")),
+      running(Gauge(r, p, "icecache_decode_sequences_running", "Sequences reserved or decoding on this worker")),
+      generation_tokens(Counter(r, p, "icecache_decode_tokens_total", "Tokens generated by this decode worker")),
+      pages_fetched(Counter(r, p, "icecache_pages_fetched_total", "KV pages attended in sparse layers")),
+      retrieval(Counter(r, p, "icecache_retrieval_seconds_total", "Seconds spent selecting pages (tree queries)")),
+      received_bytes(Counter(r, p, "icecache_decode_kv_received_bytes_total", "KV bytes received over the transport")),
+      kv_gpu_bytes(Gauge(r, p, "icecache_kv_gpu_bytes", "Device bytes of the KV page cache (0 on the CPU)")),
+      cache_hits(Counter(r, p, "icecache_device_page_cache_hits_total",
+                         "Selected KV pages already resident on the device")),
+      cache_misses(Counter(r, p, "icecache_device_page_cache_misses_total", "Selected KV pages copied host to device")),
+      h2d_bytes(Counter(r, p, "icecache_h2d_bytes_total", "KV bytes copied host to device")) {}
+
+}  // namespace icecache::cluster
