@@ -14,6 +14,7 @@
 #include "icecache/v1/worker.grpc.pb.h"
 #include "kernels/backend.h"
 #include "serving/grpc_util.h"
+#include "serving/internal_tls.h"
 #include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
 #include "transport/kv_shipping.h"
@@ -219,9 +220,10 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   }
   ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
   impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->model->config());
+  ICE_ASSIGN_OR_RETURN(auto credentials, cluster::InternalServerCredentials(config.internal_tls));
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.decode.listen, {impl->service.get()},
                                                           {"icecache.v1.DecodeWorker"}, &impl->port,
-                                                          config.limits.max_message_bytes));
+                                                          config.limits.max_message_bytes, credentials));
   int unused_port = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.decode.listen, &impl->host, &unused_port));
   impl->registry = std::make_shared<prometheus::Registry>();
@@ -244,7 +246,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   });
   ICE_LOG(INFO) << "decode worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
                 << " on " << kernels::DeviceName(impl->model->device()) << ", " << config.decode.pool_pages
-                << " host pages, " << eo.device_cache_pages << " device cache pages)";
+                << " host pages, " << eo.device_cache_pages << " device cache pages, "
+                << (config.internal_tls.enabled() ? "mutual TLS" : "plaintext internal plane") << ")";
   return std::unique_ptr<DecodeServer>(new DecodeServer(std::move(impl)));
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "prefill_worker/prefill_engine.h"
 #include "serving/grpc_util.h"
+#include "serving/internal_tls.h"
 #include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
 #include "transport/kv_shipping.h"
@@ -168,9 +169,10 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
       *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
   impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
                                                        config.model.dir, config.prefill.health_stall_seconds);
+  ICE_ASSIGN_OR_RETURN(auto credentials, cluster::InternalServerCredentials(config.internal_tls));
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},
                                                           {"icecache.v1.PrefillWorker"}, &impl->port,
-                                                          config.limits.max_message_bytes));
+                                                          config.limits.max_message_bytes, credentials));
   int unused = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.prefill.listen, &impl->host, &unused));
   if (config.prefill.metrics_port > 0) {
@@ -186,7 +188,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
     }
   });
   ICE_LOG(INFO) << "prefill worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
-                << ")";
+                << (config.internal_tls.enabled() ? ", mutual TLS" : ", plaintext internal plane") << ")";
   return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));
 }
 

@@ -19,6 +19,7 @@
 #include "model/model_info.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serving/grpc_util.h"
+#include "serving/internal_tls.h"
 #include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
 #include "router/admission_queue.h"
@@ -485,10 +486,13 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   if (config.router.decode.addresses.empty() && config.router.decode.dns.empty()) {
     return InvalidArgumentError("router.decode: no addresses and no dns name: the router has no decode workers");
   }
+  ICE_ASSIGN_OR_RETURN(auto internal_credentials, cluster::InternalChannelCredentials(config.internal_tls));
   impl->prefill = std::make_unique<WorkerPool>(WorkerKind::kPrefill, config.router.prefill,
-                                               config.router.dns_refresh_seconds, config.router.stats_refresh_seconds);
+                                               config.router.dns_refresh_seconds, config.router.stats_refresh_seconds,
+                                               internal_credentials, config.internal_tls.server_name);
   impl->decode = std::make_unique<WorkerPool>(WorkerKind::kDecode, config.router.decode,
-                                              config.router.dns_refresh_seconds, config.router.stats_refresh_seconds);
+                                              config.router.dns_refresh_seconds, config.router.stats_refresh_seconds,
+                                              internal_credentials, config.internal_tls.server_name);
   impl->prefill->Start();
   impl->decode->Start();
   impl->registry = std::make_shared<prometheus::Registry>();

@@ -38,11 +38,14 @@ StatusOr<std::vector<std::string>> ResolveAll(const std::string& name_and_port) 
 }
 
 WorkerPool::WorkerPool(WorkerKind kind, const cluster::WorkerDiscovery& discovery, double dns_refresh_seconds,
-                       double stats_refresh_seconds)
+                       double stats_refresh_seconds, std::shared_ptr<grpc::ChannelCredentials> credentials,
+                       std::string server_name)
     : kind_(kind),
       discovery_(discovery),
       dns_refresh_seconds_(dns_refresh_seconds),
-      stats_refresh_seconds_(stats_refresh_seconds) {}
+      stats_refresh_seconds_(stats_refresh_seconds),
+      credentials_(std::move(credentials)),
+      server_name_(std::move(server_name)) {}
 
 WorkerPool::~WorkerPool() {
   {
@@ -95,7 +98,7 @@ void WorkerPool::Refresh(bool resolve) {
       if (workers_.count(a)) continue;
       WorkerInfo w;
       w.address = a;
-      auto channel = cluster::MakeChannel(a);
+      auto channel = cluster::MakeChannel(a, cluster::kDefaultMaxMessageBytes, credentials_, server_name_);
       if (kind_ == WorkerKind::kPrefill) {
         w.prefill = std::make_shared<v1::PrefillWorker::Stub>(channel);
       } else {

@@ -5,6 +5,8 @@
 // Thread safety: all methods may be called from any thread.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -37,8 +39,11 @@ StatusOr<std::vector<std::string>> ResolveAll(const std::string& name_and_port);
 
 class WorkerPool {
  public:
+  // `credentials` (null = plaintext) and `server_name` are those of the internal plane
+  // (serving/internal_tls.h): every channel to a worker is made with them.
   WorkerPool(WorkerKind kind, const cluster::WorkerDiscovery& discovery, double dns_refresh_seconds,
-             double stats_refresh_seconds);
+             double stats_refresh_seconds, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+             std::string server_name = "");
   ~WorkerPool();
 
   // Resolves and polls once (so a fresh router sees its workers), then keeps refreshing in the
@@ -65,6 +70,8 @@ class WorkerPool {
   const cluster::WorkerDiscovery discovery_;
   const double dns_refresh_seconds_;
   const double stats_refresh_seconds_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const std::string server_name_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

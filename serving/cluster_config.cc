@@ -168,7 +168,8 @@ Status ApplyOverride(const std::string& assignment, const std::string& origin, Y
 StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& origin) {
   ClusterConfig c;
   MapReader top(root, "", origin);
-  ICE_RETURN_IF_ERROR(top.CheckShape({"model", "cache", "limits", "router", "prefill", "decode", "ucx"}));
+  ICE_RETURN_IF_ERROR(
+      top.CheckShape({"model", "cache", "limits", "router", "prefill", "decode", "ucx", "internal_tls"}));
 
   MapReader model = top.Sub("model");
   ICE_RETURN_IF_ERROR(model.CheckShape({"dir", "name"}));
@@ -276,6 +277,20 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
   ICE_RETURN_IF_ERROR(ucx.Number<int64_t>("max_segment_bytes", &c.ucx.max_segment_bytes, 1, int64_t{1} << 30));
   ICE_RETURN_IF_ERROR(ucx.Bool("peer_failure_detection", &c.ucx.peer_failure_detection));
+
+  MapReader tls = top.Sub("internal_tls");
+  ICE_RETURN_IF_ERROR(tls.CheckShape({"ca_file", "cert_file", "key_file", "server_name"}));
+  ICE_RETURN_IF_ERROR(tls.String("ca_file", &c.internal_tls.ca_file));
+  ICE_RETURN_IF_ERROR(tls.String("cert_file", &c.internal_tls.cert_file));
+  ICE_RETURN_IF_ERROR(tls.String("key_file", &c.internal_tls.key_file));
+  ICE_RETURN_IF_ERROR(tls.String("server_name", &c.internal_tls.server_name));
+  const bool any = !c.internal_tls.ca_file.empty() || !c.internal_tls.cert_file.empty() ||
+                   !c.internal_tls.key_file.empty();
+  const bool all = !c.internal_tls.ca_file.empty() && !c.internal_tls.cert_file.empty() &&
+                   !c.internal_tls.key_file.empty();
+  if (any && !all) {
+    return InvalidArgumentError(origin + ": internal_tls needs ca_file, cert_file and key_file together (mutual TLS)");
+  }
   return c;
 }
 
@@ -417,7 +432,16 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
   out << YAML::Key << "max_segment_bytes" << YAML::Value << c.ucx.max_segment_bytes;
   out << YAML::Key << "peer_failure_detection" << YAML::Value << c.ucx.peer_failure_detection;
-  out << YAML::EndMap << YAML::EndMap;
+  out << YAML::EndMap;
+  if (c.internal_tls.enabled() || !c.internal_tls.server_name.empty()) {
+    out << YAML::Key << "internal_tls" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "ca_file" << YAML::Value << c.internal_tls.ca_file;
+    out << YAML::Key << "cert_file" << YAML::Value << c.internal_tls.cert_file;
+    out << YAML::Key << "key_file" << YAML::Value << c.internal_tls.key_file;
+    out << YAML::Key << "server_name" << YAML::Value << c.internal_tls.server_name;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 

@@ -137,6 +137,20 @@ struct UcxSection {
   bool peer_failure_detection = false;
 };
 
+// Mutual TLS on the internal plane (router -> prefill and decode workers). With the three files set,
+// worker servers accept only clients presenting a certificate signed by ca_file, and the router
+// presents cert_file and verifies each worker's certificate against ca_file; without them the plane
+// is plaintext (reservation tokens still guard each sequence). The public API is not affected.
+struct InternalTlsSection {
+  std::string ca_file;    // PEM CA certificate(s) that sign every cluster member's certificate
+  std::string cert_file;  // PEM certificate of this process (server and client auth)
+  std::string key_file;   // PEM private key of cert_file
+  // Name checked against the workers' certificates instead of the host in their address (one
+  // certificate with SAN DNS:<server_name> then serves every pod); "": the address's host.
+  std::string server_name;
+  bool enabled() const { return !ca_file.empty(); }
+};
+
 struct ClusterConfig {
   ModelSection model;
   CacheSection cache;
@@ -145,6 +159,7 @@ struct ClusterConfig {
   PrefillSection prefill;
   DecodeSection decode;
   UcxSection ucx;
+  InternalTlsSection internal_tls;
 };
 
 // Parses YAML text into a config; every key is optional (defaults above), an unknown key or a

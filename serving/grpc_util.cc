@@ -11,12 +11,13 @@ namespace icecache::cluster {
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
                                                     const std::vector<grpc::Service*>& services,
                                                     const std::vector<std::string>& service_names,
-                                                    int* bound_port, int64_t max_message_bytes) {
+                                                    int* bound_port, int64_t max_message_bytes,
+                                                    std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, credentials ? credentials : grpc::InsecureServerCredentials(), &port);
   for (grpc::Service* s : services) builder.RegisterService(s);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -29,12 +30,15 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
   return server;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int64_t max_message_bytes) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int64_t max_message_bytes,
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                           const std::string& server_name) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX)));
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (credentials && !server_name.empty()) args.SetSslTargetNameOverride(server_name);
+  return grpc::CreateCustomChannel(target, credentials ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 Status SplitHostPort(const std::string& address, std::string* host, int* port) {

@@ -26,17 +26,22 @@ inline constexpr int64_t kDefaultMaxMessageBytes = 16 << 20;
 // `services`, grpc.health.v1.Health (status SERVING for "" and each service name) and server
 // reflection. Requests larger than max_message_bytes are refused by gRPC (RESOURCE_EXHAUSTED)
 // before any handler runs. *bound_port receives the port. UNAVAILABLE when the address cannot be
-// bound.
+// bound. `credentials`: how clients must connect (serving/internal_tls.h for the workers' mTLS);
+// null = plaintext.
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
                                                     const std::vector<grpc::Service*>& services,
                                                     const std::vector<std::string>& service_names,
                                                     int* bound_port,
-                                                    int64_t max_message_bytes = kDefaultMaxMessageBytes);
+                                                    int64_t max_message_bytes = kDefaultMaxMessageBytes,
+                                                    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
-// An insecure channel to "host:port" with keepalive settings suited to long streams, receiving
-// messages up to max_message_bytes.
+// A channel to "host:port" with keepalive settings suited to long streams, receiving messages up
+// to max_message_bytes. `credentials` null = plaintext; with TLS credentials, `server_name` (when
+// not empty) is the name the server's certificate must carry instead of the target's host.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           int64_t max_message_bytes = kDefaultMaxMessageBytes);
+                                           int64_t max_message_bytes = kDefaultMaxMessageBytes,
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                                           const std::string& server_name = "");
 
 // "host:port" -> host and port. INVALID_ARGUMENT naming the value.
 Status SplitHostPort(const std::string& address, std::string* host, int* port);

@@ -56,6 +56,13 @@ TEST_P(HelmRender, ConfigMapLoadsInTheConfigParser) {
     EXPECT_EQ(c->decode.pool_pages, 524288);
     EXPECT_EQ(c->cache.device_cache_pages, 65536);
     EXPECT_EQ(c->model.dir, "/models/llama-3.1-8b");
+    // internalTls.secretName: mutual TLS from the mounted Secret.
+    EXPECT_TRUE(c->internal_tls.enabled());
+    EXPECT_EQ(c->internal_tls.ca_file, "/etc/icecache-tls/ca.crt");
+    EXPECT_EQ(c->internal_tls.key_file, "/etc/icecache-tls/tls.key");
+    EXPECT_EQ(c->internal_tls.server_name, "icecache-internal");
+  } else {
+    EXPECT_FALSE(c->internal_tls.enabled());
   }
 }
 

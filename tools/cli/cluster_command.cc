@@ -15,8 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/backend.h"
 #include "client/client.h"
+#include "kernels/backend.h"
+#include "serving/cluster_config.h"
+#include "serving/internal_tls.h"
 #include "tools/cli/command.h"
 
 namespace icecache::cli {
@@ -32,7 +34,10 @@ constexpr const char* kUsage =
     "  --device: auto (default) puts the workers on the visible GPUs round-robin (prefill workers\n"
     "    first: cuda:0, cuda:1, ...; CUDA_VISIBLE_DEVICES decides what is visible), or all on the\n"
     "    CPU when there is none; cpu forces the CPU; cuda or cuda:N round-robin from N.\n"
-    "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n";
+    "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n"
+    "  The internal plane (router -> workers) uses mutual TLS: with internal_tls.* in the config those\n"
+    "    certificates, otherwise a throwaway CA made for this run (removed on exit);\n"
+    "    --insecure-internal turns it off (plaintext, as before).\n";
 
 struct Child {
   std::string name;
@@ -102,7 +107,7 @@ int RunCluster(int argc, char** argv) {
   std::string model, config;
   int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0;
   kernels::Device device;
-  bool once = false;
+  bool once = false, insecure_internal = false;
   std::vector<std::string> sets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -131,6 +136,8 @@ int RunCluster(int argc, char** argv) {
       device = *d;
     } else if (a == "--once") {
       once = true;
+    } else if (a == "--insecure-internal") {
+      insecure_internal = true;
     } else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -152,6 +159,44 @@ int RunCluster(int argc, char** argv) {
       return 1;
     }
   }
+  // Mutual TLS on the internal plane: the config's certificates, or a throwaway CA for this run.
+  auto parsed = cluster::LoadClusterConfig(config, sets);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "icecache cluster: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  std::filesystem::path cert_dir;
+  struct RemoveDir {
+    std::filesystem::path* dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      if (!dir->empty()) std::filesystem::remove_all(*dir, ignored);
+    }
+  } remove_cert_dir{&cert_dir};
+  if (!insecure_internal && !parsed->internal_tls.enabled()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "icecache-certs-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      std::fprintf(stderr, "icecache cluster: cannot make a directory for certificates: %s\n", std::strerror(errno));
+      return 1;
+    }
+    cert_dir = tmpl;
+    auto tls = cluster::WriteThrowawayCertificates(cert_dir.string());
+    if (!tls.ok()) {
+      std::fprintf(stderr, "icecache cluster: %s\n", tls.status().message().c_str());
+      return 1;
+    }
+    sets.insert(sets.end(), {"internal_tls.ca_file=" + tls->ca_file, "internal_tls.cert_file=" + tls->cert_file,
+                             "internal_tls.key_file=" + tls->key_file});
+    std::printf("icecache cluster: internal plane on mutual TLS (throwaway CA in %s)\n", cert_dir.c_str());
+  } else if (insecure_internal) {
+    std::printf("icecache cluster: internal plane in plaintext (--insecure-internal)\n");
+  } else {
+    std::printf("icecache cluster: internal plane on mutual TLS (%s)\n", parsed->internal_tls.ca_file.c_str());
+  }
+  if (insecure_internal) {
+    sets.insert(sets.end(), {"internal_tls.ca_file=", "internal_tls.cert_file=", "internal_tls.key_file="});
+  }
+
   int next_metrics = metrics_base;
   auto common = [&](const std::string& listen) {
     std::vector<std::string> args;

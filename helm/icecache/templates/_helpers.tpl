@@ -155,6 +155,12 @@ securityContext:
     name: {{ include "icecache.fullname" . }}-config
 - name: tmp
   emptyDir: {}
+{{- if .Values.internalTls.secretName }}
+- name: internal-tls
+  secret:
+    secretName: {{ .Values.internalTls.secretName }}
+    defaultMode: 0440
+{{- end }}
 {{- with .Values.modelInit.sourceVolume }}
 {{- if $.Values.modelInit.enabled }}
 - name: model-source
@@ -206,4 +212,9 @@ initContainers:
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- if .Values.internalTls.secretName }}
+- name: internal-tls
+  mountPath: /etc/icecache-tls
+  readOnly: true
+{{- end }}
 {{- end -}}
