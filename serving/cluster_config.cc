@@ -222,7 +222,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.CheckShape({"listen", "metrics_port", "prefill", "decode", "dns_refresh_seconds",
                                          "stats_refresh_seconds", "request_timeout_seconds",
                                          "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
-                                         "max_streams"}));
+                                         "max_streams", "http_port", "http_threads", "served_model_name"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -235,6 +235,9 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("max_waiting", &c.router.max_waiting, 0, 1 << 24));
   ICE_RETURN_IF_ERROR(router.Number("max_queue_wait_seconds", &c.router.max_queue_wait_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(router.Number("max_streams", &c.router.max_streams, 1, 1 << 24));
+  ICE_RETURN_IF_ERROR(router.Number("http_port", &c.router.http_port, 0, 65535));
+  ICE_RETURN_IF_ERROR(router.Number("http_threads", &c.router.http_threads, 1, 1 << 16));
+  ICE_RETURN_IF_ERROR(router.String("served_model_name", &c.router.served_model_name));
 
   MapReader prefill = top.Sub("prefill");
   ICE_RETURN_IF_ERROR(prefill.CheckShape(
@@ -332,6 +335,9 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
       overrides.push_back(section + ".listen=" + value);
     } else if (take("--metrics-port")) {
       overrides.push_back(section + ".metrics_port=" + value);
+    } else if (take("--http-port")) {
+      if (section != "router") return InvalidArgumentError("--http-port: only the router serves HTTP");
+      overrides.push_back("router.http_port=" + value);
     } else if (take("--kv-dtype")) {
       overrides.push_back("cache.kv_dtype=" + value);
     } else if (take("--device")) {
@@ -340,7 +346,7 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
     } else {
       return InvalidArgumentError("unknown or incomplete option '" + arg +
                                   "' (options: --config FILE, --set SECTION.KEY=VALUE, --model DIR, "
-                                  "--listen HOST:PORT, --metrics-port PORT, --kv-dtype bf16|f16|f32, --device auto|cpu|cuda:N)");
+                                  "--listen HOST:PORT, --metrics-port PORT, --http-port PORT (router), --kv-dtype bf16|f16|f32, --device auto|cpu|cuda:N)");
     }
   }
   return LoadClusterConfig(config_path, overrides);
@@ -389,6 +395,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_waiting" << YAML::Value << c.router.max_waiting;
   out << YAML::Key << "max_queue_wait_seconds" << YAML::Value << c.router.max_queue_wait_seconds;
   out << YAML::Key << "max_streams" << YAML::Value << c.router.max_streams;
+  out << YAML::Key << "http_port" << YAML::Value << c.router.http_port;
+  out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
+  out << YAML::Key << "served_model_name" << YAML::Value << c.router.served_model_name;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;

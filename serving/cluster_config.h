@@ -88,6 +88,14 @@ struct RouterSection {
   int max_waiting = 1024;
   double max_queue_wait_seconds = 60;
   int max_streams = 4096;
+  // OpenAI-compatible HTTP API (docs/openai_api.md) on this port of the listen host; 0 = off.
+  // http_threads connections are served at once (each open stream holds one; more wait for a
+  // thread). Bodies above limits.max_message_bytes are refused with 413.
+  int http_port = 0;
+  int http_threads = 256;
+  // The model id of the HTTP API (requests naming another get 404); empty = the last component
+  // of model.dir, without a .gguf suffix.
+  std::string served_model_name;
 };
 
 struct PrefillSection {
@@ -158,7 +166,7 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path,
 
 // Pulls the options common to all three binaries out of argv: --config FILE, --set K=V (repeatable)
 // and shorthands (--model DIR -> model.dir, --listen ADDR -> <section>.listen, --metrics-port P ->
-// <section>.metrics_port, --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
+// <section>.metrics_port, --http-port P -> router.http_port (router only), --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
 // INVALID_ARGUMENT. argv[0] is skipped.
 StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section);
 
