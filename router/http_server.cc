@@ -1,6 +1,7 @@
 #include "router/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -330,6 +331,15 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
   impl->server.set_read_timeout(30, 0);
   impl->server.set_write_timeout(static_cast<time_t>(std::max(1.0, options.write_timeout_seconds)), 0);
   impl->Routes();
+  // httplib 0.11 listens with a backlog of 5, which refuses connections when many clients
+  // connect at once (64 streams in the test): remember the listening socket and listen again
+  // with the system's maximum after binding. SO_REUSEADDR as httplib's default options set it.
+  int listen_fd = -1;
+  impl->server.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
   if (options.port == 0) {
     impl->port = impl->server.bind_to_any_port(options.host);
     if (impl->port <= 0) return UnavailableError("HTTP: cannot bind a port on " + options.host);
@@ -340,6 +350,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
     }
     impl->port = options.port;
   }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->server.listen_after_bind(); });
   // httplib's stop() does nothing before the loop runs: wait for it so that Shutdown never hangs.
