@@ -122,6 +122,37 @@ TEST(ClusterConfig, CommandLineAndRoundTrip) {
   EXPECT_FALSE(ConfigFromCommandLine(2, bad_argv.data(), "decode").ok());
 }
 
+TEST(ClusterConfig, HttpApiKeys) {
+  auto d = ParseClusterConfig("", "defaults");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->router.http_port, 0);  // off unless asked for
+  EXPECT_EQ(d->router.http_threads, 256);
+  EXPECT_EQ(d->router.served_model_name, "");
+  auto c = ParseClusterConfig("router: {http_port: 8000, http_threads: 8, served_model_name: tiny}\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->router.http_port, 8000);
+  EXPECT_EQ(c->router.http_threads, 8);
+  EXPECT_EQ(c->router.served_model_name, "tiny");
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "roundtrip");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->router.http_port, 8000);
+  EXPECT_EQ(again->router.served_model_name, "tiny");
+  auto bad = ParseClusterConfig("router: {http_port: 70000}\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("router.http_port"), std::string::npos) << bad.status().message();
+
+  std::vector<std::string> args = {"icecache-router", "--http-port", "8001"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  auto r = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "router");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->router.http_port, 8001);
+  // Only the router serves HTTP.
+  auto w = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "decode");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("only the router"), std::string::npos);
+}
+
 TEST(ClusterConfig, KvDtypeAndShippingKeys) {
   auto c = ParseClusterConfig("", "t.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
