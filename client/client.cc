@@ -38,6 +38,7 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
     req.mutable_cache()->set_budget_pages(o.budget_pages);
   }
   grpc::ClientContext ctx;
+  if (!o.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + o.api_key);
   if (o.timeout_seconds > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(

@@ -26,6 +26,7 @@ struct RemoteGenerateOptions {
   bool ignore_eos = false;
   int budget_pages = -1;                // -1 = cluster default, 0 = full, else pages
   double timeout_seconds = 0;           // 0 = none
+  std::string api_key;                  // sent as metadata "authorization: Bearer KEY"; empty = none
   bool chat = false;                    // send `prompt` as one user message: the router applies
                                         // the model's chat template (FAILED_PRECONDITION without one)
 };

@@ -47,7 +47,7 @@ RequestContext::Clock::time_point DeadlineFrom(const RequestPath& path) {
 // A streamed request: its generation runs on `thread` and leaves SSE events in `events`; the
 // connection's thread writes them out. Destruction cancels the generation and joins the thread.
 struct Stream {
-  explicit Stream(Clock::time_point deadline) : ctx(deadline) {}
+  Stream(Clock::time_point deadline, std::string authorization) : ctx(deadline, std::move(authorization)) {}
   ~Stream() {
     ctx.Cancel();
     cv.notify_all();
@@ -137,6 +137,11 @@ void HttpServer::Impl::Generate(OpenAiEndpoint endpoint, const httplib::Request&
   OpenAiDefaults d;
   d.served_model = options.model_name;
   d.chat_max_tokens = std::min(path->config().limits.max_tokens, std::max(1, path->model_config().max_position - 1));
+  // Credentials first: a client without a key learns nothing about the model or its parameters.
+  if (Status a = path->Authorize(req.get_header_value("Authorization")); !a.ok()) {
+    path->CountRefused(a);
+    return SendError(res, ApiErrorFromStatus(a));
+  }
   ApiError error;
   auto parsed = ParseOpenAiRequest(endpoint, req.body, d, &error);
   if (!parsed.ok()) {
@@ -149,7 +154,7 @@ void HttpServer::Impl::Generate(OpenAiEndpoint endpoint, const httplib::Request&
   parsed->request.set_request_id(id);
 
   if (!parsed->stream) {
-    CancellableRequestContext ctx(DeadlineFrom(*path));
+    CancellableRequestContext ctx(DeadlineFrom(*path), req.get_header_value("Authorization"));
     CollectSink sink;
     Status s = path->Generate(parsed->request, ctx, sink);
     if (!s.ok()) return SendError(res, ApiErrorFromStatus(s));
@@ -160,7 +165,7 @@ void HttpServer::Impl::Generate(OpenAiEndpoint endpoint, const httplib::Request&
     return;
   }
 
-  auto stream = std::make_shared<Stream>(DeadlineFrom(*path));
+  auto stream = std::make_shared<Stream>(DeadlineFrom(*path), req.get_header_value("Authorization"));
   Stream* s = stream.get();
   stream->thread = std::thread([this, s, endpoint, id, created, request = std::move(parsed->request),
                                 usage = parsed->include_usage] {
@@ -248,7 +253,10 @@ void HttpServer::Impl::Routes() {
   server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     Generate(OpenAiEndpoint::kChatCompletions, req, res);
   });
-  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Status a = path->Authorize(req.get_header_value("Authorization")); !a.ok()) {
+      return SendError(res, ApiErrorFromStatus(a));
+    }
     res.set_content(OpenAiModelsJson(options.model_name, static_cast<int64_t>(std::time(nullptr))), kJson);
   });
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {

@@ -104,6 +104,12 @@ std::shared_ptr<grpc::ClientContext> GrpcRequestContext::WorkerContext() {
   return c;
 }
 
+std::string GrpcRequestContext::authorization() const {
+  const auto& md = ctx_->client_metadata();
+  auto it = md.find("authorization");
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
 void CancellableRequestContext::Cancel() {
   std::vector<std::shared_ptr<grpc::ClientContext>> live;
   {
@@ -149,8 +155,32 @@ RequestPath::RequestPath(const cluster::ClusterConfig& config, model::ModelConfi
 
 RequestPath::~RequestPath() = default;
 
+Status RequestPath::Authorize(std::string_view authorization) const {
+  if (config_.router.api_keys.empty()) return Status::Ok();
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.size() > kBearer.size() && authorization.substr(0, kBearer.size()) == kBearer) {
+    const std::string_view key = authorization.substr(kBearer.size());
+    bool match = false;
+    for (const auto& k : config_.router.api_keys) {
+      // Compares every byte of equal-length keys, so the time taken does not tell a prefix.
+      if (k.size() != key.size()) continue;
+      unsigned char diff = 0;
+      for (size_t i = 0; i < k.size(); ++i) diff |= static_cast<unsigned char>(k[i] ^ key[i]);
+      match = match || diff == 0;
+    }
+    if (match) return Status::Ok();
+    return Status(StatusCode::kUnauthenticated, "the API key is not valid");
+  }
+  return Status(StatusCode::kUnauthenticated, "this server needs an API key: send 'Authorization: Bearer KEY' (gRPC metadata "
+                              "'authorization')");
+}
+
 Status RequestPath::Generate(const pb::GenerateRequest& request, RequestContext& ctx, ResponseSink& sink) {
   const auto arrival = Clock::now();
+  if (Status a = Authorize(ctx.authorization()); !a.ok()) {
+    CountRefused(a);
+    return a;
+  }
   Status s;
   if (streams_.fetch_add(1) >= config_.router.max_streams) {
     s = ResourceExhaustedError("the router serves " + std::to_string(config_.router.max_streams) +

@@ -16,6 +16,8 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -45,6 +47,8 @@ class RequestContext {
   // A context for one worker call made for this request: it carries the request's deadline and
   // is cancelled when the request is (also when that happens during the call).
   virtual std::shared_ptr<grpc::ClientContext> WorkerContext() = 0;
+  // The credentials the client sent ("Bearer KEY"; "" = none).
+  virtual std::string authorization() const = 0;
 };
 
 // A gRPC call: cancellation and deadline propagate from the ServerContext (worker calls are its
@@ -55,6 +59,7 @@ class GrpcRequestContext final : public RequestContext {
   bool cancelled() const override;
   Clock::time_point deadline() const override;
   std::shared_ptr<grpc::ClientContext> WorkerContext() override;
+  std::string authorization() const override;  // metadata "authorization"
 
  private:
   grpc::ServerContext* const ctx_;
@@ -65,14 +70,17 @@ class GrpcRequestContext final : public RequestContext {
 // Worker contexts handed out and still alive are cancelled at that moment.
 class CancellableRequestContext final : public RequestContext {
  public:
-  explicit CancellableRequestContext(Clock::time_point deadline) : deadline_(deadline) {}
+  CancellableRequestContext(Clock::time_point deadline, std::string authorization)
+      : deadline_(deadline), authorization_(std::move(authorization)) {}
   void Cancel();
   bool cancelled() const override;
   Clock::time_point deadline() const override { return deadline_; }
   std::shared_ptr<grpc::ClientContext> WorkerContext() override;
+  std::string authorization() const override { return authorization_; }
 
  private:
   const Clock::time_point deadline_;
+  const std::string authorization_;
   mutable std::mutex mu_;
   bool cancelled_ = false;                                // guarded by mu_
   std::vector<std::weak_ptr<grpc::ClientContext>> live_;  // guarded by mu_
@@ -98,6 +106,10 @@ class RequestPath {
   ~RequestPath();
   RequestPath(const RequestPath&) = delete;
   RequestPath& operator=(const RequestPath&) = delete;
+
+  // OK when router.api_keys is empty or `authorization` is "Bearer KEY" for one of them, else
+  // UNAUTHENTICATED. Generate checks it first; transports call it for their other endpoints.
+  Status Authorize(std::string_view authorization) const;
 
   // Serves one request, writing its responses to `sink`. An error before the first response
   // means nothing was written; after it, the stream ended early. Errors are the codes listed in

@@ -96,6 +96,10 @@ struct RouterSection {
   // The model id of the HTTP API (requests naming another get 404); empty = the last component
   // of model.dir, without a .gguf suffix.
   std::string served_model_name;
+  // API keys of the public APIs (gRPC metadata "authorization: Bearer KEY", HTTP header
+  // "Authorization: Bearer KEY"); empty = no authentication. A request without one of these keys
+  // is UNAUTHENTICATED (HTTP 401). Health checks and /metrics stay open.
+  std::vector<std::string> api_keys;
 };
 
 struct PrefillSection {
@@ -166,7 +170,8 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path,
 
 // Pulls the options common to all three binaries out of argv: --config FILE, --set K=V (repeatable)
 // and shorthands (--model DIR -> model.dir, --listen ADDR -> <section>.listen, --metrics-port P ->
-// <section>.metrics_port, --http-port P -> router.http_port (router only), --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
+// <section>.metrics_port, --http-port P -> router.http_port (router only), --api-key KEY -> appended to router.api_keys (router
+// only, repeatable), --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
 // INVALID_ARGUMENT. argv[0] is skipped.
 StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section);
 

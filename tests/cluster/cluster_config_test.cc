@@ -147,6 +147,18 @@ TEST(ClusterConfig, HttpApiKeys) {
   auto r = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "router");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->router.http_port, 8001);
+  // API keys: from the file and from --api-key (appended; kept out of YAML parsing).
+  auto k = ParseClusterConfig("router: {api_keys: [a1, b2]}\n", "t.yaml");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->router.api_keys, (std::vector<std::string>{"a1", "b2"}));
+  EXPECT_FALSE(ParseClusterConfig("router: {api_keys: ['has space']}\n", "t.yaml").ok());
+  std::vector<std::string> kargs = {"icecache-router", "--api-key", "k:{1}", "--api-key=k2"};
+  std::vector<char*> kargv;
+  for (auto& a : kargs) kargv.push_back(a.data());
+  auto kr = ConfigFromCommandLine(static_cast<int>(kargv.size()), kargv.data(), "router");
+  ASSERT_TRUE(kr.ok()) << kr.status().ToString();
+  EXPECT_EQ(kr->router.api_keys, (std::vector<std::string>{"k:{1}", "k2"}));
+  EXPECT_FALSE(ConfigFromCommandLine(static_cast<int>(kargv.size()), kargv.data(), "prefill").ok());
   // Only the router serves HTTP.
   auto w = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "decode");
   ASSERT_FALSE(w.ok());

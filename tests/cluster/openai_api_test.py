@@ -73,7 +73,7 @@ def metric(name, labels=""):
     return total
 
 
-def start_cluster(model_dir, log_path, extra_sets=()):
+def start_cluster(model_dir, log_path, extra_sets=(), extra_args=()):
     """Starts `icecache cluster --http-port` on free loopback ports; returns its state once /health is 200."""
     for attempt in range(3):
         base = free_base(5)
@@ -82,6 +82,7 @@ def start_cluster(model_dir, log_path, extra_sets=()):
                 "--http-port", str(http_port), "--metrics-port", str(metrics_port), "--set", "ucx.net_devices=lo"]
         for kv in extra_sets:
             args += ["--set", kv]
+        args += list(extra_args)
         with open(log_path, "w") as log:
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         state = dict(proc=proc, url="http://127.0.0.1:%d" % http_port, router="127.0.0.1:%d" % port,
@@ -410,6 +411,62 @@ class OpenAiApiTest(unittest.TestCase):
         want = self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
                                                    max_tokens=6, **GREEDY)
         self.assertEqual(out.stdout.rstrip("\n"), want.choices[0].message.content)
+
+
+class ApiKeyTest(unittest.TestCase):
+    """--api-key: both public APIs ask for it (401 / UNAUTHENTICATED); /health stays open."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.state = start_cluster(STATE["model_dir"], os.path.join(STATE["tmp"], "apikey.log"),
+                                  ["cache.page_size=8"], ["--api-key", "sekrit-1", "--api-key", "sekrit-2"])
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_cluster(cls.state)
+
+    def client(self, key):
+        return openai.OpenAI(base_url=self.state["url"] + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def test_http(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        for key in ("wrong", "sekrit-1x", "sekrit"):
+            with self.assertRaises(openai.AuthenticationError) as cm:
+                self.client(key).chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+            self.assertEqual(cm.exception.status_code, 401)
+            err = cm.exception.response.json()["error"]
+            self.assertEqual(set(err), {"message", "type", "param", "code"})
+            self.assertEqual(err["code"], "invalid_api_key")
+        with self.assertRaises(openai.AuthenticationError):
+            self.client("wrong").models.list()
+        status, body, _ = http("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x"}).encode(),
+                               {"Content-Type": "application/json"}, base=self.state["url"])
+        self.assertEqual(status, 401)  # no Authorization header at all
+        self.assertIn("Authorization: Bearer", json.loads(body)["error"]["message"])
+        self.assertEqual(http("GET", "/health", base=self.state["url"])[0], 200)
+        for key in ("sekrit-1", "sekrit-2"):
+            r = self.client(key).chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, **GREEDY)
+            self.assertEqual(r.usage.completion_tokens, 2)
+        self.assertEqual([m.id for m in self.client("sekrit-2").models.list().data], [MODEL])
+
+    def test_grpc(self):
+        cmd = [os.path.join(BIN, "icecache"), "generate", "--router", self.state["router"], "--prompt", "hi",
+               "--max-tokens", "2", "--ignore-eos"]
+        env = {k: v for k, v in os.environ.items() if k != "ICECACHE_API_KEY"}
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("UNAUTHENTICATED", out.stderr)
+        out = subprocess.run(cmd + ["--api-key", "nope"], capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("not valid", out.stderr)
+        out = subprocess.run(cmd + ["--api-key", "sekrit-2"], capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(env, ICECACHE_API_KEY="sekrit-1"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        # The gRPC health check stays open (probes carry no key).
+        health = subprocess.run([os.path.join(BIN, "icecache"), "health", "--router", self.state["router"]],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(health.returncode, 0, health.stderr)
 
 
 def smollm2_path():
