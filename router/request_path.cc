@@ -218,14 +218,17 @@ Status RequestPath::Validate(const pb::GenerateRequest& req, std::vector<int32_t
       }
     }
   } else if (req.prompt_case() == pb::GenerateRequest::kMessages) {
-    if (tokenizer_->chat_format() == tokenizer::ChatFormat::kNone) {
-      return FailedPreconditionError(
-          "this model has no chat template that icecache can run (tokenizer_config.json's or the GGUF's "
-          "chat_template): send the prompt as text instead of messages");
-    }
     std::vector<tokenizer::ChatMessage> messages;
     for (const auto& m : req.messages().messages()) messages.push_back({m.role(), m.content()});
-    ICE_ASSIGN_OR_RETURN(std::string text, tokenizer_->ApplyChatTemplate(messages, /*add_generation_prompt=*/true));
+    // The tokenizer decides what it can format (FAILED_PRECONDITION without a usable template).
+    auto formatted = tokenizer_->ApplyChatTemplate(messages, /*add_generation_prompt=*/true);
+    if (!formatted.ok()) {
+      return Status(formatted.status().code(),
+                    "cannot format messages with this model's chat template (tokenizer_config.json's or the "
+                    "GGUF's chat_template): " + formatted.status().message() +
+                        "; send the prompt as text instead of messages");
+    }
+    const std::string& text = *formatted;
     // The template writes the special tokens it wants (bos included).
     ICE_ASSIGN_OR_RETURN(*ids, tokenizer_->Encode(text, /*add_special_tokens=*/false));
     if (ids->empty()) return InvalidArgumentError("messages format to no tokens");
