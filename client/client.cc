@@ -14,7 +14,13 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
   auto stub = pb::Generation::NewStub(cluster::MakeChannel(o.router));
   pb::GenerateRequest req;
   if (o.prompt) {
-    req.set_text(*o.prompt);
+    if (o.chat) {
+      auto* m = req.mutable_messages()->add_messages();
+      m->set_role("user");
+      m->set_content(*o.prompt);
+    } else {
+      req.set_text(*o.prompt);
+    }
   } else {
     req.mutable_token_ids()->mutable_ids()->Add(o.prompt_ids.begin(), o.prompt_ids.end());
   }
@@ -32,6 +38,7 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
     req.mutable_cache()->set_budget_pages(o.budget_pages);
   }
   grpc::ClientContext ctx;
+  if (!o.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + o.api_key);
   if (o.timeout_seconds > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(

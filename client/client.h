@@ -14,7 +14,7 @@ namespace icecache::router {
 
 struct RemoteGenerateOptions {
   std::string router;                   // HOST:PORT
-  std::optional<std::string> prompt;    // text, or
+  std::optional<std::string> prompt;    // text (with chat: the user message), or
   std::vector<int32_t> prompt_ids;      // token ids
   int max_tokens = 64;
   float temperature = 0.f;
@@ -26,6 +26,9 @@ struct RemoteGenerateOptions {
   bool ignore_eos = false;
   int budget_pages = -1;                // -1 = cluster default, 0 = full, else pages
   double timeout_seconds = 0;           // 0 = none
+  std::string api_key;                  // sent as metadata "authorization: Bearer KEY"; empty = none
+  bool chat = false;                    // send `prompt` as one user message: the router applies
+                                        // the model's chat template (FAILED_PRECONDITION without one)
 };
 
 struct RemoteChunk {

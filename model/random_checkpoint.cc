@@ -88,8 +88,12 @@ StatusOr<ModelConfig> RandomModelConfig(const RandomModelSpec& s) {
   c.qk_norm = s.arch == Architecture::kQwen3;
   c.rope.theta = s.rope_theta;
   c.rope.rotary_dim = c.head_dim;
-  c.bos_ids = {s.vocab - 2};
-  c.eos_ids = {s.vocab - 1};
+  // Special tokens take the last ids: bos, eos (then <|im_start|>, <|im_end|> with a chat template).
+  const bool chat = s.chat_template && s.write_tokenizer;
+  const int first_special = s.vocab - (chat ? 4 : 2);
+  c.bos_ids = {first_special};
+  c.eos_ids = {first_special + 1};
+  if (chat) c.eos_ids.push_back(first_special + 3);  // <|im_end|> ends an assistant turn
   switch (s.dtype) {
     case kernels::DType::kBF16: c.torch_dtype = "bfloat16"; break;
     case kernels::DType::kF16: c.torch_dtype = "float16"; break;
@@ -139,8 +143,9 @@ Status WriteRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec
   if (!spec.write_tokenizer) return Status::Ok();
 #if ICECACHE_HAVE_TOKENIZER
   tokenizer::ByteLevelBpeSpec ts;
-  ts.vocab_size = spec.vocab - 2;
   ts.special_tokens = {kBos, kEos};
+  if (spec.chat_template) ts.special_tokens.insert(ts.special_tokens.end(), {"<|im_start|>", "<|im_end|>"});
+  ts.vocab_size = spec.vocab - static_cast<int>(ts.special_tokens.size());
   ts.corpus =
       "The quick brown fox jumps over the lazy dog. A cache keeps the keys and values of every token; "
       "attention reads them back at each step of decoding. Long contexts need memory, and memory costs time. "
@@ -149,6 +154,13 @@ Status WriteRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec
   ICE_RETURN_IF_ERROR(WriteText(dir + "/tokenizer.json", tok_json));
   nlohmann::json tc = {{"bos_token", kBos}, {"eos_token", kEos}, {"add_bos_token", true},
                        {"model_max_length", spec.max_position}, {"tokenizer_class", "PreTrainedTokenizerFast"}};
+  if (spec.chat_template) {
+    tc["chat_template"] =
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+        "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+  }
   ICE_RETURN_IF_ERROR(WriteText(dir + "/tokenizer_config.json", tc.dump(2) + "\n"));
   return Status::Ok();
 #else

@@ -25,6 +25,9 @@ struct RandomModelSpec {
   bool tie = false;
   uint64_t seed = 0;
   bool write_tokenizer = true;  // tokenizer.json + tokenizer_config.json (needs vocab >= 258)
+  // With the tokenizer: <|im_start|> and <|im_end|> as special tokens and a ChatML chat_template
+  // in tokenizer_config.json (SmolLM2's), so that the checkpoint serves chat requests.
+  bool chat_template = false;
 };
 
 // Builds the ModelConfig a spec describes (INVALID_ARGUMENT for inconsistent sizes).

@@ -81,6 +81,27 @@ Status CheckRequestBeforeTokenizing(const pb::GenerateRequest& req, const cluste
     }
     ICE_RETURN_IF_ERROR(CheckUtf8(req.text(), "prompt text"));
   }
+  if (req.prompt_case() == pb::GenerateRequest::kMessages) {
+    const auto& messages = req.messages().messages();
+    if (messages.empty()) return InvalidArgumentError("messages is empty: send at least one message");
+    if (!has_tokenizer) return InvalidArgumentError("messages need a model with a tokenizer");
+    int64_t bytes = 0;
+    for (int i = 0; i < messages.size(); ++i) {
+      const std::string field = "messages[" + std::to_string(i) + "]";
+      const std::string& role = messages[i].role();
+      if (role != "system" && role != "user" && role != "assistant") {
+        return InvalidArgumentError(field + ".role = '" + (FirstInvalidUtf8(role) < 0 ? role : "?") +
+                                    "': it must be system, user or assistant");
+      }
+      ICE_RETURN_IF_ERROR(CheckUtf8(messages[i].content(), field + ".content"));
+      bytes += static_cast<int64_t>(messages[i].content().size());
+    }
+    if (bytes > limits.max_prompt_bytes) {
+      return InvalidArgumentError("messages have " + std::to_string(bytes) +
+                                  " bytes of content, more than limits.max_prompt_bytes = " +
+                                  std::to_string(limits.max_prompt_bytes));
+    }
+  }
   if (req.stop_size() > 0 && !has_tokenizer) return InvalidArgumentError("stop strings need a model with a tokenizer");
   if (req.stop_size() > limits.max_stop_strings) {
     return InvalidArgumentError(std::to_string(req.stop_size()) + " stop strings, more than limits.max_stop_strings = " +

@@ -20,7 +20,9 @@ int64_t FirstInvalidUtf8(std::string_view text);
 // temperature finite and >= 0; top_p in [0, 1]; top_k >= 0. NaN and infinities are refused.
 Status ValidateSampling(const v1::SamplingParams& sampling);
 
-// Prompt text: non-empty, <= limits.max_prompt_bytes, valid UTF-8. Stop strings: at most
+// Prompt text: non-empty, <= limits.max_prompt_bytes, valid UTF-8. Messages: at least one, role
+// system, user or assistant, content valid UTF-8, contents together <= limits.max_prompt_bytes,
+// only with a tokenizer. Stop strings: at most
 // limits.max_stop_strings, each non-empty, <= limits.max_stop_string_bytes, valid UTF-8, and only
 // with a tokenizer. Stop token ids: at most limits.max_stop_token_ids. Sampling as above.
 Status CheckRequestBeforeTokenizing(const v1::GenerateRequest& req, const cluster::LimitsSection& limits,

@@ -1,452 +1,47 @@
 #include "router/router_server.h"
 
-#include <prometheus/counter.h>
 #include <prometheus/exposer.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
-#include <cmath>
-#include <random>
 
 #include "common/logging.h"
 #include "icecache/v1/generation.grpc.pb.h"
-#include "model/config.h"
 #include "model/model_info.h"
-#include "model/tokenizer/tokenizer.h"
 #include "serving/grpc_util.h"
 #include "serving/internal_tls.h"
 #include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
 #include "router/admission_queue.h"
-#include "router/request_checks.h"
+#include "router/http_server.h"
+#include "router/request_path.h"
 #include "router/worker_pool.h"
 
 namespace icecache::router {
 namespace {
 
 namespace pb = ::icecache::v1;
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-using Metrics = cluster::RouterMetrics;
-
-const char* FinishName(pb::FinishReason r) {
-  switch (r) {
-    case pb::FINISH_REASON_LENGTH:
-      return "length";
-    case pb::FINISH_REASON_EOS:
-      return "eos";
-    case pb::FINISH_REASON_STOP:
-      return "stop";
-    default:
-      return "unspecified";
-  }
-}
-
+// The gRPC transport of the request path: responses go to the ServerWriter as they come.
 class GenerationServiceImpl final : public pb::Generation::Service {
  public:
-  GenerationServiceImpl(const cluster::ClusterConfig& config, model::ModelConfig model_config,
-                        std::unique_ptr<tokenizer::Tokenizer> tok, WorkerPool* prefill, WorkerPool* decode,
-                        Metrics* metrics, AdmissionQueue* admission)
-      : config_(config),
-        model_config_(std::move(model_config)),
-        tok_(std::move(tok)),
-        prefill_(prefill),
-        decode_(decode),
-        metrics_(metrics),
-        admission_(admission) {}
+  explicit GenerationServiceImpl(RequestPath* path) : path_(path) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
-    const auto arrival = Clock::now();
-    grpc::Status s;
-    if (streams_.fetch_add(1) >= config_.router.max_streams) {
-      s = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       "the router serves " + std::to_string(config_.router.max_streams) +
-                           " streams at once (router.max_streams); retry later");
-    } else {
-      s = Serve(ctx, req, writer, arrival);
-    }
-    streams_.fetch_sub(1);
-    if (!s.ok()) {
-      metrics_->errors.Add({{"code", std::string(StatusCodeName(static_cast<StatusCode>(s.error_code())))}})
-          .Increment();
-    }
-    return s;
+    struct WriterSink final : ResponseSink {
+      grpc::ServerWriter<pb::GenerateResponse>* w;
+      bool Write(const pb::GenerateResponse& r) override { return w->Write(r); }
+    } sink;
+    sink.w = writer;
+    GrpcRequestContext rc(ctx, std::chrono::duration<double>(path_->config().router.request_timeout_seconds));
+    return cluster::ToGrpc(path_->Generate(*req, rc, sink));
   }
 
  private:
-  Status Validate(const pb::GenerateRequest& req, std::vector<int32_t>* ids) const {
-    // Sizes, UTF-8 and sampling first: nothing is tokenized for a request refused anyway.
-    ICE_RETURN_IF_ERROR(CheckRequestBeforeTokenizing(req, config_.limits, tok_ != nullptr));
-    if (req.prompt_case() == pb::GenerateRequest::kText) {
-      if (!tok_) {
-        return InvalidArgumentError("this model has no tokenizer.json: send the prompt as token_ids instead of text");
-      }
-      ICE_ASSIGN_OR_RETURN(*ids, tok_->Encode(req.text(), /*add_special_tokens=*/true));
-      if (ids->empty()) return InvalidArgumentError("prompt text encodes to no tokens");
-    } else if (req.prompt_case() == pb::GenerateRequest::kTokenIds) {
-      ids->assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
-      if (ids->empty()) return InvalidArgumentError("prompt token_ids is empty");
-      for (size_t i = 0; i < ids->size(); ++i) {
-        int32_t id = (*ids)[i];
-        if (id < 0 || id >= model_config_.vocab_size) {
-          return InvalidArgumentError("token_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
-                                      " is outside the vocabulary [0, " + std::to_string(model_config_.vocab_size) +
-                                      ")");
-        }
-      }
-    } else {
-      return InvalidArgumentError("no prompt: set text or token_ids");
-    }
-    if (req.max_tokens() < 1 || req.max_tokens() > config_.limits.max_tokens) {
-      return InvalidArgumentError("max_tokens = " + std::to_string(req.max_tokens()) + " is out of range [1, " +
-                                  std::to_string(config_.limits.max_tokens) + "]");
-    }
-    const int64_t prompt = static_cast<int64_t>(ids->size());
-    if (prompt > config_.limits.max_prompt_tokens) {
-      return InvalidArgumentError("prompt has " + std::to_string(prompt) + " tokens, more than the limit of " +
-                                  std::to_string(config_.limits.max_prompt_tokens));
-    }
-    if (prompt >= model_config_.max_position) {
-      return InvalidArgumentError("prompt has " + std::to_string(prompt) + " tokens; the model's context is " +
-                                  std::to_string(model_config_.max_position));
-    }
-    if (req.cache().policy_case() == pb::CachePolicy::kBudgetPages) {
-      const int min_budget = config_.cache.sink_pages + config_.cache.window_pages + 1;
-      if (req.cache().budget_pages() < min_budget) {
-        return InvalidArgumentError("cache.budget_pages = " + std::to_string(req.cache().budget_pages()) +
-                                    " is too small: it must be at least sink + window + 1 = " +
-                                    std::to_string(min_budget) + " pages (or use full)");
-      }
-    }
-    for (int32_t id : req.stop_token_ids()) {
-      if (id < 0 || id >= model_config_.vocab_size) return InvalidArgumentError("stop_token_ids has an id outside the vocabulary");
-    }
-    return Status::Ok();
-  }
-
-  // The client's deadline on the steady clock (or the configured request timeout).
-  Clock::time_point SteadyDeadline(const grpc::ServerContext* ctx) const {
-    const auto sys_deadline = ctx->deadline();
-    const auto timeout = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(config_.router.request_timeout_seconds));
-    if (sys_deadline == std::chrono::system_clock::time_point::max()) return Clock::now() + timeout;
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(sys_deadline - std::chrono::system_clock::now());
-  }
-
-  grpc::Status Serve(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                     grpc::ServerWriter<pb::GenerateResponse>* writer, Clock::time_point arrival) {
-    std::vector<int32_t> ids;
-    if (Status v = Validate(*req, &ids); !v.ok()) return cluster::ToGrpc(v);
-    const int budget = req->cache().policy_case() == pb::CachePolicy::kFull      ? 0
-                       : req->cache().policy_case() == pb::CachePolicy::kBudgetPages ? req->cache().budget_pages()
-                                                                                 : config_.cache.default_budget_pages;
-    pb::SamplingParams sampling = req->sampling();
-    if (sampling.seed() == 0 && sampling.temperature() > 0) sampling.set_seed(std::random_device{}() | 1);
-
-    struct Gauge {
-      prometheus::Gauge& g;
-      explicit Gauge(prometheus::Gauge& x) : g(x) { g.Increment(); }
-      ~Gauge() { g.Decrement(); }
-    };
-    // Worker calls inherit the client's deadline and cancellation; without a client deadline the
-    // configured request timeout applies.
-    auto deadline_of = [&](grpc::ClientContext* c) {
-      if (ctx->deadline() == std::chrono::system_clock::time_point::max()) {
-        c->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                            std::chrono::duration<double>(config_.router.request_timeout_seconds)));
-      }
-    };
-
-    std::optional<Gauge> waiting(std::in_place, metrics_->waiting);
-    // 1. Reserve on the best decode worker that has room; without room anywhere, wait in the
-    // admission queue (bounded in length and time) and retry.
-    WorkerInfo decoder;
-    pb::ReserveResponse reserved;
-    bool never_fits = false;  // every worker said the request exceeds its whole pool
-    auto try_reserve = [&]() -> Status {
-      auto decoders = decode_->Ranked(/*claim=*/1);
-      if (decoders.empty()) return UnavailableError("no decode workers are configured");
-      grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no decode worker answered");
-      size_t exhausted = 0, never = 0;
-      bool got = false;
-      for (const auto& w : decoders) {
-        auto c = grpc::ClientContext::FromServerContext(*ctx);
-        deadline_of(c.get());
-        pb::ReserveRequest rr;
-        rr.set_request_id(req->request_id());
-        rr.set_prompt_tokens(static_cast<int32_t>(ids.size()));
-        rr.set_max_tokens(req->max_tokens());
-        if (budget == 0) {
-          rr.mutable_cache()->set_full(true);
-        } else {
-          rr.mutable_cache()->set_budget_pages(budget);
-        }
-        grpc::Status s = w.decode->Reserve(c.get(), rr, &reserved);
-        if (s.ok()) {
-          decoder = w;
-          got = true;
-          break;
-        }
-        last_error = s;
-        if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-          ++exhausted;
-          const auto& md = c->GetServerTrailingMetadata();
-          auto it = md.find("icecache-fits");
-          if (it != md.end() && it->second == "never") ++never;
-        }
-        if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
-      }
-      // Move the claim Ranked() made on the first worker to the one that accepted (or drop it).
-      decode_->AddInflight(decoders.front().address, -1);
-      if (got) {
-        decode_->AddInflight(decoder.address, 1);
-        return Status::Ok();
-      }
-      if (exhausted > 0 && last_error.error_code() != grpc::StatusCode::CANCELLED &&
-          last_error.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-        never_fits = never == decoders.size();
-        return ResourceExhaustedError("no decode worker can hold this request now: " + last_error.error_message());
-      }
-      return cluster::FromGrpc(last_error);
-    };
-    {
-      Status admitted = admission_->Admit(
-          try_reserve, [&](const Status&) { return !never_fits; }, [&] { return ctx->IsCancelled(); },
-          SteadyDeadline(ctx));
-      if (!admitted.ok()) return cluster::ToGrpc(admitted);
-    }
-    // From here on this request holds decode capacity: whoever waits may retry once it ends.
-    const auto reserved_at = Clock::now();
-    metrics_->queue_time.Observe(std::chrono::duration<double>(reserved_at - arrival).count());
-    struct NotifyOnExit {
-      AdmissionQueue* q;
-      ~NotifyOnExit() { q->Notify(); }
-    } notify_on_exit{admission_};
-    struct InflightGuard {
-      WorkerPool* pool;
-      std::string address;
-      int64_t n;
-      ~InflightGuard() { pool->AddInflight(address, -n); }
-    } decode_guard{decode_, decoder.address, 1};
-    auto release = [&] {
-      grpc::ClientContext c;
-      c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      pb::ReleaseRequest rel;
-      rel.set_sequence_id(reserved.sequence_id());
-      rel.set_reservation_token(reserved.reservation_token());
-      pb::ReleaseResponse ignored;
-      decoder.decode->Release(&c, rel, &ignored).ok();
-    };
-
-    // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker. A
-    // worker that is full (RESOURCE_EXHAUSTED: nothing done) or unreachable is skipped for the
-    // next one. (A worker that died mid-shipment leaves pages in the reservation: the next
-    // worker's shipment is then refused and the request fails, releasing everything.)
-    auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(ids.size()));
-    if (prefillers.empty()) {
-      release();
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill workers are configured");
-    }
-    InflightGuard prefill_guard{prefill_, prefillers.front().address, static_cast<int64_t>(ids.size())};
-    pb::PrefillResponse prefilled;
-    {
-      pb::PrefillRequest pr;
-      pr.set_request_id(req->request_id());
-      pr.mutable_token_ids()->Add(ids.begin(), ids.end());
-      *pr.mutable_sampling() = sampling;
-      pr.set_sequence_id(reserved.sequence_id());
-      pr.set_decode_transport_address(reserved.transport_address());
-      pr.set_reservation_token(reserved.reservation_token());
-      pr.set_build_index(budget != 0);
-      grpc::Status s;
-      for (size_t i = 0; i < prefillers.size(); ++i) {
-        const WorkerInfo& prefiller = prefillers[i];
-        if (i > 0) {  // move the in-flight claim to this worker
-          prefill_->AddInflight(prefill_guard.address, -prefill_guard.n);
-          prefill_->AddInflight(prefiller.address, prefill_guard.n);
-          prefill_guard.address = prefiller.address;
-        }
-        auto c = grpc::ClientContext::FromServerContext(*ctx);
-        deadline_of(c.get());
-        s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
-        if (s.ok()) break;
-        s = grpc::Status(s.error_code(), "prefill on " + prefiller.address + " failed: " + s.error_message());
-        const bool next = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-                          s.error_code() == grpc::StatusCode::UNAVAILABLE;
-        if (!next || ctx->IsCancelled()) break;
-      }
-      if (!s.ok()) {
-        release();
-        return s;
-      }
-    }
-    metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
-
-    // 3. Decode stream; the first token (from prefill) goes to the client right away.
-    waiting.reset();
-    Gauge running(metrics_->running);
-    auto dctx = grpc::ClientContext::FromServerContext(*ctx);
-    deadline_of(dctx.get());
-    pb::DecodeRequest dr;
-    dr.set_sequence_id(reserved.sequence_id());
-    dr.set_reservation_token(reserved.reservation_token());
-    dr.set_first_token(prefilled.first_token());
-    *dr.mutable_sampling() = sampling;
-    dr.set_max_tokens(req->max_tokens());
-    dr.mutable_stop_token_ids()->CopyFrom(req->stop_token_ids());
-    dr.set_ignore_eos(req->ignore_eos());
-    dr.set_kv_wait_seconds(config_.router.kv_transfer_timeout_seconds);
-    auto reader = decoder.decode->Decode(dctx.get(), dr);
-
-    std::unique_ptr<tokenizer::IncrementalDecoder> detok;
-    if (tok_) detok = std::make_unique<tokenizer::IncrementalDecoder>(*tok_);
-    std::string text_so_far;   // for stop strings
-    size_t text_sent = 0;      // bytes of text_so_far already sent
-    int completion = 0;
-    Clock::time_point first_at{}, last_at{};
-    pb::FinishReason finish = pb::FINISH_REASON_UNSPECIFIED;
-    bool stopped_by_string = false;
-    int64_t pages_fetched = 0;
-    double retrieval_seconds = 0;
-
-    // Sends tokens (and their text); returns false when the client is gone.
-    auto emit = [&](const std::vector<int32_t>& tokens, bool first) -> bool {
-      pb::GenerateResponse out;
-      if (first) {
-        out.set_request_id(req->request_id());
-        out.set_decode_worker(decoder.address);
-      }
-      for (int32_t t : tokens) {
-        if (stopped_by_string) break;
-        out.add_token_ids(t);
-        ++completion;
-        if (detok) {
-          auto piece = detok->Push(t);
-          if (piece.ok()) text_so_far += *piece;
-          for (const auto& stop : req->stop()) {
-            size_t at = text_so_far.find(stop, text_sent > stop.size() ? text_sent - stop.size() : 0);
-            if (!stop.empty() && at != std::string::npos) {
-              text_so_far.resize(at);
-              stopped_by_string = true;
-              break;
-            }
-          }
-        }
-      }
-      // Hold back a possible prefix of a stop string until it is decided.
-      size_t hold = 0;
-      if (!stopped_by_string) {
-        for (const auto& stop : req->stop()) {
-          for (size_t k = std::min(stop.size() - (stop.empty() ? 0 : 1), text_so_far.size() - text_sent); k > hold; --k) {
-            if (text_so_far.compare(text_so_far.size() - k, k, stop, 0, k) == 0) {
-              hold = k;
-              break;
-            }
-          }
-        }
-      }
-      size_t upto = text_so_far.size() - hold;
-      if (upto > text_sent) {
-        out.set_text(text_so_far.substr(text_sent, upto - text_sent));
-        text_sent = upto;
-      }
-      const auto now = Clock::now();
-      if (first) {
-        first_at = now;
-        metrics_->ttft.Observe(std::chrono::duration<double>(now - arrival).count());
-      } else if (!tokens.empty()) {
-        metrics_->itl.Observe(std::chrono::duration<double>(now - last_at).count() / tokens.size());
-      }
-      last_at = now;
-      metrics_->generation_tokens.Increment(static_cast<double>(out.token_ids_size()));
-      return writer->Write(out);
-    };
-
-    if (!emit({prefilled.first_token()}, /*first=*/true)) {
-      dctx->TryCancel();
-      reader->Finish();
-      release();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    }
-    pb::DecodeResponse dresp;
-    while (!stopped_by_string && reader->Read(&dresp)) {
-      std::vector<int32_t> tokens(dresp.token_ids().begin(), dresp.token_ids().end());
-      if (!tokens.empty() && !emit(tokens, false)) {
-        dctx->TryCancel();
-        break;
-      }
-      if (dresp.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
-        finish = dresp.finish_reason();
-        pages_fetched = dresp.pages_fetched();
-        retrieval_seconds = dresp.retrieval_seconds();
-      }
-    }
-    if (stopped_by_string) {
-      dctx->TryCancel();
-      finish = pb::FINISH_REASON_STOP;
-    }
-    grpc::Status ds = reader->Finish();
-    // A Decode that failed before it took the reservation over (refused parameters, KV that
-    // never arrived, a worker that went away) must not leave it held until it expires. Release
-    // of a sequence that has already ended is a no-op on the worker.
-    if (!ds.ok()) release();
-    if (!stopped_by_string && !ds.ok()) {
-      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client");
-      return grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message());
-    }
-    if (finish == pb::FINISH_REASON_UNSPECIFIED) finish = pb::FINISH_REASON_LENGTH;
-
-    pb::GenerateResponse last;
-    if (detok && !stopped_by_string) {
-      text_so_far += detok->Flush();
-    }
-    if (text_so_far.size() > text_sent) last.set_text(text_so_far.substr(text_sent));
-    last.set_finish_reason(finish);
-    last.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(ids.size()));
-    last.mutable_usage()->set_completion_tokens(completion);
-    auto* t = last.mutable_timing();
-    const double ttft = std::chrono::duration<double>(first_at - arrival).count();
-    const double e2e = Since(arrival);
-    t->set_ttft_seconds(ttft);
-    t->set_tpot_seconds(completion > 1 ? std::chrono::duration<double>(last_at - first_at).count() / (completion - 1)
-                                       : 0.0);
-    t->set_e2e_seconds(e2e);
-    t->set_prefill_queue_seconds(prefilled.queue_seconds());
-    t->set_prefill_compute_seconds(prefilled.compute_seconds());
-    t->set_tree_build_seconds(prefilled.tree_build_seconds());
-    t->set_transfer_seconds(prefilled.transfer_seconds());
-    t->set_transfer_bytes(prefilled.transfer_bytes());
-    t->set_pages_fetched(pages_fetched);
-    t->set_retrieval_seconds(retrieval_seconds);
-    writer->Write(last);
-    metrics_->e2e.Observe(e2e);
-    if (completion > 1) metrics_->tpot.Observe(t->tpot_seconds());
-    if (completion > 0) {
-      metrics_->prefill_time.Observe(std::chrono::duration<double>(first_at - reserved_at).count());
-      metrics_->decode_time.Observe(std::chrono::duration<double>(last_at - first_at).count());
-    }
-    metrics_->prompt_tokens_per_request.Observe(static_cast<double>(ids.size()));
-    metrics_->generation_tokens_per_request.Observe(static_cast<double>(completion));
-    metrics_->success.Add({{"finished_reason", FinishName(finish)}}).Increment();
-    return grpc::Status::OK;
-  }
-
-  const cluster::ClusterConfig config_;
-  const model::ModelConfig model_config_;
-  const std::unique_ptr<tokenizer::Tokenizer> tok_;
-  WorkerPool* prefill_;
-  WorkerPool* decode_;
-  Metrics* metrics_;
-  AdmissionQueue* admission_;
-  std::atomic<int> streams_{0};  // Generate calls in progress (limit: router.max_streams)
+  RequestPath* const path_;
 };
 
 }  // namespace
@@ -455,14 +50,17 @@ struct RouterServer::Impl {
   std::unique_ptr<WorkerPool> prefill;
   std::unique_ptr<WorkerPool> decode;
   std::shared_ptr<prometheus::Registry> registry;
-  std::unique_ptr<Metrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<AdmissionQueue> admission;
+  std::unique_ptr<RequestPath> path;
   std::unique_ptr<GenerationServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<HttpServer> http;
+  std::atomic<bool> serving{false};  // the health state, for the HTTP /health too
   std::string host;
   int port = 0;
   int metrics_port = 0;
+  int http_port = 0;
   std::once_flag shutdown_once;
   // Health: SERVING only while some prefill and some decode worker answer.
   std::mutex health_mu;
@@ -496,12 +94,10 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   impl->prefill->Start();
   impl->decode->Start();
   impl->registry = std::make_shared<prometheus::Registry>();
-  impl->metrics = std::make_unique<Metrics>(
-      *impl->registry, cluster::ProcessLabels("router", cluster::ServedModelName(config.model.name, config.model.dir)));
   impl->admission = std::make_unique<AdmissionQueue>(config.router.max_waiting, config.router.max_queue_wait_seconds);
-  impl->service = std::make_unique<GenerationServiceImpl>(config, mc, std::move(tok), impl->prefill.get(),
-                                                          impl->decode.get(), impl->metrics.get(),
-                                                          impl->admission.get());
+  impl->path = std::make_unique<RequestPath>(config, std::move(mc), std::move(tok), impl->prefill.get(),
+                                             impl->decode.get(), impl->admission.get(), *impl->registry);
+  impl->service = std::make_unique<GenerationServiceImpl>(impl->path.get());
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.router.listen, {impl->service.get()},
                                                           {"icecache.v1.Generation"}, &impl->port,
                                                           config.limits.max_message_bytes));
@@ -515,19 +111,31 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   Impl* raw = impl.get();
   auto update_health = [raw] {
     bool serving = raw->prefill->AnyHealthy() && raw->decode->AnyHealthy();
+    raw->serving = serving;
     if (auto* h = raw->server->GetHealthCheckService()) {
       h->SetServingStatus(serving);
       h->SetServingStatus("icecache.v1.Generation", serving);
     }
   };
   update_health();
+  if (config.router.http_port > 0) {
+    HttpServerOptions ho;
+    ho.host = impl->host;
+    ho.port = config.router.http_port;
+    ho.model_name = cluster::ServedModelName(config.model.name, config.model.dir);
+    ho.threads = config.router.http_threads;
+    ho.max_body_bytes = config.limits.max_message_bytes;
+    ICE_ASSIGN_OR_RETURN(impl->http, HttpServer::Start(ho, impl->path.get(), [raw] { return raw->serving.load(); }));
+    impl->http_port = impl->http->port();
+  }
   const auto period = std::chrono::duration<double>(config.router.stats_refresh_seconds);
   impl->health_thread = std::thread([raw, update_health, period] {
     std::unique_lock<std::mutex> lock(raw->health_mu);
     while (!raw->health_cv.wait_for(lock, period, [raw] { return raw->stop; })) update_health();
   });
   ICE_LOG(INFO) << "router serving on " << impl->host << ":" << impl->port << " (" << impl->prefill->size()
-                << " prefill, " << impl->decode->size() << " decode workers)";
+                << " prefill, " << impl->decode->size() << " decode workers)"
+                << (impl->http ? "; OpenAI-compatible HTTP on port " + std::to_string(impl->http_port) : "");
   return std::unique_ptr<RouterServer>(new RouterServer(std::move(impl)));
 }
 
@@ -541,6 +149,7 @@ void RouterServer::Shutdown() {
     }
     impl_->health_cv.notify_all();
     if (impl_->health_thread.joinable()) impl_->health_thread.join();
+    if (impl_->http) impl_->http->Shutdown();
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     impl_->exposer.reset();
   });
@@ -550,6 +159,7 @@ void RouterServer::Wait() { impl_->server->Wait(); }
 int RouterServer::port() const { return impl_->port; }
 std::string RouterServer::address() const { return impl_->host + ":" + std::to_string(impl_->port); }
 int RouterServer::metrics_port() const { return impl_->metrics_port; }
+int RouterServer::http_port() const { return impl_->http_port; }
 int RouterServer::queued_requests() const { return impl_->admission->waiting(); }
 
 }  // namespace icecache::router

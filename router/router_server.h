@@ -8,6 +8,8 @@
 // with RESOURCE_EXHAUSTED only when the queue is full or its wait runs out; at most
 // router.max_streams Generate calls run at once. A prefill worker that is full or unreachable is
 // skipped for the next one.
+// The same request path (router/request_path.h) serves the OpenAI-compatible HTTP API
+// (router/http_server.h) on router.http_port when it is set.
 // Health: the router reports SERVING (overall and for icecache.v1.Generation) only while at least
 // one prefill and one decode worker answer their Stats calls.
 #pragma once
@@ -30,6 +32,7 @@ class RouterServer {
   int port() const;
   std::string address() const;
   int metrics_port() const;  // 0 when disabled
+  int http_port() const;     // the OpenAI-compatible HTTP API (router.http_port); 0 when disabled
   // Requests waiting in the admission queue for a decode worker with room now.
   int queued_requests() const;
   void Wait();

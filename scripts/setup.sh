@@ -15,6 +15,7 @@ PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils prometheus-cpp-dev libfaiss-dev prometheus
+  libcpp-httplib-dev curl python3-pip
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -26,6 +27,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# PyPI test dependency: cluster_openai_api_test drives the HTTP API with the official client.
+if ! python3 -c 'import openai' 2>/dev/null; then
+  echo "setup: installing the openai Python package"
+  python3 -m pip install -q openai 2>/dev/null || python3 -m pip install -q --break-system-packages openai ||
+    echo "setup: could not install openai; cluster_openai_api_test will be skipped"
 fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"

@@ -224,7 +224,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.CheckShape({"listen", "metrics_port", "prefill", "decode", "dns_refresh_seconds",
                                          "stats_refresh_seconds", "request_timeout_seconds",
                                          "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
-                                         "max_streams"}));
+                                         "max_streams", "http_port", "http_threads",
+                                         "api_keys"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -237,6 +238,14 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("max_waiting", &c.router.max_waiting, 0, 1 << 24));
   ICE_RETURN_IF_ERROR(router.Number("max_queue_wait_seconds", &c.router.max_queue_wait_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(router.Number("max_streams", &c.router.max_streams, 1, 1 << 24));
+  ICE_RETURN_IF_ERROR(router.Number("http_port", &c.router.http_port, 0, 65535));
+  ICE_RETURN_IF_ERROR(router.Number("http_threads", &c.router.http_threads, 1, 1 << 16));
+  ICE_RETURN_IF_ERROR(router.StringList("api_keys", &c.router.api_keys));
+  for (const auto& k : c.router.api_keys) {
+    if (k.empty() || k.find_first_of(" \t\r\n") != std::string::npos) {
+      return InvalidArgumentError(origin + ": router.api_keys: a key must be non-empty and hold no whitespace");
+    }
+  }
 
   MapReader prefill = top.Sub("prefill");
   ICE_RETURN_IF_ERROR(prefill.CheckShape(
@@ -323,6 +332,7 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, const std::ve
 StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section) {
   std::string config_path;
   std::vector<std::string> overrides;
+  std::vector<std::string> api_keys;  // --api-key: kept out of the YAML overrides (a key may hold YAML syntax)
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -348,6 +358,12 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
       overrides.push_back(section + ".listen=" + value);
     } else if (take("--metrics-port")) {
       overrides.push_back(section + ".metrics_port=" + value);
+    } else if (take("--api-key")) {
+      if (section != "router") return InvalidArgumentError("--api-key: only the router checks API keys");
+      api_keys.push_back(value);
+    } else if (take("--http-port")) {
+      if (section != "router") return InvalidArgumentError("--http-port: only the router serves HTTP");
+      overrides.push_back("router.http_port=" + value);
     } else if (take("--kv-dtype")) {
       overrides.push_back("cache.kv_dtype=" + value);
     } else if (take("--device")) {
@@ -356,10 +372,17 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
     } else {
       return InvalidArgumentError("unknown or incomplete option '" + arg +
                                   "' (options: --config FILE, --set SECTION.KEY=VALUE, --model DIR, "
-                                  "--listen HOST:PORT, --metrics-port PORT, --kv-dtype bf16|f16|f32, --device auto|cpu|cuda:N)");
+                                  "--listen HOST:PORT, --metrics-port PORT, --http-port PORT (router), --api-key KEY (router), --kv-dtype bf16|f16|f32, --device auto|cpu|cuda:N)");
     }
   }
-  return LoadClusterConfig(config_path, overrides);
+  ICE_ASSIGN_OR_RETURN(ClusterConfig c, LoadClusterConfig(config_path, overrides));
+  for (const auto& k : api_keys) {
+    if (k.empty() || k.find_first_of(" \t\r\n") != std::string::npos) {
+      return InvalidArgumentError("--api-key: a key must be non-empty and hold no whitespace");
+    }
+    c.router.api_keys.push_back(k);
+  }
+  return c;
 }
 
 std::string ClusterConfigToYaml(const ClusterConfig& c) {
@@ -407,6 +430,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_waiting" << YAML::Value << c.router.max_waiting;
   out << YAML::Key << "max_queue_wait_seconds" << YAML::Value << c.router.max_queue_wait_seconds;
   out << YAML::Key << "max_streams" << YAML::Value << c.router.max_streams;
+  out << YAML::Key << "http_port" << YAML::Value << c.router.http_port;
+  out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
+  out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << c.router.api_keys;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;

@@ -15,7 +15,9 @@ namespace icecache::cluster {
 
 struct ModelSection {
   std::string dir;   // model directory (config.json, *.safetensors, optional tokenizer.json) or a .gguf file
-  std::string name;  // served model name (metrics' model_name; the API's model id); "": from `dir`
+  // Served model name: the HTTP API's model id (requests naming another get 404) and the
+  // model_name label of every metric; "": the last component of `dir` without ".gguf".
+  std::string name;
 };
 
 struct CacheSection {
@@ -89,6 +91,15 @@ struct RouterSection {
   int max_waiting = 1024;
   double max_queue_wait_seconds = 60;
   int max_streams = 4096;
+  // OpenAI-compatible HTTP API (docs/openai_api.md) on this port of the listen host; 0 = off.
+  // http_threads connections are served at once (each open stream holds one; more wait for a
+  // thread). Bodies above limits.max_message_bytes are refused with 413.
+  int http_port = 0;
+  int http_threads = 256;
+  // API keys of the public APIs (gRPC metadata "authorization: Bearer KEY", HTTP header
+  // "Authorization: Bearer KEY"); empty = no authentication. A request without one of these keys
+  // is UNAUTHENTICATED (HTTP 401). Health checks and /metrics stay open.
+  std::vector<std::string> api_keys;
 };
 
 struct PrefillSection {
@@ -174,7 +185,8 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path,
 
 // Pulls the options common to all three binaries out of argv: --config FILE, --set K=V (repeatable)
 // and shorthands (--model DIR -> model.dir, --listen ADDR -> <section>.listen, --metrics-port P ->
-// <section>.metrics_port, --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
+// <section>.metrics_port, --http-port P -> router.http_port (router only), --api-key KEY -> appended to router.api_keys (router
+// only, repeatable), --kv-dtype T -> cache.kv_dtype). `section` is "router", "prefill" or "decode". Unknown flags are
 // INVALID_ARGUMENT. argv[0] is skipped.
 StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::string& section);
 

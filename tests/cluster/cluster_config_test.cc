@@ -123,6 +123,48 @@ TEST(ClusterConfig, CommandLineAndRoundTrip) {
   EXPECT_FALSE(ConfigFromCommandLine(2, bad_argv.data(), "decode").ok());
 }
 
+TEST(ClusterConfig, HttpApiKeys) {
+  auto d = ParseClusterConfig("", "defaults");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->router.http_port, 0);  // off unless asked for
+  EXPECT_EQ(d->router.http_threads, 256);
+  auto c = ParseClusterConfig("model: {name: tiny}\nrouter: {http_port: 8000, http_threads: 8}\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->router.http_port, 8000);
+  EXPECT_EQ(c->router.http_threads, 8);
+  EXPECT_EQ(c->model.name, "tiny");
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "roundtrip");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->router.http_port, 8000);
+  EXPECT_EQ(again->model.name, "tiny");
+  auto bad = ParseClusterConfig("router: {http_port: 70000}\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("router.http_port"), std::string::npos) << bad.status().message();
+
+  std::vector<std::string> args = {"icecache-router", "--http-port", "8001"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  auto r = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "router");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->router.http_port, 8001);
+  // API keys: from the file and from --api-key (appended; kept out of YAML parsing).
+  auto k = ParseClusterConfig("router: {api_keys: [a1, b2]}\n", "t.yaml");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->router.api_keys, (std::vector<std::string>{"a1", "b2"}));
+  EXPECT_FALSE(ParseClusterConfig("router: {api_keys: ['has space']}\n", "t.yaml").ok());
+  std::vector<std::string> kargs = {"icecache-router", "--api-key", "k:{1}", "--api-key=k2"};
+  std::vector<char*> kargv;
+  for (auto& a : kargs) kargv.push_back(a.data());
+  auto kr = ConfigFromCommandLine(static_cast<int>(kargv.size()), kargv.data(), "router");
+  ASSERT_TRUE(kr.ok()) << kr.status().ToString();
+  EXPECT_EQ(kr->router.api_keys, (std::vector<std::string>{"k:{1}", "k2"}));
+  EXPECT_FALSE(ConfigFromCommandLine(static_cast<int>(kargv.size()), kargv.data(), "prefill").ok());
+  // Only the router serves HTTP.
+  auto w = ConfigFromCommandLine(static_cast<int>(argv.size()), argv.data(), "decode");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("only the router"), std::string::npos);
+}
+
 TEST(ClusterConfig, KvDtypeAndShippingKeys) {
   auto c = ParseClusterConfig("", "t.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <thread>
@@ -11,6 +12,9 @@
 #include "model/dense_kv_cache.h"
 #include "model/generator.h"
 #include "model/model.h"
+#include "model/random_checkpoint.h"
+#include "model/tokenizer/tokenizer.h"
+#include "icecache/v1/generation.grpc.pb.h"
 #include "client/client.h"
 #include "router/worker_pool.h"
 #include "serving/grpc_util.h"
@@ -263,6 +267,91 @@ TEST(ClusterNoTokenizer, TextToModelWithoutTokenizerIsRejected) {
   r = Generate(c->router->address(), o);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.tokens.size(), 8u);
+}
+
+// Chat over the gRPC API: the router formats GenerateRequest.messages with the model's chat
+// template and tokenizes without an extra bos; a model without a template is FAILED_PRECONDITION.
+TEST_F(ClusterTest, ChatToModelWithoutTemplateIsFailedPrecondition) {
+  RemoteGenerateOptions o;
+  o.prompt = "hello";
+  o.chat = true;
+  Result r = Generate(RouterAddress(), o);
+  EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("chat template"), std::string::npos) << r.status.message();
+}
+
+TEST(ClusterChat, MessagesAreFormattedWithTheChatTemplate) {
+  const std::string dir = ::testing::TempDir() + "/icecache_cluster_model_chat";
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    model::RandomModelSpec spec;
+    spec.hidden = 64;
+    spec.layers = 3;
+    spec.vocab = 320;
+    spec.dtype = kernels::DType::kF32;
+    spec.seed = 11;
+    spec.chat_template = true;
+    const std::string tmp = dir + ".tmp." + std::to_string(getpid());
+    ASSERT_TRUE(model::WriteRandomCheckpoint(tmp, spec).ok());
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  auto c = LoopbackCluster::Start(dir, 1, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  auto tok = tokenizer::Tokenizer::Load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  ASSERT_EQ((*tok)->chat_format(), tokenizer::ChatFormat::kChatMl);
+  auto text = (*tok)->ApplyChatTemplate({{"user", "What is a cache?"}}, /*add_generation_prompt=*/true);
+  ASSERT_TRUE(text.ok());
+  auto ids = (*tok)->Encode(*text, /*add_special_tokens=*/false);
+  ASSERT_TRUE(ids.ok());
+
+  RemoteGenerateOptions o;
+  o.prompt = "What is a cache?";
+  o.chat = true;
+  o.max_tokens = 8;
+  o.ignore_eos = true;
+  o.budget_pages = 0;  // full: exact, so the two requests below must agree token for token
+  Result chat = Generate(c->router->address(), o);
+  ASSERT_TRUE(chat.status.ok()) << chat.status.ToString();
+  EXPECT_EQ(chat.last.prompt_tokens, static_cast<int>(ids->size()));
+  // The same ids sent as a token prompt give the same tokens.
+  RemoteGenerateOptions by_ids = o;
+  by_ids.prompt.reset();
+  by_ids.chat = false;
+  by_ids.prompt_ids = *ids;
+  Result same = Generate(c->router->address(), by_ids);
+  ASSERT_TRUE(same.status.ok()) << same.status.ToString();
+  EXPECT_EQ(same.tokens, chat.tokens);
+  EXPECT_EQ(chat.tokens.size(), 8u);
+
+  // Bad messages are INVALID_ARGUMENT naming the field, checked before tokenizing.
+  auto stub = v1::Generation::NewStub(cluster::MakeChannel(c->router->address()));
+  auto call = [&](const v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse ignored;
+    while (reader->Read(&ignored)) {
+    }
+    return reader->Finish();
+  };
+  v1::GenerateRequest req;
+  req.set_max_tokens(4);
+  req.mutable_messages();
+  grpc::Status s = call(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("messages is empty"), std::string::npos) << s.error_message();
+  auto* m = req.mutable_messages()->add_messages();
+  m->set_role("tool");
+  m->set_content("x");
+  s = call(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("messages[0].role"), std::string::npos) << s.error_message();
+  m->set_role("user");
+  m->set_content(std::string("\xff", 1));
+  s = call(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("messages[0].content is not valid UTF-8"), std::string::npos) << s.error_message();
 }
 
 // A GGUF checkpoint served by the whole cluster: the router reads its config and tokenizer from

@@ -26,10 +26,12 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: icecache cluster --model DIR --port P [--prefill N] [--decode M] [--config FILE]\n"
-    "                        [--metrics-port BASE] [--device auto|cpu|cuda] [--set SECTION.KEY=VALUE ...] [--once]\n"
+    "                        [--metrics-port BASE] [--http-port H] [--api-key KEY] [--device auto|cpu|cuda] [--set SECTION.KEY=VALUE ...] [--once]\n"
     "  Router on 127.0.0.1:P; prefill workers on P+1..P+N, decode workers on P+N+1..P+N+M.\n"
     "  --metrics-port BASE: /metrics of the router on BASE, prefill workers on BASE+1.., decode\n"
     "  workers after them (monitoring/prometheus.yml scrapes 9400-9402).\n"
+    "  --http-port H: the router's OpenAI-compatible HTTP API on 127.0.0.1:H (docs/openai_api.md).\n"
+    "  --api-key KEY: the router asks for it on both APIs (repeatable; router.api_keys).\n"
     "  --config/--set are passed to every process (keys: docs/config.md).\n"
     "  --device: auto (default) puts the workers on the visible GPUs round-robin (prefill workers\n"
     "    first: cuda:0, cuda:1, ...; CUDA_VISIBLE_DEVICES decides what is visible), or all on the\n"
@@ -105,10 +107,10 @@ Child* Reap(std::vector<Child>& children, std::string* how) {
 
 int RunCluster(int argc, char** argv) {
   std::string model, config;
-  int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0;
+  int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0, http_port = 0;
   kernels::Device device;
   bool once = false, insecure_internal = false;
-  std::vector<std::string> sets;
+  std::vector<std::string> sets, api_keys;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -123,6 +125,14 @@ int RunCluster(int argc, char** argv) {
       num_decode = std::atoi(v);
     } else if (a == "--metrics-port" && (v = next())) {
       metrics_base = std::atoi(v);
+    } else if (a == "--http-port" && (v = next())) {
+      http_port = std::atoi(v);
+      if (http_port <= 0 || http_port > 65535) {
+        std::fprintf(stderr, "icecache cluster: --http-port %s is not a port (1-65535)\n", v);
+        return 2;
+      }
+    } else if (a == "--api-key" && (v = next())) {
+      api_keys.push_back(v);
     } else if (a == "--config" && (v = next())) {
       config = v;
     } else if (a == "--set" && (v = next())) {
@@ -249,6 +259,8 @@ int RunCluster(int argc, char** argv) {
   auto router_args = common(router);
   router_args.insert(router_args.end(), {"--set", "router.prefill.addresses=" + prefill_list, "--set",
                                          "router.decode.addresses=" + decode_list});
+  if (http_port > 0) router_args.insert(router_args.end(), {"--http-port", std::to_string(http_port)});
+  for (const auto& k : api_keys) router_args.insert(router_args.end(), {"--api-key", k});
   children.push_back({"router " + router, Spawn((bin / "icecache-router").string(), router_args)});
 
   bool serving = false;

@@ -1,5 +1,6 @@
 // icecache generate: run a model directory locally and stream the generated text (or ids).
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,11 +39,13 @@ int RunGenerate(int argc, char** argv) {
   GenerateOptions& o = *opts;
   if (!o.router.empty()) {
 #ifdef ICECACHE_HAVE_CLUSTER
-    // Remote mode: the cluster tokenizes (bos added where the tokenizer asks) and samples.
-    if (o.chat || !o.add_bos || o.sampling.repetition_penalty != 1.f) {
-      std::fprintf(stderr, "icecache generate: --chat, --no-bos and --repetition-penalty are local-only options\n");
+    // Remote mode: the cluster tokenizes (bos added where the tokenizer asks, or the chat
+    // template with --chat) and samples.
+    if (!o.add_bos || o.sampling.repetition_penalty != 1.f) {
+      std::fprintf(stderr, "icecache generate: --no-bos and --repetition-penalty are local-only options\n");
       return 2;
     }
+
     router::RemoteGenerateOptions r;
     r.router = o.router;
     r.prompt = o.prompt;
@@ -56,6 +59,11 @@ int RunGenerate(int argc, char** argv) {
     r.stop_ids = o.sampling.stop_ids;
     r.ignore_eos = o.sampling.ignore_eos;
     r.budget_pages = o.budget_pages;
+    r.chat = o.chat;
+    r.api_key = o.api_key;
+    if (r.api_key.empty()) {
+      if (const char* k = std::getenv("ICECACHE_API_KEY"); k != nullptr) r.api_key = k;
+    }  // the router formats the message with the model's chat template
     return router::PrintRemoteGeneration(r, o.output == GenerateOptions::Output::kIds);
 #else
     std::fprintf(stderr, "icecache generate: --router is not available in this build (run with --model)\n");

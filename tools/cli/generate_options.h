@@ -35,7 +35,8 @@ inline constexpr const char* kGenerateUsage =
     "  --threads N             CPU threads for the kernels (default: all)\n"
     "  --device D              auto (a GPU when present; default), cpu, cuda or cuda:N\n"
     "  --router HOST:PORT      generate on an icecache cluster instead of locally (no --model)\n"
-    "  --budget full|PAGES     remote: KV page budget of sparse layers (default: the cluster's)\n";
+    "  --budget full|PAGES     remote: KV page budget of sparse layers (default: the cluster's)\n"
+    "  --api-key KEY           remote: the router's API key (default: $ICECACHE_API_KEY)\n";
 
 struct GenerateOptions {
   std::string model_dir;
@@ -50,6 +51,7 @@ struct GenerateOptions {
   kernels::Device device;  // where the model runs (auto: a GPU when present)
   std::string router;  // remote mode (HOST:PORT of an icecache router); empty = run the model locally
   int budget_pages = -1;  // remote mode: -1 = the cluster's default, 0 = full attention, else pages
+  std::string api_key;    // remote mode: sent as "authorization: Bearer KEY"; empty = none
 };
 
 // Parses "1,2,3" (no spaces required; empty items refused).
@@ -170,6 +172,9 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
       ICE_ASSIGN_OR_RETURN(o.device, kernels::ParseDevice(v));
     } else if (flag == "--router") {
       ICE_ASSIGN_OR_RETURN(o.router, value());
+    } else if (flag == "--api-key") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      o.api_key = v;
     } else if (flag == "--budget") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       if (std::string(v) == "full") {

@@ -17,7 +17,8 @@ constexpr const char* kUsage =
     "  --hidden H (256)  --layers L (4)  --heads N (4)  --kv-heads K (2)  --head-dim D (hidden/heads)\n"
     "  --intermediate I (8/3 hidden)  --vocab V (512, two special tokens included)\n"
     "  --max-position P (4096)  --rope-theta T (10000)  --dtype bf16|f16|f32 (bf16)  --tie  --seed S (0)\n"
-    "  --no-tokenizer    write no tokenizer.json (the model then serves token ids only)\n";
+    "  --no-tokenizer    write no tokenizer.json (the model then serves token ids only)\n"
+    "  --chat-template   add <|im_start|>/<|im_end|> and a ChatML chat_template (serves chat requests)\n";
 
 bool ParseInt(const char* s, long long lo, long long hi, long long* out) {
   char* end = nullptr;
@@ -42,6 +43,10 @@ int RunMakeModel(int argc, char** argv) {
     }
     if (flag == "--tie") {
       spec.tie = true;
+      continue;
+    }
+    if (flag == "--chat-template") {
+      spec.chat_template = true;
       continue;
     }
     if (flag == "--no-tokenizer") {
