@@ -42,6 +42,7 @@ TEST_P(HelmRender, ConfigMapLoadsInTheConfigParser) {
   EXPECT_TRUE(c->router.prefill.addresses.empty());
   EXPECT_EQ(c->router.listen, "0.0.0.0:50051");
   EXPECT_EQ(c->router.metrics_port, 9400);
+  EXPECT_EQ(c->router.http_port, 8000);  // ports.http: the OpenAI-compatible API
   EXPECT_EQ(c->prefill.metrics_port, 9401);
   EXPECT_EQ(c->decode.metrics_port, 9402);
   const std::string set = GetParam();

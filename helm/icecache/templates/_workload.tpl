@@ -53,6 +53,10 @@ spec:
               containerPort: {{ $port }}
             - name: metrics
               containerPort: {{ $metrics }}
+            {{- if and (eq $component "router") (gt (int $root.Values.ports.http) 0) }}
+            - name: http
+              containerPort: {{ $root.Values.ports.http }}
+            {{- end }}
           startupProbe:
             tcpSocket:
               port: grpc
