@@ -3,10 +3,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "common/logging.h"
 #include "common/secure_random.h"
 #include "kvstore/sequence_cache.h"
+#include "model/finish_rules.h"
+#include "model/tokenizer/tokenizer.h"
 #include "transport/kv_shipping.h"
 
 namespace icecache::decode {
@@ -68,6 +71,7 @@ struct DecodeEngine::Running {
   int budget_pages = 0;
   DecodeParams params;
   std::unique_ptr<model::Sampler> sampler;
+  std::optional<model::TokenStops> stops;  // the request's finish rules (model/finish_rules.h)
   std::vector<int32_t> generated;  // output tokens so far (first_token included)
   int32_t last = -1;               // next input token
   std::shared_ptr<TokenStream> stream;
@@ -242,6 +246,13 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   run->budget_pages = r->budget_pages;
   run->params = params;
   run->sampler = std::make_unique<model::Sampler>(params.sampling, model_->device());
+  std::vector<int32_t> eos = model_->config().eos_ids;  // as the generator: config and tokenizer EOS
+  if (const auto* tok = model_->tokenizer()) {
+    const std::vector<int32_t> tok_eos = tok->eos_ids();  // returned by value
+    eos.insert(eos.end(), tok_eos.begin(), tok_eos.end());
+  }
+  run->stops.emplace(params.sampling.stop_ids, eos, params.sampling.ignore_eos, params.sampling.max_tokens,
+                     model_->config().max_position);
   run->generated.push_back(params.first_token);
   run->last = params.first_token;
   run->stream = std::make_shared<TokenStream>();
@@ -406,14 +417,10 @@ void DecodeEngine::Loop() {
       running_[id] = std::move(r);
       Running& run = *running_[id];
       // The first token came from prefill: it may already end the sequence.
-      const auto& sp = run.params.sampling;
-      bool stop = std::find(sp.stop_ids.begin(), sp.stop_ids.end(), run.last) != sp.stop_ids.end();
-      if (!sp.ignore_eos) {
-        const auto& eos = model_->config().eos_ids;
-        stop = stop || std::find(eos.begin(), eos.end(), run.last) != eos.end();
-      }
-      if (stop || sp.max_tokens <= 1) {
-        Finish(run, stop ? model::FinishReason::kStop : model::FinishReason::kLength, Status::Ok());
+      auto len = backend_->SequenceLength(id);
+      const model::FinishReason first = run.stops->After(run.last, 1, len.ok() ? *len + 1 : 0);
+      if (first != model::FinishReason::kNone) {
+        Finish(run, first, Status::Ok());
         running_.erase(id);
       }
     }
@@ -462,7 +469,6 @@ void DecodeEngine::Step() {
   Status st = model_->Forward(inputs, *backend_, model::LogitsMode::kLastToken);
   std::vector<uint64_t> finished;
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  const int max_position = model_->config().max_position;
   int64_t produced = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     Running& r = *order[i];
@@ -484,22 +490,12 @@ void DecodeEngine::Step() {
     DecodeUpdate update;
     update.tokens.push_back(*token);
     r.stream->Push(std::move(update));
-    const auto& sp = r.params.sampling;
-    bool stop = std::find(sp.stop_ids.begin(), sp.stop_ids.end(), *token) != sp.stop_ids.end();
-    if (!sp.ignore_eos) {
-      const auto& eos = model_->config().eos_ids;
-      stop = stop || std::find(eos.begin(), eos.end(), *token) != eos.end();
-    }
+    // The sequence holds its fed tokens plus this one, which has not been fed yet.
     auto len = backend_->SequenceLength(r.id);
-    if (stop) {
-      Finish(r, model::FinishReason::kStop, Status::Ok());
-    } else if (static_cast<int>(r.generated.size()) >= sp.max_tokens) {
-      Finish(r, model::FinishReason::kLength, Status::Ok());
-    } else if (len.ok() && *len + 1 >= max_position) {
-      Finish(r, model::FinishReason::kContext, Status::Ok());
-    } else {
-      continue;
-    }
+    const model::FinishReason reason =
+        r.stops->After(*token, static_cast<int>(r.generated.size()), len.ok() ? *len + 1 : 0);
+    if (reason == model::FinishReason::kNone) continue;
+    Finish(r, reason, Status::Ok());
     finished.push_back(r.id);
   }
   for (uint64_t id : finished) running_.erase(id);

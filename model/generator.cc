@@ -8,29 +8,18 @@
 namespace icecache::model {
 
 struct Generator::Seq {
-  Seq(const SamplingParams& p, kernels::Device device) : params(p), sampler(p, device) {}
+  Seq(const SamplingParams& p, kernels::Device device, TokenStops token_stops)
+      : params(p), sampler(p, device), stops(std::move(token_stops)), stop_strings(p.stop_strings) {}
   SamplingParams params;
   Sampler sampler;
   std::vector<int32_t> tokens;  // prompt + generated
   size_t prompt_len = 0;
   size_t fed = 0;               // tokens already in the backend
   int generated = 0;
-  std::vector<int32_t> stop_ids;
+  TokenStops stops;             // stop ids, EOS, max_tokens, context (model/finish_rules.h)
+  StopStrings stop_strings;     // over the decoded text
   std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
-  std::string text;             // decoded generated text
-  size_t emitted = 0;           // bytes of text already returned
-  size_t max_stop_len = 0;
 };
-
-std::string_view FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone: return "";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kContext: return "context";
-  }
-  return "";
-}
 
 Generator::Generator(Model& model, AttentionBackend& backend, const GeneratorOptions& options)
     : Generator(model, backend, model.tokenizer(), options) {}
@@ -61,19 +50,17 @@ StatusOr<std::unique_ptr<Generator::Seq>> Generator::NewSeq(std::vector<int32_t>
   if (!params.stop_strings.empty() && tok_ == nullptr) {
     return InvalidArgumentError("stop strings need a tokenizer, and this model directory has no tokenizer.json");
   }
-  auto s = std::make_unique<Seq>(params, model_.device());
+  std::vector<int32_t> eos = c.eos_ids;
+#if ICECACHE_HAVE_TOKENIZER
+  if (tok_ != nullptr) {
+    const std::vector<int32_t> tok_eos = tok_->eos_ids();  // returned by value
+    eos.insert(eos.end(), tok_eos.begin(), tok_eos.end());
+  }
+#endif
+  auto s = std::make_unique<Seq>(params, model_.device(),
+                                 TokenStops(params.stop_ids, eos, params.ignore_eos, params.max_tokens, c.max_position));
   s->prompt_len = prompt.size();
   s->tokens = std::move(prompt);
-  s->stop_ids = params.stop_ids;
-  if (!params.ignore_eos) {
-    s->stop_ids.insert(s->stop_ids.end(), c.eos_ids.begin(), c.eos_ids.end());
-#if ICECACHE_HAVE_TOKENIZER
-    if (tok_ != nullptr) {
-      for (int32_t e : tok_->eos_ids()) s->stop_ids.push_back(e);
-    }
-#endif
-  }
-  for (const std::string& ss : params.stop_strings) s->max_stop_len = std::max(s->max_stop_len, ss.size());
 #if ICECACHE_HAVE_TOKENIZER
   if (tok_ != nullptr) s->decoder = std::make_unique<tokenizer::IncrementalDecoder>(*tok_, true);
 #endif
@@ -103,7 +90,7 @@ Status Generator::AddPrefilled(SequenceId id, std::vector<int32_t> prompt, int32
   if (first_token < 0 || first_token >= model_.config().vocab_size) {
     return InvalidArgumentError("first token id " + std::to_string(first_token) + " is outside the vocabulary");
   }
-  if (params.max_tokens <= 1 || std::find(s->stop_ids.begin(), s->stop_ids.end(), first_token) != s->stop_ids.end()) {
+  if (params.max_tokens <= 1 || s->stops.IsStop(first_token)) {
     return FailedPreconditionError("the first token already ends this request; there is nothing to decode");
   }
   if (static_cast<int64_t>(prompt_len) + 1 > model_.config().max_position) {
@@ -117,7 +104,7 @@ Status Generator::AddPrefilled(SequenceId id, std::vector<int32_t> prompt, int32
   if (ignored.finish != FinishReason::kNone) {
     return FailedPreconditionError("the first token already completes a stop string; there is nothing to decode");
   }
-  s->emitted = s->text.size();
+  s->stop_strings.Flush();  // the caller has the first token's text already
   seqs_.emplace(id, std::move(s));
   return Status::Ok();
 }
@@ -143,38 +130,19 @@ void Generator::EmitText(Seq& s, int32_t token, GenerationEvent* ev) {
 #if ICECACHE_HAVE_TOKENIZER
   if (!s.decoder) return;
   auto delta = s.decoder->Push(token);
-  if (delta.ok()) s.text += *delta;
-  if (ev->finish != FinishReason::kNone) s.text += s.decoder->Flush();
-  size_t emit_to = s.text.size();
-  if (!s.params.stop_strings.empty()) {
-    const size_t from = s.emitted > s.max_stop_len ? s.emitted - s.max_stop_len + 1 : 0;
-    size_t hit = std::string::npos;
-    for (const std::string& ss : s.params.stop_strings) hit = std::min(hit, s.text.find(ss, from));
-    if (hit != std::string::npos) {
-      emit_to = std::max(hit, s.emitted);
-      ev->finish = FinishReason::kStop;
-    } else if (ev->finish == FinishReason::kNone) {
-      // Hold back a tail that could still grow into a stop string.
-      size_t hold = 0;
-      for (const std::string& ss : s.params.stop_strings) {
-        for (size_t k = std::min(ss.size() - 1, s.text.size()); k > hold; --k) {
-          if (s.text.compare(s.text.size() - k, k, ss, 0, k) == 0) {
-            hold = k;
-            break;
-          }
-        }
-      }
-      emit_to = std::max(s.emitted, s.text.size() - hold);
-    }
+  std::string piece = delta.ok() ? *delta : std::string();
+  if (ev->finish != FinishReason::kNone) piece += s.decoder->Flush();
+  ev->text_delta = s.stop_strings.Push(piece);
+  if (s.stop_strings.stopped()) {
+    ev->finish = FinishReason::kStop;
+  } else if (ev->finish != FinishReason::kNone) {
+    ev->text_delta += s.stop_strings.Flush();
   }
-  ev->text_delta = s.text.substr(s.emitted, emit_to - s.emitted);
-  s.emitted = emit_to;
 #endif
 }
 
 Status Generator::Step(std::vector<GenerationEvent>* events) {
   if (seqs_.empty()) return Status::Ok();
-  const int max_position = model_.config().max_position;
   int budget = options_.max_step_tokens > 0 ? options_.max_step_tokens : std::numeric_limits<int>::max();
   std::vector<SequenceInput> inputs;
   std::vector<Seq*> order;
@@ -208,13 +176,7 @@ Status Generator::Step(std::vector<GenerationEvent>* events) {
     GenerationEvent ev;
     ev.id = ids[i];
     ev.token = token;
-    if (std::find(s.stop_ids.begin(), s.stop_ids.end(), token) != s.stop_ids.end()) {
-      ev.finish = FinishReason::kStop;
-    } else if (s.generated >= s.params.max_tokens) {
-      ev.finish = FinishReason::kLength;
-    } else if (static_cast<int64_t>(s.tokens.size()) > max_position) {
-      ev.finish = FinishReason::kContext;  // the new token could not be fed at a valid position
-    }
+    ev.finish = s.stops.After(token, s.generated, static_cast<int64_t>(s.tokens.size()));
     EmitText(s, token, &ev);
     if (ev.finish != FinishReason::kNone) finished.push_back(ev.id);
     events->push_back(std::move(ev));

@@ -22,6 +22,7 @@
 
 #include "common/status.h"
 #include "model/attention_backend.h"
+#include "model/finish_rules.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -30,14 +31,6 @@ class IncrementalDecoder;
 }
 
 namespace icecache::model {
-
-enum class FinishReason : int {
-  kNone = 0,    // still running
-  kStop = 1,    // produced a stop id (eos included unless ignore_eos) or a stop string
-  kLength = 2,  // max_tokens generated
-  kContext = 3, // reached max_position_embeddings
-};
-std::string_view FinishReasonName(FinishReason r);  // "", "stop", "length", "context"
 
 struct GenerationEvent {
   SequenceId id = 0;

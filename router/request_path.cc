@@ -11,6 +11,7 @@
 #include <string>
 
 #include "icecache/v1/worker.grpc.pb.h"
+#include "model/finish_rules.h"
 #include "serving/grpc_util.h"
 #include "serving/metric_families.h"
 #include "router/admission_queue.h"
@@ -383,12 +384,11 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
 
   std::unique_ptr<tokenizer::IncrementalDecoder> detok;
   if (tokenizer_) detok = std::make_unique<tokenizer::IncrementalDecoder>(*tokenizer_);
-  std::string text_so_far;   // for stop strings
-  size_t text_sent = 0;      // bytes of text_so_far already sent
+  // Stop strings with hold-back: the one rule of model/finish_rules.h.
+  model::StopStrings stops(std::vector<std::string>(req->stop().begin(), req->stop().end()));
   int completion = 0;
   Clock::time_point first_at{}, last_at{};
   pb::FinishReason finish = pb::FINISH_REASON_UNSPECIFIED;
-  bool stopped_by_string = false;
   int64_t pages_fetched = 0;
   double retrieval_seconds = 0;
 
@@ -399,40 +399,17 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       out.set_request_id(req->request_id());
       out.set_decode_worker(decoder.address);
     }
+    std::string text;
     for (int32_t t : tokens) {
-      if (stopped_by_string) break;
+      if (stops.stopped()) break;
       out.add_token_ids(t);
       ++completion;
       if (detok) {
         auto piece = detok->Push(t);
-        if (piece.ok()) text_so_far += *piece;
-        for (const auto& stop : req->stop()) {
-          size_t at = text_so_far.find(stop, text_sent > stop.size() ? text_sent - stop.size() : 0);
-          if (!stop.empty() && at != std::string::npos) {
-            text_so_far.resize(at);
-            stopped_by_string = true;
-            break;
-          }
-        }
+        text += stops.Push(piece.ok() ? *piece : std::string());
       }
     }
-    // Hold back a possible prefix of a stop string until it is decided.
-    size_t hold = 0;
-    if (!stopped_by_string) {
-      for (const auto& stop : req->stop()) {
-        for (size_t k = std::min(stop.size() - (stop.empty() ? 0 : 1), text_so_far.size() - text_sent); k > hold; --k) {
-          if (text_so_far.compare(text_so_far.size() - k, k, stop, 0, k) == 0) {
-            hold = k;
-            break;
-          }
-        }
-      }
-    }
-    size_t upto = text_so_far.size() - hold;
-    if (upto > text_sent) {
-      out.set_text(text_so_far.substr(text_sent, upto - text_sent));
-      text_sent = upto;
-    }
+    if (!text.empty()) out.set_text(text);
     const auto now = Clock::now();
     if (first) {
       first_at = now;
@@ -452,7 +429,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     return CancelledError("client went away");
   }
   pb::DecodeResponse dresp;
-  while (!stopped_by_string && reader->Read(&dresp)) {
+  while (!stops.stopped() && reader->Read(&dresp)) {
     std::vector<int32_t> tokens(dresp.token_ids().begin(), dresp.token_ids().end());
     if (!tokens.empty() && !emit(tokens, false)) {
       dctx->TryCancel();
@@ -464,7 +441,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       retrieval_seconds = dresp.retrieval_seconds();
     }
   }
-  if (stopped_by_string) {
+  if (stops.stopped()) {
     dctx->TryCancel();
     finish = pb::FINISH_REASON_STOP;
   }
@@ -473,17 +450,22 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   // never arrived, a worker that went away) must not leave it held until it expires. Release
   // of a sequence that has already ended is a no-op on the worker.
   if (!ds.ok()) release();
-  if (!stopped_by_string && !ds.ok()) {
+  if (!stops.stopped() && !ds.ok()) {
     if (ctx.cancelled()) return CancelledError("request cancelled by the client");
     return cluster::FromGrpc(grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message()));
   }
   if (finish == pb::FINISH_REASON_UNSPECIFIED) finish = pb::FINISH_REASON_LENGTH;
 
   pb::GenerateResponse last;
-  if (detok && !stopped_by_string) {
-    text_so_far += detok->Flush();
+  if (detok && !stops.stopped()) {
+    std::string tail = stops.Push(detok->Flush());
+    if (stops.stopped()) {
+      finish = pb::FINISH_REASON_STOP;
+    } else {
+      tail += stops.Flush();
+    }
+    if (!tail.empty()) last.set_text(tail);
   }
-  if (text_so_far.size() > text_sent) last.set_text(text_so_far.substr(text_sent));
   last.set_finish_reason(finish);
   last.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(ids.size()));
   last.mutable_usage()->set_completion_tokens(completion);
