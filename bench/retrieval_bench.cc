@@ -104,11 +104,14 @@ struct Args {
   int profile_parent_search = 0;  // > 0: only time the int8 parent search kernel this many times
   bool json = false, faiss = true;
   DciParams dci;
+  std::string family = "default";  // synthetic keys (kvstore::SyntheticFamily)
+  uint64_t seed = 7;
 };
 
 void Usage() {
   std::fprintf(stderr,
-               "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q]\n"
+               "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q\n"
+               "  [--family default|scattered|outliers|drift|broad|hard (kvstore::SyntheticFamily)] [--seed 7]]\n"
                "  [--page-size 16] [--budget-pages 16] [--sink-pages 2] [--window-pages 2] [--dtype f32|bf16|f16]\n"
                "  [--fov-min 30] [--fov-fraction 1.5e-3] [--fov-sqrt 0] [--group-fov 0 (GQA groups only)]\n"
                "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
@@ -173,6 +176,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     if (k == "--keys-file") a->keys_file = v;
     else if (k == "--queries-file") a->queries_file = v;
     else if (k == "--dump-selection") a->dump_file = v;
+    else if (k == "--family") a->family = v;
+    else if (k == "--seed") a->seed = std::strtoull(v, nullptr, 10);
     else if (k == "--dtype") a->dtype = v;
     else if (k == "--keys") a->keys = std::atoi(v);
     else if (k == "--dim") a->dim = std::atoi(v);
@@ -272,7 +277,10 @@ int RunRetrieval(int argc, char** argv) {
     n = a.keys;
     d = a.dim;
     nq = a.queries;
-    auto data = kvstore::MakeSyntheticData(n, d, nq);
+    auto fam = kvstore::SyntheticFamily(a.family);
+    if (!fam.ok()) { std::fprintf(stderr, "retrieval: --family: %s\n", fam.status().message().c_str()); return 2; }
+    fam->seed = a.seed;
+    auto data = kvstore::MakeSyntheticData(n, d, nq, *fam);
     keys = std::move(data.keys);
     queries = std::move(data.queries);
   }
