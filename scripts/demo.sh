@@ -48,7 +48,11 @@ else
   task=passkey
 fi
 
-$BIN/icecache cluster --model "$MODEL" --port "$PORT" --metrics-port "$METRICS" &
+# The decode worker's host KV pool, sized for the prompt: pages of 16 tokens per (layer, kv head)
+# (SmolLM2: 30 x 3), twice over for the trees' partly filled leaves (4 KiB a page in bf16).
+pool_pages=$(( (context / 16 + 32) * 90 * 2 ))
+[ "$pool_pages" -lt 16384 ] && pool_pages=16384
+$BIN/icecache cluster --model "$MODEL" --port "$PORT" --metrics-port "$METRICS" --set "decode.pool_pages=$pool_pages" &
 cluster_pid=$!
 cleanup() { kill -INT "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; }
 trap cleanup EXIT
@@ -66,8 +70,11 @@ if [ "$task" = fact ]; then
   number=$(( (RANDOM % 90000) + 10000 ))
   fact="The secret number of the Oslo office is $number."
   question="What is the secret number of the Oslo office?"
-  haystack=$(cat README.md docs/cluster.md docs/kvstore.md docs/model.md docs/kernels.md | head -c $(( context * 31 / 10 )) |
-    awk -v fact="$fact" '{ line[NR] = $0 } END { n = NR - 1; at = int(n * 0.4); for (i = 1; i <= n; i++) { if (i == at + 1) print fact; print line[i] } }')
+  # (awk reads every file to the end: a pipe closed early would fail the script under pipefail.)
+  haystack=$(awk -v max=$(( context * 31 / 10 )) -v fact="$fact" '
+    { if (full || chars + length($0) + 1 > max) { full = 1; next } line[++n] = $0; chars += length($0) + 1 }
+    END { at = int(n * 0.4); for (i = 1; i <= n; i++) { if (i == at + 1) print fact; print line[i] } }' \
+    README.md docs/cluster.md docs/kvstore.md docs/model.md docs/kernels.md)
   # SmolLM2's chat template (ChatML, with its default system message), formatted here because the
   # router takes text: the cluster tokenizes it (the <|im_start|>/<|im_end|> markers are the
   # tokenizer's added tokens), as `icecache generate --chat` does locally.
