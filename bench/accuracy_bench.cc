@@ -1,20 +1,14 @@
 // icecache-bench accuracy: passkey / needle retrieval accuracy of the project's own engine
-// (model::Model) under different KV selections over the same IceCache layout (kvstore).
+// (model::Model) under different KV selections (bench/kv_methods.h: full, oracle, icecache,
+// quest, window; budgets in pages of 16 tokens, sink and window included).
 //
 // Per prompt: prompt[0 .. n-2] is prefilled densely (model::DenseKvCache), its K/V are read back and
-// built into a kvstore::SequenceCache (2 dense layers, sparse layers as sink + DCI tree + window).
-// Then the last prompt token and the answer are decoded greedily under the method, so every answer
-// token (the first included) is produced by the method's attention:
-//   full      every page of every layer (RetrievalMode kFull);
-//   oracle    sink + exact best-K tree leaves + window (RetrievalMode kOracle);
-//   icecache  sink + DCI-tree top-K leaves + window (RetrievalMode kSparse, what serves);
-//   window    sink + most recent pages only (StreamingLLM-style; the cache is built with a wider
-//             window and the selection gets K = 0).
-// Every method decodes through decode::IceCacheBackend, the decode worker's backend, on the
-// model's device (the same selection, page cache and attention code that serve requests).
-// Budget B tokens = B/16 pages: oracle/icecache use 1 sink + 1 window + (B/16 - 2) retrieved pages,
-// window uses 1 sink + (B/16 - 1) window pages. A trial is correct when the greedy tokens equal
-// the answer ids exactly. Prompts come from eval_prompts.jsonl (tools/train/passkey_lib.py).
+// built into a kvstore::SequenceCache in the method's layout. Then the last prompt token and the
+// answer are decoded greedily under the method, so every answer token (the first included) is
+// produced by the method's attention, through decode::IceCacheBackend (the decode worker's
+// backend). Prompts come from a jsonl file (eval_prompts.jsonl of tools/train/passkey_lib.py:
+// correct = the greedy ids equal the answer ids) or are generated for the model's tokenizer and
+// chat template (bench/eval_prompts.h: correct = the greedy text starts with the answer).
 // The DCI field of view (DciTree::FieldOfView() level-1 cells: max(fov_min, fov_fraction * n,
 // fov_sqrt * sqrt(n)), n = tree tokens) can be
 // swept: icecache runs once per (fov_min, fov_fraction) pair of the two lists, over the
@@ -38,6 +32,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/eval_prompts.h"
+#include "bench/kv_methods.h"
 #include "bench/png_writer.h"
 #include "bench/workload.h"
 #include "decode_worker/icecache_backend.h"
@@ -50,48 +46,14 @@
 namespace icecache::bench {
 namespace {
 
-struct Prompt {
-  std::string task;
-  int context = 0, depth = 0;
-  std::vector<int32_t> ids, answer;
-};
-
-StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::vector<Prompt> out;
-  std::string line;
-  for (int ln = 1; std::getline(in, line); ++ln) {
-    if (line.empty()) continue;
-    try {
-      auto j = nlohmann::json::parse(line);
-      Prompt p;
-      p.task = j.at("task").get<std::string>();
-      p.context = j.at("context").get<int>();
-      p.depth = j.at("depth").get<int>();
-      p.ids = j.at("prompt_ids").get<std::vector<int32_t>>();
-      p.answer = j.at("answer_ids").get<std::vector<int32_t>>();
-      if (p.ids.size() < 2 || p.answer.empty()) return InvalidArgumentError(path + ":" + std::to_string(ln) + ": empty prompt/answer");
-      out.push_back(std::move(p));
-    } catch (const std::exception& e) {
-      return InvalidArgumentError(path + ":" + std::to_string(ln) + ": " + e.what());
-    }
-  }
-  return out;
-}
-
-struct Method {
-  std::string name;
-  int budget = 0;         // tokens; 0 for full
-  bool fov_swept = false;  // icecache: dci carries one point of the fov sweep
-  kvstore::DciParams dci;
-  int ice_group = 1;       // ICE(r) layer reuse over the sparse layers (cache.ice_group)
-};
+using Prompt = EvalPrompt;
+using Method = KvMethod;
 
 struct TrialResult {
   bool correct = false;
   int64_t fov = 0;        // level-1 cells the query expands at this prompt's tree size
   double seconds = 0;     // wall: cache/tree build + decode
+  std::string text;       // generated prompts: the greedy continuation
 };
 
 double ProcessCpuSeconds() {
@@ -104,61 +66,35 @@ double WallSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Greedy decode of `p.answer.size()` tokens after feeding the last prompt token; true when exact.
-StatusOr<bool> Decode(model::Model& m, model::AttentionBackend& be, const Prompt& p) {
+// Greedy decode after feeding the last prompt token: jsonl prompts decode answer.size() tokens
+// and compare ids; generated ones decode answer.size() + 2 tokens (or to an eos) and compare text.
+StatusOr<bool> Decode(model::Model& m, model::AttentionBackend& be, const Prompt& p, std::string* got) {
   std::vector<float> logits;
   int32_t tok = p.ids.back();
   const int vocab = m.config().vocab_size;
-  for (size_t i = 0; i < p.answer.size(); ++i) {
-    model::SequenceInput in{0, std::span<const int32_t>(&tok, 1)};
-    ICE_RETURN_IF_ERROR(m.Forward({&in, 1}, be, model::LogitsMode::kLastToken, &logits));
+  const tokenizer::Tokenizer* tk = m.tokenizer();
+  const bool by_text = !p.answer_text.empty() && tk != nullptr;
+  const size_t steps = by_text ? p.answer.size() + 2 : p.answer.size();
+  std::vector<int32_t> out;
+  const std::vector<int32_t> eos = tk != nullptr ? tk->eos_ids() : std::vector<int32_t>{};
+  for (size_t i = 0; i < steps; ++i) {
+    ICE_RETURN_IF_ERROR(DecodeStep(m, be, tok, &logits));
     tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
-    if (tok != p.answer[i]) return false;
+    if (!by_text && tok != p.answer[i]) return false;
+    if (by_text && std::find(eos.begin(), eos.end(), tok) != eos.end()) break;
+    out.push_back(tok);
   }
-  return true;
+  if (!by_text) return true;
+  ICE_ASSIGN_OR_RETURN(*got, tk->Decode(out, /*skip_special_tokens=*/true));
+  return AnswerMatches(*got, p.answer_text);
 }
 
-StatusOr<bool> RunMethod(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
-                         const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p, const Method& meth,
-                         int64_t* fov) {
-  const auto shape = m.attention_shape();
-  kvstore::SequenceCacheOptions o;
-  o.num_layers = shape.num_layers;
-  o.num_kv_heads = shape.num_kv_heads;
-  o.dense_layers = 2;
-  o.sink_pages = 1;
-  o.dci = meth.dci;
-  o.ice_group = meth.ice_group;
-  const int pages = meth.budget / pool->page_size();
-  o.window_pages = meth.name == "window" ? pages - 1 : 1;
-  ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(o, pool));
-  std::vector<const float*> kp, vp;
-  for (int l = 0; l < shape.num_layers; ++l) {
-    kp.push_back(k[l].data());
-    vp.push_back(v[l].data());
-  }
-  ICE_RETURN_IF_ERROR(cache->Build(kp.data(), vp.data(), n));
-  if (const kvstore::DciTree* t = cache->tree(o.dense_layers, 0)) {
-    *fov = t->FieldOfView();
-  }
-  const kvstore::RetrievalMode mode = meth.name == "full"     ? kvstore::RetrievalMode::kFull
-                                     : meth.name == "oracle" ? kvstore::RetrievalMode::kOracle
-                                                             : kvstore::RetrievalMode::kSparse;  // window: K = 0
-  decode::IceCacheBackendOptions bo;
-  bo.device = m.device();
-  ICE_ASSIGN_OR_RETURN(auto be, decode::IceCacheBackend::Create(shape, pool, bo));
-  // full: any budget above sink + window (kFull takes every leaf).
-  const int budget = meth.name == "full" ? o.sink_pages + o.window_pages + 1 : pages;
-  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode));
-  return Decode(m, *be, p);
-}
-
-StatusOr<TrialResult> RunTrial(model::Model& m, kvstore::PagePool* pool, const std::vector<std::vector<float>>& k,
-                               const std::vector<std::vector<float>>& v, int64_t n, const Prompt& p,
-                               const Method& meth) {
+StatusOr<TrialResult> RunTrial(model::Model& m, kvstore::PagePool* pool, const PrefillKv& kv, const Prompt& p,
+                               const Method& meth, const KvLayout& layout) {
   TrialResult r;
   const double t0 = WallSeconds();
-  ICE_ASSIGN_OR_RETURN(r.correct, RunMethod(m, pool, k, v, n, p, meth, &r.fov));
+  ICE_ASSIGN_OR_RETURN(auto be, ImportMethod(m, pool, kv, meth, layout, &r.fov));
+  ICE_ASSIGN_OR_RETURN(r.correct, Decode(m, *be, p, &r.text));
   r.seconds = WallSeconds() - t0;
   return r;
 }
@@ -237,19 +173,7 @@ StatusOr<std::vector<kvstore::DciParams>> FovSweep(const kvstore::DciParams& bas
   return out;
 }
 
-// The text output's name of a method, e.g. "icecache b256 fov_min 32 frac 0.001".
-std::string Label(const Method& m) {
-  char buf[96];
-  if (m.fov_swept) {
-    std::snprintf(buf, sizeof(buf), "%s b%d fov_min %d frac %g", m.name.c_str(), m.budget, m.dci.fov_min,
-                  m.dci.fov_fraction);
-  } else if (m.budget > 0) {
-    std::snprintf(buf, sizeof(buf), "%s b%d", m.name.c_str(), m.budget);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%s", m.name.c_str());
-  }
-  return buf;
-}
+std::string Label(const Method& m) { return MethodLabel(m); }
 
 struct Cell {
   int correct = 0, trials = 0;
@@ -292,26 +216,50 @@ Status WritePlot(const std::string& path, const std::vector<Method>& methods, co
 }
 
 constexpr const char* kUsage =
-    "usage: icecache-bench accuracy --model DIR [--prompts FILE (DIR/eval_prompts.jsonl)] [--task passkey|needle]\n"
-    "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,window]\n"
-    "         [--budgets 64,128,256] [--trials N (max per cell)] [--dci default|tuned|flat (DciParams::Tuned()/Flat())]\n"
+    "usage: icecache-bench accuracy --model DIR|FILE.gguf [--task passkey|needle]\n"
+    "         [--prompts FILE.jsonl (default DIR/eval_prompts.jsonl when present, else generated)]\n"
+    "         [--haystack FILE (needle: the real text the needle hides in; generated prompts)] [--seed S]\n"
+    "         [--contexts 1k,2k,4k] [--depths 0,25,50,75,100] [--methods full,oracle,icecache,quest,window]\n"
+    "         [--budget-pages 8,16 (pages of 16 tokens, sink and window included)]\n"
+    "         [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16|f16|f32] (serving defaults)\n"
+    "         [--trials N (jsonl: max per cell; generated: prompts per cell, default 1)]\n"
+    "         [--dci reference|tuned|flat (default: the serving preset, kvstore::kServingDciPreset)]\n"
     "         [--dci-fov-min N[,N..] (field of view minimum, >= 1)]\n"
     "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
     "         [--dci-group-fov G (cap on a GQA group's cells, G x fov; 0: none; default: the preset's)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)]\n"
     "         [--json] [--plot FILE.png]\n"
-    "methods: full, oracle, icecache, window (all through decode::IceCacheBackend)\n"
+    "methods (all through decode::IceCacheBackend), budget B pages, S sink, W window pages:\n"
+    "  icecache  S sink + B-S-W DCI-tree leaves + W window   oracle  the same with the exact best leaves\n"
+    "  quest     S sink + B-S-W pages in token order ranked by Quest's min/max bound + W window\n"
+    "  window    S sink + B-S most recent pages               full    every page\n"
     "fov: icecache runs once per (fov_min, fov_fraction) pair of the two lists (default: the preset's);\n"
     "     the query expands DciTree::FieldOfView() = max(fov_min, ceil(fov_fraction * n), ceil(fov_sqrt * sqrt(n)))\n"
     "     level-1 cells, n = tree tokens (fov_sqrt: the preset's, 0 unless flat)\n";
 
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
 int RunAccuracy(int argc, char** argv) {
-  std::string dir, prompts_path, task = "passkey", plot;
-  std::string contexts_s = "1k,2k,4k", depths_s = "0,25,50,75,100", methods_s = "full,oracle,icecache,window",
-              budgets_s = "64,128,256";
-  int max_trials = 1 << 30;
+  std::string dir, prompts_path, task = "passkey", plot, haystack_path, kv_dtype = "bf16";
+  std::string contexts_s = "1k,2k,4k", depths_s = "0,25,50,75,100", methods_s = "full,oracle,icecache,quest,window",
+              budgets_s = "8,16";
+  int max_trials = -1;
+  uint64_t seed = 1;
   bool json = false;
-  kvstore::DciParams dci;
+  KvLayout layout;
+  auto preset = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
+  if (!preset.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", preset.status().ToString().c_str());
+    return 1;
+  }
+  kvstore::DciParams dci = *preset;
   std::string fov_mins_s, fov_fractions_s;
   std::optional<double> group_fov;  // unset: the preset's
   int ice_group = 1;
@@ -320,68 +268,83 @@ int RunAccuracy(int argc, char** argv) {
     const bool has = i + 1 < argc;
     if (f == "--model" && has) dir = argv[++i];
     else if (f == "--prompts" && has) prompts_path = argv[++i];
+    else if (f == "--haystack" && has) haystack_path = argv[++i];
+    else if (f == "--seed" && has) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (f == "--task" && has) task = argv[++i];
     else if (f == "--contexts" && has) contexts_s = argv[++i];
     else if (f == "--depths" && has) depths_s = argv[++i];
     else if (f == "--methods" && has) methods_s = argv[++i];
-    else if (f == "--budgets" && has) budgets_s = argv[++i];
+    else if (f == "--budget-pages" && has) budgets_s = argv[++i];
+    else if (f == "--sink-pages" && has) layout.sink_pages = std::atoi(argv[++i]);
+    else if (f == "--window-pages" && has) layout.window_pages = std::atoi(argv[++i]);
+    else if (f == "--dense-layers" && has) layout.dense_layers = std::atoi(argv[++i]);
+    else if (f == "--kv-dtype" && has) kv_dtype = argv[++i];
     else if (f == "--trials" && has) max_trials = std::atoi(argv[++i]);
     else if (f == "--plot" && has) plot = argv[++i];
     else if (f == "--json") json = true;
-    else if (f == "--dci" && has && std::string(argv[i + 1]) == "default") ++i;
-    else if (f == "--dci" && has && std::string(argv[i + 1]) == "tuned") dci = kvstore::DciParams::Tuned(), ++i;
-    else if (f == "--dci" && has && std::string(argv[i + 1]) == "flat") dci = kvstore::DciParams::Flat(), ++i;
+    else if (f == "--dci" && has) {
+      auto d = kvstore::DciParamsPreset(std::string(argv[i + 1]) == "default" ? "reference" : argv[i + 1]);
+      if (!d.ok()) {
+        std::fprintf(stderr, "accuracy: --dci: %s\n", d.status().message().c_str());
+        return 2;
+      }
+      dci = *d;
+      ++i;
+    }
     else if (f == "--dci-fov-min" && has) fov_mins_s = argv[++i];
     else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
     else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]);
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "accuracy: bad argument '%s'\n%s", f.c_str(), kUsage);
+      std::fprintf(stderr, "accuracy: bad argument '%s'%s\n%s", f.c_str(),
+                   f == "--budgets" ? " (budgets are in pages of 16 tokens now: --budget-pages)" : "", kUsage);
       return 2;
     }
   }
-  if (dir.empty() || max_trials < 1 || ice_group < 1) {
+  if (dir.empty() || max_trials == 0 || max_trials < -1 || ice_group < 1 || layout.sink_pages < 0 ||
+      layout.window_pages < 0 || layout.dense_layers < 0) {
     std::fputs(kUsage, stderr);
     return 2;
   }
+  auto dtype = ParseKvDtype(kv_dtype);
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", dtype.status().message().c_str());
+    return 2;
+  }
+  layout.dtype = *dtype;
   if (group_fov) dci.group_fov = *group_fov;  // out of range: refused by the sweep's validation
   auto sweep = FovSweep(dci, fov_mins_s, fov_fractions_s);
   if (!sweep.ok()) {
     std::fprintf(stderr, "accuracy: %s\n", sweep.status().ToString().c_str());
     return 2;
   }
-  if (prompts_path.empty()) prompts_path = dir + "/eval_prompts.jsonl";
   std::vector<int> contexts, depths, budgets;
   for (auto& s : Split(contexts_s)) contexts.push_back(ParseContext(s));
   for (auto& s : Split(depths_s)) depths.push_back(std::atoi(s.c_str()));
-  for (auto& s : Split(budgets_s)) budgets.push_back(std::atoi(s.c_str()));
+  auto budgets_or = ParseIntList("--budget-pages", budgets_s);
+  if (!budgets_or.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", budgets_or.status().message().c_str());
+    return 2;
+  }
+  budgets = *budgets_or;
   std::vector<Method> methods;
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
-      methods.push_back({name, 0, false, dci, ice_group});
-    } else if (name == "oracle" || name == "icecache" || name == "window") {
-      for (int b : budgets) {
-        const int min_pages = name == "window" ? 2 : 3;
-        if (b % 16 != 0 || b / 16 < min_pages) {
-          std::fprintf(stderr, "accuracy: budget %d for %s must be a multiple of 16 with >= %d pages\n", b,
-                       name.c_str(), min_pages);
-          return 2;
-        }
-        if (name == "icecache") {
-          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, true, d, ice_group});
-        } else {
-          methods.push_back({name, b, false, dci, ice_group});
-        }
-      }
-    } else {
-      std::fprintf(stderr, "accuracy: unknown method '%s'\n", name.c_str());
-      return 2;
+      methods.push_back({name, 0, dci, ice_group, false});
+      continue;
     }
-  }
-  auto prompts = LoadPrompts(prompts_path);
-  if (!prompts.ok()) {
-    std::fprintf(stderr, "accuracy: %s\n", prompts.status().ToString().c_str());
-    return 1;
+    for (int b : budgets) {
+      if (name == "icecache") {
+        for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, d, ice_group, true});
+      } else {
+        methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false});
+      }
+      Status st = ValidateKvMethod(methods.back(), layout);
+      if (!st.ok()) {
+        std::fprintf(stderr, "accuracy: %s\n", st.message().c_str());
+        return 2;
+      }
+    }
   }
   auto model = model::Model::Load(dir);
   if (!model.ok()) {
@@ -389,6 +352,29 @@ int RunAccuracy(int argc, char** argv) {
     return 1;
   }
   model::Model& m = **model;
+  if (prompts_path.empty() && std::ifstream(dir + "/eval_prompts.jsonl").good()) prompts_path = dir + "/eval_prompts.jsonl";
+  StatusOr<std::vector<Prompt>> prompts = std::vector<Prompt>{};
+  std::string source;
+  if (!prompts_path.empty()) {
+    prompts = LoadEvalPrompts(prompts_path);
+    source = prompts_path;
+  } else if (m.tokenizer() == nullptr) {
+    prompts = FailedPreconditionError(dir + " has no tokenizer and no eval_prompts.jsonl: pass --prompts FILE.jsonl");
+  } else {
+    std::string haystack;
+    if (task == "needle" && (haystack_path.empty() || !ReadFile(haystack_path, &haystack))) {
+      std::fprintf(stderr, "accuracy: needle prompts are generated from real text: --haystack FILE (%s)\n",
+                   haystack_path.empty() ? "missing" : ("cannot read " + haystack_path).c_str());
+      return 2;
+    }
+    prompts = MakeEvalPrompts(*m.tokenizer(), task, haystack, contexts, depths, std::max(max_trials, 1), seed);
+    source = "generated";
+  }
+  if (!prompts.ok()) {
+    std::fprintf(stderr, "accuracy: %s\n", prompts.status().ToString().c_str());
+    return 1;
+  }
+  if (max_trials < 0) max_trials = 1 << 30;
   const auto shape = m.attention_shape();
   std::map<std::tuple<int, int, int>, Cell> cells;  // (method index, context, depth)
   std::map<std::pair<int, int>, int> used;
@@ -400,20 +386,19 @@ int RunAccuracy(int argc, char** argv) {
     }
     ++used[{p.context, p.depth}];
     // The last answer token is never fed back, so positions 0 .. ids + answer - 2 are used.
-    const int64_t last_pos = static_cast<int64_t>(p.ids.size() + p.answer.size()) - 2;
+    const int64_t last_pos = static_cast<int64_t>(p.ids.size() + p.answer.size()) - 2 + (p.answer_text.empty() ? 0 : 2);
     if (last_pos >= m.config().max_position) {
       std::fprintf(stderr,
                    "accuracy: %s: a %s prompt of context %d has %zu tokens + %zu answer tokens, reaching position "
-                   "%lld; %s/config.json max_position_embeddings is %d\n",
-                   prompts_path.c_str(), p.task.c_str(), p.context, p.ids.size(), p.answer.size(),
-                   static_cast<long long>(last_pos), dir.c_str(), m.config().max_position);
+                   "%lld; the model's max_position_embeddings is %d\n",
+                   source.c_str(), p.task.c_str(), p.context, p.ids.size(), p.answer.size(),
+                   static_cast<long long>(last_pos), m.config().max_position);
       return 1;
     }
     chosen.push_back(&p);
   }
   if (chosen.empty()) {
-    std::fprintf(stderr, "accuracy: no %s prompt in %s matches --contexts/--depths\n", task.c_str(),
-                 prompts_path.c_str());
+    std::fprintf(stderr, "accuracy: no %s prompt in %s matches --contexts/--depths\n", task.c_str(), source.c_str());
     return 1;
   }
   double prefill_wall = 0, prefill_cpu = 0;
@@ -422,34 +407,15 @@ int RunAccuracy(int argc, char** argv) {
     const Prompt& p = *pp;
     const int64_t n = static_cast<int64_t>(p.ids.size()) - 1;
     const double pw0 = WallSeconds(), pc0 = ProcessCpuSeconds();
-    std::vector<std::vector<float>> k(shape.num_layers), v(shape.num_layers);
-    {
-      model::DenseKvCache dense(shape);
-      std::vector<float> logits;
-      model::SequenceInput in{0, std::span<const int32_t>(p.ids.data(), n)};
-      Status st = dense.AddSequence(0);
-      if (st.ok()) st = m.Forward({&in, 1}, dense, model::LogitsMode::kLastToken, &logits);
-      const size_t row = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
-      for (int l = 0; l < shape.num_layers && st.ok(); ++l) {
-        k[l].resize(n * row);
-        v[l].resize(n * row);
-        st = dense.ReadLayerKv(0, l, k[l].data(), v[l].data());
-      }
-      if (!st.ok()) {
-        std::fprintf(stderr, "accuracy: prefill: %s\n", st.ToString().c_str());
-        return 1;
-      }
+    auto kv = PrefillDense(m, std::span<const int32_t>(p.ids.data(), n));
+    if (!kv.ok()) {
+      std::fprintf(stderr, "accuracy: prefill: %s\n", kv.status().ToString().c_str());
+      return 1;
     }
     const double pw = WallSeconds() - pw0, pc = ProcessCpuSeconds() - pc0;
     prefill_wall += pw;
     prefill_cpu += pc;
-    kvstore::PagePoolOptions po;
-    po.page_size = 16;
-    po.head_dim = shape.head_dim;
-    po.dtype = kernels::DType::kF32;
-    // Tree leaves are not all full pages: room for 3x the dense page count.
-    po.num_pages = 3 * (n / 16 + 4) * shape.num_layers * shape.num_kv_heads + 256;
-    auto pool = kvstore::PagePool::Create(po);
+    auto pool = MakeMethodPool(shape, layout, n + 64);
     if (!pool.ok()) {
       std::fprintf(stderr, "accuracy: %s\n", pool.status().ToString().c_str());
       return 1;
@@ -457,7 +423,7 @@ int RunAccuracy(int argc, char** argv) {
     const double mw0 = WallSeconds();
     std::string misses;
     for (size_t mi = 0; mi < methods.size(); ++mi) {
-      auto r = RunTrial(m, pool->get(), k, v, n, p, methods[mi]);
+      auto r = RunTrial(m, pool->get(), *kv, p, methods[mi], layout);
       if (!r.ok()) {
         std::fprintf(stderr, "accuracy: %s: %s\n", Label(methods[mi]).c_str(), r.status().ToString().c_str());
         return 1;
@@ -467,10 +433,11 @@ int RunAccuracy(int argc, char** argv) {
       ++c.trials;
       c.fov = r->fov;
       c.seconds += r->seconds;
-      if (!r->correct) misses += " [" + Label(methods[mi]) + "]";
+      if (!r->correct) misses += " [" + Label(methods[mi]) + (r->text.empty() ? "" : ": '" + r->text + "'") + "]";
     }
-    std::fprintf(stderr, "accuracy: %s context %d (%lld tokens) depth %d: prefill %.1f s (cpu %.1f s), methods %.1f s; wrong:%s\n",
-                 p.task.c_str(), p.context, static_cast<long long>(n), p.depth, pw, pc, WallSeconds() - mw0,
+    std::fprintf(stderr, "accuracy: %s context %d (%lld tokens) depth %d%s: prefill %.1f s (cpu %.1f s), methods %.1f s; wrong:%s\n",
+                 p.task.c_str(), p.context, static_cast<long long>(n), p.depth,
+                 p.answer_text.empty() ? "" : (", answer '" + p.answer_text + "'").c_str(), pw, pc, WallSeconds() - mw0,
                  misses.empty() ? " none" : misses.c_str());
   }
   nlohmann::json results = nlohmann::json::array();
@@ -481,7 +448,7 @@ int RunAccuracy(int argc, char** argv) {
         if (it == cells.end()) continue;
         const Cell& cell = it->second;
         nlohmann::json r = {{"task", task}, {"context", c}, {"depth", d}, {"method", methods[mi].name}};
-        if (methods[mi].budget > 0) r["budget"] = methods[mi].budget;
+        if (methods[mi].name != "full") r["budget_pages"] = methods[mi].budget_pages;
         if (methods[mi].fov_swept) {
           r["fov_min"] = methods[mi].dci.fov_min;
           r["fov_fraction"] = methods[mi].dci.fov_fraction;

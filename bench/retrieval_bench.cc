@@ -1,5 +1,11 @@
 // icecache-bench retrieval: IceCache page retrieval (DciTree + Retriever) against an exact SIMD
 // scan and faiss (HNSW, IVF-Flat) on the same keys. See docs/BENCHMARKS.md.
+// Page baselines at the same budget (sink + K pages + window, K = budget - sink - window):
+//   oracle      the tree's own best K leaves (Retriever kOracle): what the layout allows;
+//   contiguous  the exact best K pages of 16 consecutive tokens by attention mass (token order);
+//   quest       Quest (Retriever kQuest on a SparseLayout::kTokenOrder cache of the same keys).
+// "mass recall" is the attention mass of the selected tokens over that of the best as many
+// tokens; "kept mass" is the selected tokens' share of the whole softmax.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -97,11 +104,14 @@ struct Args {
   int profile_parent_search = 0;  // > 0: only time the int8 parent search kernel this many times
   bool json = false, faiss = true;
   DciParams dci;
+  std::string family = "default";  // synthetic keys (kvstore::SyntheticFamily)
+  uint64_t seed = 7;
 };
 
 void Usage() {
   std::fprintf(stderr,
-               "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q]\n"
+               "icecache-bench retrieval [--keys-file K.npy --queries-file Q.npy | --keys N --dim D --queries Q\n"
+               "  [--family default|scattered|outliers|drift|broad|hard (kvstore::SyntheticFamily)] [--seed 7]]\n"
                "  [--page-size 16] [--budget-pages 16] [--sink-pages 2] [--window-pages 2] [--dtype f32|bf16|f16]\n"
                "  [--fov-min 30] [--fov-fraction 1.5e-3] [--fov-sqrt 0] [--group-fov 0 (GQA groups only)]\n"
                "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
@@ -166,6 +176,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     if (k == "--keys-file") a->keys_file = v;
     else if (k == "--queries-file") a->queries_file = v;
     else if (k == "--dump-selection") a->dump_file = v;
+    else if (k == "--family") a->family = v;
+    else if (k == "--seed") a->seed = std::strtoull(v, nullptr, 10);
     else if (k == "--dtype") a->dtype = v;
     else if (k == "--keys") a->keys = std::atoi(v);
     else if (k == "--dim") a->dim = std::atoi(v);
@@ -265,7 +277,10 @@ int RunRetrieval(int argc, char** argv) {
     n = a.keys;
     d = a.dim;
     nq = a.queries;
-    auto data = kvstore::MakeSyntheticData(n, d, nq);
+    auto fam = kvstore::SyntheticFamily(a.family);
+    if (!fam.ok()) { std::fprintf(stderr, "retrieval: --family: %s\n", fam.status().message().c_str()); return 2; }
+    fam->seed = a.seed;
+    auto data = kvstore::MakeSyntheticData(n, d, nq, *fam);
     keys = std::move(data.keys);
     queries = std::move(data.queries);
   }
@@ -281,7 +296,7 @@ int RunRetrieval(int argc, char** argv) {
   po.page_size = a.page_size;
   po.head_dim = d;
   po.dtype = dtype;
-  po.num_pages = 4 * (static_cast<int64_t>(n) / a.page_size + 64) + 1024;
+  po.num_pages = 6 * (static_cast<int64_t>(n) / a.page_size + 64) + 1024;  // tree + token-order copy
   po.zero_fill = true;  // a serving pool is long-lived: first-touch page faults are not part of a build
   auto pool_or = PagePool::Create(po);
   if (!pool_or.ok()) { std::fprintf(stderr, "retrieval: %s\n", pool_or.status().ToString().c_str()); return 1; }
@@ -341,6 +356,21 @@ int RunRetrieval(int argc, char** argv) {
     return 0;
   }
   Retriever oracle(RetrievalPolicy{a.budget, RetrievalMode::kOracle});
+  // Quest over the same keys in token order.
+  kvstore::SequenceCacheOptions qo = so;
+  qo.layout = kvstore::SparseLayout::kTokenOrder;
+  auto quest_seq_or = SequenceCache::Create(qo, pool.get());
+  Status qs = quest_seq_or.ok() ? (*quest_seq_or)->Build(&kp, &vp, n) : quest_seq_or.status();
+  if (!qs.ok()) { std::fprintf(stderr, "retrieval: quest layout: %s\n", qs.ToString().c_str()); return 1; }
+  auto quest_seq = std::move(quest_seq_or).value();
+  Retriever quest(RetrievalPolicy{a.budget, RetrievalMode::kQuest});
+  std::unordered_map<int32_t, int64_t> middle_first;  // quest middle page -> its first position
+  for (size_t i = 0; i < quest_seq->middle_pages(0, 0).size(); ++i)
+    middle_first[quest_seq->middle_pages(0, 0)[i]] = quest_seq->sink_tokens() + static_cast<int64_t>(i) * a.page_size;
+  const int k_pages = std::max(0, a.budget - static_cast<int>(seq->sink_pages(0, 0).size()) -
+                                      static_cast<int>(seq->window_pages(0, 0).size()));
+  double quest_mass = 0, contiguous_mass = 0, kept_sparse = 0, kept_oracle = 0, kept_quest = 0, kept_contiguous = 0;
+  std::vector<double> quest_cpu_us;
   std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us, oracle_cpu_us;
   // The exact baseline scans the same keys stored in the same element type, contiguously.
   std::vector<uint8_t> stored(keys.size() * kernels::DTypeSize(dtype));
@@ -386,7 +416,48 @@ int RunRetrieval(int argc, char** argv) {
     exact_us.push_back(Us(e0, Clock::now()));
     weights[j] = ComputeWeights(keys, n, d, q);
     mass += MassRecall(weights[j], tokens);
-    oracle_mass += MassRecall(weights[j], SelectedTokens(*seq, best));
+    const std::vector<int64_t> best_tokens = SelectedTokens(*seq, best);
+    oracle_mass += MassRecall(weights[j], best_tokens);
+    {
+      PageSelection qsel;
+      const double qc = ThreadCpuUs();
+      Status st = quest.Select({quest_seq.get()}, 0, q, 1, &qsel);
+      quest_cpu_us.push_back(ThreadCpuUs() - qc);
+      if (!st.ok()) { std::fprintf(stderr, "retrieval: quest: %s\n", st.ToString().c_str()); return 1; }
+      std::vector<int64_t> qt;
+      for (int64_t t = 0; t < quest_seq->sink_tokens(); ++t) qt.push_back(t);
+      for (int64_t t = quest_seq->window_start(); t < n; ++t) qt.push_back(t);
+      for (int32_t page : qsel.page_ids) {
+        auto it = middle_first.find(page);
+        if (it == middle_first.end()) continue;
+        for (int s2 = 0; s2 < a.page_size; ++s2) qt.push_back(it->second + s2);
+      }
+      quest_mass += MassRecall(weights[j], qt);
+      // Exact contiguous pages: the K middle pages of most attention mass.
+      std::vector<std::pair<double, int64_t>> pages;
+      for (int64_t first = seq->sink_tokens(); first < seq->window_start(); first += a.page_size) {
+        double m = 0;
+        for (int64_t t = first; t < std::min<int64_t>(first + a.page_size, seq->window_start()); ++t) m += weights[j].w[t];
+        pages.push_back({m, first});
+      }
+      const size_t kk = std::min<size_t>(k_pages, pages.size());
+      std::partial_sort(pages.begin(), pages.begin() + kk, pages.end(), std::greater<>());
+      std::vector<int64_t> ct;
+      for (int64_t t = 0; t < seq->sink_tokens(); ++t) ct.push_back(t);
+      for (int64_t t = seq->window_start(); t < n; ++t) ct.push_back(t);
+      for (size_t i = 0; i < kk; ++i)
+        for (int64_t t = pages[i].second; t < std::min<int64_t>(pages[i].second + a.page_size, seq->window_start()); ++t) ct.push_back(t);
+      contiguous_mass += MassRecall(weights[j], ct);
+      auto kept = [&](const std::vector<int64_t>& toks) {
+        double m = 0;
+        for (int64_t t : toks) m += weights[j].w[t];
+        return m;
+      };
+      kept_sparse += kept(tokens);
+      kept_oracle += kept(best_tokens);
+      kept_quest += kept(qt);
+      kept_contiguous += kept(ct);
+    }
     int hit = 0, want = 0;
     std::vector<int32_t> got_leaves(sel.tree_leaf.begin(), sel.tree_leaf.end());
     std::sort(got_leaves.begin(), got_leaves.end());
@@ -416,6 +487,12 @@ int RunRetrieval(int argc, char** argv) {
   }
   mass /= nq;
   oracle_mass /= nq;
+  quest_mass /= nq;
+  contiguous_mass /= nq;
+  kept_sparse /= nq;
+  kept_oracle /= nq;
+  kept_quest /= nq;
+  kept_contiguous /= nq;
   page_recall /= nq;
   const double qmed = Median(query_us), emed = Median(exact_us);
   const double qcpu = Median(query_cpu_us), ecpu = Median(exact_cpu_us);
@@ -448,6 +525,9 @@ int RunRetrieval(int argc, char** argv) {
       {"levels", seq->tree(0, 0)->level_counts()},
       {"leaves", seq->tree(0, 0)->num_leaves()},
       {"mass_recall", mass}, {"oracle_mass_recall", oracle_mass}, {"page_recall", page_recall},
+      {"quest_mass_recall", quest_mass}, {"contiguous_mass_recall", contiguous_mass},
+      {"kept_mass", {{"icecache", kept_sparse}, {"oracle", kept_oracle}, {"quest", kept_quest}, {"contiguous", kept_contiguous}}},
+      {"quest_cpu_us_median", Median(quest_cpu_us)},
       {"query_us_median", qmed}, {"exact_us_median", emed}, {"query_over_exact", emed > 0 ? qmed / emed : 0},
       {"query_cpu_us_median", qcpu}, {"exact_cpu_us_median", ecpu}, {"query_over_exact_cpu", ecpu > 0 ? qcpu / ecpu : 0},
       {"oracle_cpu_us_median", Median(oracle_cpu_us)}, {"query_back_to_back_cpu_us_median", Median(b2b_cpu_us)},
@@ -526,6 +606,9 @@ int RunRetrieval(int argc, char** argv) {
                 a.dtype.c_str(), a.budget, a.sink, a.window, a.page_size);
     std::printf("  mass recall %.4f (oracle pages %.4f)  top-page recall %.4f  tokens %d  scored/query %.0f in %.0f cells\n", mass,
                 oracle_mass, page_recall, T, tokens_scored / nq, cells_expanded / nq);
+    std::printf("  kept attention mass: icecache %.4f, oracle pages %.4f, exact contiguous pages %.4f, quest %.4f"
+                " (quest query %.1f us thread cpu)\n",
+                kept_sparse, kept_oracle, kept_contiguous, kept_quest, Median(quest_cpu_us));
     std::printf("  query %.1f us median, exact scan %.1f us  (ratio %.3f)   [thread cpu: %.1f vs %.1f us, ratio %.3f]\n", qmed,
                 emed, emed > 0 ? qmed / emed : 0, qcpu, ecpu, ecpu > 0 ? qcpu / ecpu : 0);
     std::printf("  queries back to back: %.1f us thread cpu median\n", Median(b2b_cpu_us));

@@ -66,6 +66,10 @@ Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceC
     return InvalidArgumentError("budget of " + std::to_string(budget_pages) + " pages is less than sink + window = " +
                                 std::to_string(o.sink_pages + o.window_pages) + " pages");
   }
+  if (sparse && mode != kvstore::RetrievalMode::kFull && cache->token_order() != (mode == kvstore::RetrievalMode::kQuest)) {
+    return InvalidArgumentError(cache->token_order() ? "a token-order (Quest layout) sequence is served in mode full or quest only"
+                                                     : "mode quest needs a sequence built with the token-order layout");
+  }
   Sequence s;
   s.cache = std::move(cache);
   s.policy.budget_pages = std::max(budget_pages, 1);

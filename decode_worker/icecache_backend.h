@@ -85,8 +85,9 @@ class IceCacheBackend final : public model::AttentionBackend {
 
   // Adopts `cache` (built in this backend's pool) as sequence `id`. budget_pages: the page budget
   // of sparse layers (ignored when the cache has none); at least the cache's sink_pages +
-  // window_pages (equal: no retrieved pages, the StreamingLLM-style baseline). mode: kSparse serves; kFull and kOracle (exact best leaves) are the accuracy
-  // baselines. INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
+  // window_pages (equal: no retrieved pages, the StreamingLLM-style baseline). mode: kSparse serves; kFull, kOracle (exact best leaves) and kQuest (on a
+  // cache built with kvstore::SparseLayout::kTokenOrder) are the accuracy baselines; a mode that
+  // does not match the cache's layout is INVALID_ARGUMENT. INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
   // too small; ALREADY_EXISTS for a used id. On error the cache is released.
   Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
                 kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse);

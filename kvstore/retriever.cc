@@ -31,6 +31,57 @@ std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>&
   return out;
 }
 
+float QuestBound(const float* q, const float* bounds, int head_dim) {
+  const float* lo = bounds;
+  const float* hi = bounds + head_dim;
+  float s = 0.f;
+  for (int c = 0; c < head_dim; ++c) s += std::max(q[c] * lo[c], q[c] * hi[c]);
+  return s;
+}
+
+namespace {
+
+// Token-order (Quest) layout: sink, then the middle pages, then window.
+Status SelectTokenOrder(const RetrievalPolicy& policy, const SequenceCache& seq, int layer, int kv_head,
+                        const float* q_group, int group, std::vector<int32_t>* ids, std::vector<int32_t>* valid,
+                        std::vector<int32_t>* leaves) {
+  auto push = [&](int32_t id, int v) {
+    ids->push_back(id);
+    valid->push_back(v);
+    leaves->push_back(-1);
+  };
+  const auto& sink = seq.sink_pages(layer, kv_head);
+  const auto& window = seq.window_pages(layer, kv_head);
+  const auto& middle = seq.middle_pages(layer, kv_head);
+  for (size_t i = 0; i < sink.size(); ++i) push(sink[i], seq.sink_valid(i));
+  const int np = static_cast<int>(middle.size());
+  const int k = std::max(0, policy.budget_pages - static_cast<int>(sink.size()) - static_cast<int>(window.size()));
+  if (policy.mode == RetrievalMode::kFull || k >= np) {
+    for (int i = 0; i < np; ++i) push(middle[i], seq.middle_valid(i));
+  } else if (k > 0) {
+    if (q_group == nullptr) return InvalidArgumentError("Retriever: query is required for sparse retrieval");
+    const int d = seq.pool()->head_dim();
+    const float* bounds = seq.middle_bounds(layer, kv_head).data();
+    thread_local std::vector<std::vector<ScoredLeaf>> lists;
+    lists.resize(group);
+    for (int j = 0; j < group; ++j) {
+      std::vector<ScoredLeaf>& l = lists[j];
+      l.resize(np);
+      for (int i = 0; i < np; ++i) l[i] = {i, QuestBound(q_group + static_cast<size_t>(j) * d, bounds + static_cast<size_t>(i) * 2 * d, d)};
+      auto better = [](const ScoredLeaf& a, const ScoredLeaf& b) { return a.score > b.score || (a.score == b.score && a.leaf < b.leaf); };
+      std::partial_sort(l.begin(), l.begin() + k, l.end(), better);
+      l.resize(k);
+    }
+    std::vector<int32_t> chosen = MergeRankByRank(lists, k);
+    std::sort(chosen.begin(), chosen.end());  // position order, as the pages lie
+    for (int32_t i : chosen) push(middle[i], seq.middle_valid(i));
+  }
+  for (size_t i = 0; i < window.size(); ++i) push(window[i], seq.window_valid(i));
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Retriever::SelectHead(const RetrievalPolicy& policy, const SequenceCache& seq, int layer, int kv_head,
                              const float* q_group, int group, std::vector<int32_t>* ids, std::vector<int32_t>* valid,
                              std::vector<int32_t>* leaves) {
@@ -44,6 +95,12 @@ Status Retriever::SelectHead(const RetrievalPolicy& policy, const SequenceCache&
     for (size_t i = 0; i < d.size(); ++i) push(d[i], seq.dense_valid(i), -1);
     return Status::Ok();
   }
+  if (seq.token_order() != (policy.mode == RetrievalMode::kQuest) && policy.mode != RetrievalMode::kFull) {
+    return InvalidArgumentError(seq.token_order()
+                                    ? "Retriever: a token-order (Quest layout) cache serves modes full and quest only"
+                                    : "Retriever: mode quest needs a token-order cache (SparseLayout::kTokenOrder)");
+  }
+  if (seq.token_order()) return SelectTokenOrder(policy, seq, layer, kv_head, q_group, group, ids, valid, leaves);
   const auto& sink = seq.sink_pages(layer, kv_head);
   const auto& window = seq.window_pages(layer, kv_head);
   for (size_t i = 0; i < sink.size(); ++i) push(sink[i], seq.sink_valid(i), -1);

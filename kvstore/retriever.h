@@ -8,7 +8,14 @@
 // all are taken (exact). Modes:
 //   kSparse  the tree search above;
 //   kFull    every page (sink, all leaves, window): exact dense attention;
-//   kOracle  as kSparse but each head's list is the exact best-K leaves by best token score.
+//   kOracle  as kSparse but each head's list is the exact best-K leaves by best token score;
+//   kQuest   the Quest baseline (Tang et al. 2024) on a SparseLayout::kTokenOrder cache: the
+//            middle pages in position order, each ranked for every query head by the upper bound
+//            sum_c max(q_c * max_c, q_c * min_c) of q.k over its keys (per-channel min/max of the
+//            page's keys), the K best per head merged rank by rank as above. Same sink, window and
+//            budget accounting as kSparse.
+// kSparse / kOracle need the tree layout and kQuest the token-order layout (INVALID_ARGUMENT
+// otherwise); kFull takes every page of either.
 // Dense layers always select all their pages. If budget < #sink + #window, sink and window are
 // still selected in full (K = 0).
 //
@@ -40,7 +47,16 @@
 
 namespace icecache::kvstore {
 
-enum class RetrievalMode : int { kSparse = 0, kFull = 1, kOracle = 2 };
+enum class RetrievalMode : int { kSparse = 0, kFull = 1, kOracle = 2, kQuest = 3 };
+
+// The layout a mode selects from: kQuest needs SparseLayout::kTokenOrder, kSparse and kOracle
+// the tree; kFull serves both (returned: the tree, its serving layout).
+inline SparseLayout LayoutFor(RetrievalMode mode) {
+  return mode == RetrievalMode::kQuest ? SparseLayout::kTokenOrder : SparseLayout::kDciTree;
+}
+
+// Quest's bound for query q [head_dim] over page bounds [2, head_dim] (min row, max row).
+float QuestBound(const float* q, const float* bounds, int head_dim);
 
 struct RetrievalPolicy {
   int budget_pages = 16;  // >= 1; sink and window pages count against it

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -28,6 +29,10 @@ StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Create(const SequenceCac
   if (options.ice_group < 1 || options.ice_group > 64)
     return InvalidArgumentError("SequenceCache: ice_group must be in [1, 64], got " + std::to_string(options.ice_group));
   ICE_RETURN_IF_ERROR(ValidateDciParams(options.dci).WithContext("SequenceCache"));
+  if (options.layout != SparseLayout::kDciTree && options.layout != SparseLayout::kTokenOrder)
+    return InvalidArgumentError("SequenceCache: unknown layout " + std::to_string(static_cast<int>(options.layout)));
+  if (options.layout == SparseLayout::kTokenOrder && options.ice_group != 1)
+    return InvalidArgumentError("SequenceCache: the token-order layout has no ICE(r) groups (ice_group must be 1)");
   SequenceCacheOptions o = options;
   o.dense_layers = std::min(o.dense_layers, o.num_layers);
   return std::unique_ptr<SequenceCache>(new SequenceCache(o, pool));
@@ -51,7 +56,7 @@ const DciTree* SequenceCache::tree(int layer, int head) const {
 int64_t SequenceCache::pages_held() const {
   int64_t total = 0;
   for (const HeadState& h : heads_) {
-    total += static_cast<int64_t>(h.sink.size() + h.window.size() + h.dense.size());
+    total += static_cast<int64_t>(h.sink.size() + h.window.size() + h.dense.size() + h.middle.size());
     if (h.tree) total += static_cast<int64_t>(h.tree->num_leaves()) * h.tree->num_payloads();
   }
   return total;
@@ -59,11 +64,12 @@ int64_t SequenceCache::pages_held() const {
 
 void SequenceCache::Release() {
   for (HeadState& h : heads_) {
-    for (auto* list : {&h.sink, &h.window, &h.dense}) {
+    for (auto* list : {&h.sink, &h.window, &h.dense, &h.middle}) {
       pool_->FreeMany(*list).IgnoreError();
       list->clear();
     }
     h.tree.reset();
+    h.bounds.clear();
   }
   n_ = sink_tokens_ = window_start_ = 0;
   broken_ = false;
@@ -81,6 +87,24 @@ Status SequenceCache::FillList(std::vector<int32_t>* pages, const float* k, cons
     RowFromF32(pool_->dtype(), v + t * stride, pool_->VRow(page, slot), head_dim_);
   }
   return Status::Ok();
+}
+
+void SequenceCache::SetBounds(HeadState* h, size_t i, int valid) {
+  const size_t d = static_cast<size_t>(head_dim_);
+  if (h->bounds.size() < (i + 1) * 2 * d) h->bounds.resize((i + 1) * 2 * d);
+  float* lo = h->bounds.data() + i * 2 * d;
+  float* hi = lo + d;
+  thread_local std::vector<float> row;
+  row.resize(d);
+  std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
+  std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
+  for (int slot = 0; slot < valid; ++slot) {
+    RowToF32(pool_->dtype(), pool_->KRow(h->middle[i], slot), row.data(), head_dim_);
+    for (size_t c = 0; c < d; ++c) {
+      lo[c] = std::min(lo[c], row[c]);
+      hi[c] = std::max(hi[c], row[c]);
+    }
+  }
 }
 
 Status SequenceCache::Build(const float* const* k, const float* const* v, int64_t n, ThreadPool* threads) {
@@ -149,7 +173,12 @@ Status SequenceCache::BuildLayers(int first_layer, int count, const float* const
         s = FillList(&h.window, k[layer - first_layer] + window_start_ * stride + off,
                      v[layer - first_layer] + window_start_ * stride + off, stride, n - window_start_);
       }
-      if (s.ok() && LeaderOf(layer) == layer && sink_full) {
+      if (s.ok() && token_order() && sink_full) {
+        const int64_t middle = window_start_ - sink_tokens_;
+        s = FillList(&h.middle, k[layer - first_layer] + sink_tokens_ * stride + off,
+                     v[layer - first_layer] + sink_tokens_ * stride + off, stride, middle);
+        for (size_t i = 0; s.ok() && i < h.middle.size(); ++i) SetBounds(&h, i, ListValid(i, middle));
+      } else if (s.ok() && LeaderOf(layer) == layer && sink_full) {
         const int g = GroupSize(layer);
         std::vector<const float*> ks(g), vs(g);
         for (int p = 0; p < g; ++p) {
@@ -198,7 +227,20 @@ Status SequenceCache::AppendToList(std::vector<int32_t>* pages, int64_t index_in
 
 Status SequenceCache::EvictWindowPage() {
   // The oldest window page of every sparse (layer, head) goes into its tree; pages freed after.
+  // Token order: the page itself becomes the last middle page.
   const int nkv = options_.num_kv_heads, ps = page_size_;
+  if (token_order()) {
+    for (int layer = options_.dense_layers; layer < options_.num_layers; ++layer) {
+      for (int head = 0; head < nkv; ++head) {
+        HeadState& h = Head(layer, head);
+        h.middle.push_back(h.window.front());
+        h.window.erase(h.window.begin());
+        SetBounds(&h, h.middle.size() - 1, ps);
+      }
+    }
+    window_start_ += ps;
+    return Status::Ok();
+  }
   std::vector<float> kbuf, vbuf;
   for (int layer = options_.dense_layers; layer < options_.num_layers; ++layer) {
     if (LeaderOf(layer) != layer) continue;
@@ -257,7 +299,7 @@ Status SequenceCache::BeginToken() {
         list = &h.sink;
         index = n_;
       } else {
-        if (!h.tree && LeaderOf(layer) == layer) {
+        if (!h.tree && LeaderOf(layer) == layer && !token_order()) {
           auto tree = DciTree::Build(options_.dci, pool_, GroupSize(layer), TokenBlock{window_start_, 0, nullptr, nullptr, 0});
           if (!tree.ok()) {
             s = tree.status();
@@ -324,6 +366,10 @@ Status SequenceCache::Append(const float* const* k, const float* const* v) {
       const float* vr = v[layer] + static_cast<size_t>(head) * head_dim_;
       if (IsDense(layer)) {
         s = AppendToList(&h.dense, n_, kr, vr);
+      } else if (token_order()) {
+        const int64_t index = n_ - sink_tokens_;
+        s = AppendToList(&h.middle, index, kr, vr);
+        if (s.ok()) SetBounds(&h, h.middle.size() - 1, static_cast<int>(index % page_size_) + 1);
       } else {
         if (LeaderOf(layer) != layer) continue;
         const int g = GroupSize(layer);
@@ -366,6 +412,10 @@ TokenLocation SequenceCache::LocateToken(int layer, int head, int64_t pos, int32
   if (pos >= window_start_) {
     *page = h.window[(pos - window_start_) / page_size_];
     return TokenLocation{-1, static_cast<int32_t>((pos - window_start_) % page_size_)};
+  }
+  if (token_order()) {
+    *page = h.middle[(pos - sink_tokens_) / page_size_];
+    return TokenLocation{-1, static_cast<int32_t>((pos - sink_tokens_) % page_size_)};
   }
   const DciTree* t = tree(layer, head);
   const TokenLocation loc = t->Locate(pos);

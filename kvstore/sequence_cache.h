@@ -6,6 +6,10 @@
 //    window_pages pages, page-aligned so that appended tokens fill the last one). When a token
 //    arrives while the window is full, the window's oldest page is inserted into the tree and
 //    its page is reused for the new token.
+//  * layout kTokenOrder (a baseline, SparseLayout): sparse layers keep the middle tokens in pages
+//    in position order instead of a tree ("middle pages", all full), each with its per-channel
+//    key min/max (the Quest page summary). An evicted window page joins the middle list as it is.
+//    No ICE(r) (ice_group must be 1) and no wire form (Serialize: FAILED_PRECONDITION).
 //  * ICE(r) (ice_group > 1): consecutive sparse layers form groups of ice_group; the first layer
 //    of a group (the leader) owns the tree, whose leaves carry the followers' K/V as extra
 //    payloads, so a follower reuses the leader's selection and runs no query.
@@ -29,6 +33,12 @@
 
 namespace icecache::kvstore {
 
+// How a sparse layer stores its middle tokens (between sink and window).
+enum class SparseLayout : int {
+  kDciTree = 0,     // IceCache: a DciTree whose leaves are the pages (serving)
+  kTokenOrder = 1,  // pages in position order with per-channel key min/max (Quest's layout)
+};
+
 struct SequenceCacheOptions {
   int num_layers = 0;      // >= 1
   int num_kv_heads = 0;    // >= 1
@@ -37,6 +47,7 @@ struct SequenceCacheOptions {
   int window_pages = 2;    // >= 0 (0: appended tokens go straight into the tree)
   int ice_group = 1;       // ICE(r) group size over sparse layers; 1 = off, the paper uses 3
   DciParams dci;           // every tree of the sequence uses these (same seed: shared directions)
+  SparseLayout layout = SparseLayout::kDciTree;
 };
 
 // The flat wire form of a sequence: metadata (versioned) and the list of source page ids in the
@@ -107,7 +118,16 @@ class SequenceCache {
   int dense_valid(size_t i) const { return ListValid(i, n_); }
   int sink_valid(size_t i) const { return ListValid(i, sink_tokens_); }
   int window_valid(size_t i) const { return ListValid(i, n_ - window_start_); }
-  // The tree serving a sparse layer (the leader's for a follower); nullptr for dense layers.
+  // kTokenOrder layout: the middle pages of a sparse (layer, head) in position order (page i holds
+  // positions sink_tokens() + i * page_size ..), all full, and their key bounds
+  // [pages, 2, head_dim] fp32: per channel the min (row 0) and max (row 1) of the keys as stored
+  // in the pool's dtype. Empty for the tree layout and for dense layers.
+  const std::vector<int32_t>& middle_pages(int layer, int head) const { return Head(layer, head).middle; }
+  const std::vector<float>& middle_bounds(int layer, int head) const { return Head(layer, head).bounds; }
+  int middle_valid(size_t i) const { return ListValid(i, window_start_ - sink_tokens_); }
+  bool token_order() const { return options_.layout == SparseLayout::kTokenOrder; }
+  // The tree serving a sparse layer (the leader's for a follower); nullptr for dense layers and
+  // for the kTokenOrder layout.
   const DciTree* tree(int layer, int head) const;
 
   // Where position `pos` lives in (layer, head): page id and slot. REQUIRES 0 <= pos < n.
@@ -127,6 +147,8 @@ class SequenceCache {
   struct HeadState {
     std::vector<int32_t> sink, window, dense;
     std::unique_ptr<DciTree> tree;  // leaders of sparse layers only
+    std::vector<int32_t> middle;    // kTokenOrder only
+    std::vector<float> bounds;      // kTokenOrder only: [middle.size(), 2, head_dim]
   };
   SequenceCache(const SequenceCacheOptions& options, PagePool* pool);
   HeadState& Head(int layer, int head) { return heads_[static_cast<size_t>(layer) * options_.num_kv_heads + head]; }
@@ -144,6 +166,8 @@ class SequenceCache {
   Status AppendToList(std::vector<int32_t>* pages, int64_t index_in_list, const float* k, const float* v);
   Status FillList(std::vector<int32_t>* pages, const float* k, const float* v, size_t stride, int64_t count);
   Status EvictWindowPage();
+  // kTokenOrder: (re)computes the bounds of middle page `i` of `h` from its first `valid` slots.
+  void SetBounds(HeadState* h, size_t i, int valid);
 
   SequenceCacheOptions options_;
   PagePool* pool_;

@@ -62,6 +62,8 @@ Status SequenceCache::CheckWireInvariants() const {
 
 StatusOr<SequenceWire> SequenceCache::Serialize() const {
   if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
+  if (token_order())
+    return FailedPreconditionError("SequenceCache: the token-order layout (the Quest baseline) has no wire form");
   WireWriter w;
   SequenceWire out;
   w.Put(kMagic);

@@ -1,6 +1,7 @@
 #include "kvstore/synthetic_keys.h"
 
 #include <cmath>
+#include <algorithm>
 #include <random>
 
 namespace icecache::kvstore {
@@ -70,9 +71,33 @@ SyntheticData MakeSyntheticData(int n, int dim, int num_queries, const Synthetic
     float* q = d.queries.data() + static_cast<size_t>(j) * dim;
     for (int i = 0; i < dim; ++i)
       q[i] = static_cast<float>(o.query_scale) * (c[i] + static_cast<float>(o.query_noise) * g(rng)) + qbias[i];
+    if (o.query_drift > 0) {
+      std::vector<float> r(dim);
+      double qn = 0, rn = 0;
+      for (int i = 0; i < dim; ++i) {
+        r[i] = g(rng);
+        qn += double(q[i]) * q[i];
+        rn += double(r[i]) * r[i];
+      }
+      const double f = std::sqrt(qn / std::max(rn, 1e-30));
+      for (int i = 0; i < dim; ++i) q[i] = static_cast<float>((1 - o.query_drift) * q[i] + o.query_drift * f * r[i]);
+    }
     Rope(q, dim, n, o.rope_base);
   }
   return d;
+}
+
+StatusOr<SyntheticOptions> SyntheticFamily(const std::string& name) {
+  SyntheticOptions o;
+  const bool hard = name == "hard";
+  if (name == "default") return o;
+  if (name == "scattered" || hard) o.num_topics = 256, o.run_mean = 3;
+  if (name == "outliers" || hard) o.outlier_channels = 8, o.outlier_scale = 10, o.key_noise = 0.8;
+  if (name == "drift" || hard) o.query_drift = 0.5, o.query_noise = 1.0;
+  if (name == "broad") o.num_topics = 16, o.run_mean = 96, o.key_noise = 1.2;
+  if (name != "scattered" && name != "outliers" && name != "drift" && name != "broad" && !hard)
+    return InvalidArgumentError("unknown synthetic family '" + name + "' (known: " + kSyntheticFamilies + ")");
+  return o;
 }
 
 }  // namespace icecache::kvstore

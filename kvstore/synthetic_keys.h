@@ -11,7 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "common/status.h"
 
 namespace icecache::kvstore {
 
@@ -25,8 +28,22 @@ struct SyntheticOptions {
   int outlier_channels = 4;
   double outlier_scale = 4.0;
   bool sink_token = true;
+  // Out-of-distribution drift: each query is mixed with a random direction of the same norm,
+  // q = (1 - drift) q_topic + drift |q_topic| r/|r| (0: off, and no random draw is made).
+  double query_drift = 0.0;
   uint64_t seed = 7;
 };
+
+// Named harder families (for benchmarks; every one keeps RoPE and the sink token):
+//   default    SyntheticOptions{} (64 topics in runs of ~24 tokens)
+//   scattered  256 topics in runs of ~3 tokens: a page of consecutive tokens mixes topics
+//   outliers   8 outlier channels of scale 10 and noisier keys (0.8)
+//   drift      queries 50 % off their topic (query_drift 0.5) and noisier (1.0)
+//   broad      16 topics in long runs (~96 tokens) with noisy keys (1.2): diffuse attention
+//   hard       scattered + outliers + drift
+// INVALID_ARGUMENT naming the known families otherwise.
+StatusOr<SyntheticOptions> SyntheticFamily(const std::string& name);
+inline constexpr const char kSyntheticFamilies[] = "default,scattered,outliers,drift,broad,hard";
 
 struct SyntheticData {
   int n = 0, dim = 0, num_queries = 0;

@@ -78,7 +78,8 @@ class BackendTest : public ::testing::Test {
   }
 
   // Builds a sequence of n random tokens (keys/values per layer kept in k_/v_) and imports it.
-  void Import(IceCacheBackend& b, model::SequenceId id, int n, int dense_layers, int budget) {
+  void Import(IceCacheBackend& b, model::SequenceId id, int n, int dense_layers, int budget,
+              kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse) {
     std::mt19937 rng(static_cast<uint32_t>(id * 31 + n));
     k_.assign(kLayers, {});
     v_.assign(kLayers, {});
@@ -95,10 +96,11 @@ class BackendTest : public ::testing::Test {
     o.dense_layers = dense_layers;
     o.sink_pages = 1;
     o.window_pages = 2;
+    o.layout = kvstore::LayoutFor(mode);
     auto cache = kvstore::SequenceCache::Create(o, pool_.get());
     ASSERT_TRUE(cache.ok()) << cache.status().ToString();
     ASSERT_TRUE((*cache)->Build(kp.data(), vp.data(), n).ok());
-    Status s = b.Import(id, std::move(*cache), budget);
+    Status s = b.Import(id, std::move(*cache), budget, mode);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
@@ -184,6 +186,41 @@ TEST_F(BackendTest, SmallBudgetAttendsAtMostBudgetPages) {
   EXPECT_LE(b.Stats(3)->pages_fetched, steps * 2 * kKvHeads * 6);
   EXPECT_GE(b.Stats(3)->pages_fetched, steps * 2 * kKvHeads * 4);
   EXPECT_GT(b.Stats(3)->retrieval_seconds, 0.0);
+}
+
+// Quest (token-order layout): a budget covering every page is exact as the window slides pages
+// into the middle list; a small budget attends to at most the budget.
+TEST_F(BackendTest, QuestModeIsExactWithFullBudgetAndBoundedWithSmallOne) {
+  auto owned = NewBackend();
+  IceCacheBackend& b = *owned;
+  Import(b, 9, 150, /*dense_layers=*/1, /*budget=*/1000, kvstore::RetrievalMode::kQuest);
+  std::mt19937 rng(9);
+  for (int step = 0; step < 20; ++step) EXPECT_LT(StepAndCompare(b, 9, rng), 1e-4f) << "step " << step;
+  Import(b, 10, 200, /*dense_layers=*/1, /*budget=*/6, kvstore::RetrievalMode::kQuest);
+  for (int step = 0; step < 8; ++step) EXPECT_TRUE(std::isfinite(StepAndCompare(b, 10, rng)));
+  EXPECT_LE(b.Stats(10)->pages_fetched, 8 * 2 * kKvHeads * 6);
+  EXPECT_GE(b.Stats(10)->pages_fetched, 8 * 2 * kKvHeads * 6 - 2 * kKvHeads);  // all 6 every step
+}
+
+TEST_F(BackendTest, ModeThatDoesNotMatchTheLayoutIsRefused) {
+  auto owned = NewBackend();
+  kvstore::SequenceCacheOptions o;
+  o.num_layers = kLayers;
+  o.num_kv_heads = kKvHeads;
+  o.dense_layers = 1;
+  o.sink_pages = 1;
+  o.window_pages = 2;
+  for (auto layout : {kvstore::SparseLayout::kDciTree, kvstore::SparseLayout::kTokenOrder}) {
+    o.layout = layout;
+    auto cache = kvstore::SequenceCache::Create(o, pool_.get());
+    ASSERT_TRUE(cache.ok());
+    const auto wrong = layout == kvstore::SparseLayout::kDciTree ? kvstore::RetrievalMode::kQuest
+                                                                 : kvstore::RetrievalMode::kSparse;
+    Status s = owned->Import(20, std::move(*cache), 8, wrong);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("token-order"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(pool_->used_pages(), 0);
 }
 
 TEST_F(BackendTest, RejectsBadUse) {

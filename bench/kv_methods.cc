@@ -1,0 +1,125 @@
+#include "bench/kv_methods.h"
+
+#include <cstdio>
+
+#include "kvstore/sequence_cache.h"
+#include "model/dense_kv_cache.h"
+
+namespace icecache::bench {
+
+Status ValidateKvMethod(const KvMethod& m, const KvLayout& layout) {
+  if (m.name == "full") return Status::Ok();
+  int min_pages;
+  if (m.name == "window") {
+    min_pages = layout.sink_pages + 1;
+  } else if (m.name == "icecache" || m.name == "oracle" || m.name == "quest") {
+    min_pages = layout.sink_pages + layout.window_pages + 1;
+  } else {
+    return InvalidArgumentError("unknown method '" + m.name + "' (known: " + kKvMethodNames + ")");
+  }
+  if (m.budget_pages < min_pages) {
+    return InvalidArgumentError("budget of " + std::to_string(m.budget_pages) + " pages for " + m.name + " must be >= " +
+                                std::to_string(min_pages) + " (sink " + std::to_string(layout.sink_pages) +
+                                (m.name == "window" ? "" : " + window " + std::to_string(layout.window_pages)) +
+                                " + at least one more page)");
+  }
+  if (m.name == "quest" && m.ice_group != 1) return InvalidArgumentError("quest has no ICE(r) groups (--ice-group 1)");
+  return Status::Ok();
+}
+
+StatusOr<PrefillKv> PrefillDense(model::Model& m, std::span<const int32_t> ids, std::vector<float>* logits) {
+  const auto shape = m.attention_shape();
+  PrefillKv out;
+  out.n = static_cast<int64_t>(ids.size());
+  out.k.resize(shape.num_layers);
+  out.v.resize(shape.num_layers);
+  model::DenseKvCache dense(shape);
+  std::vector<float> scratch;
+  model::SequenceInput in{0, ids};
+  ICE_RETURN_IF_ERROR(dense.AddSequence(0));
+  ICE_RETURN_IF_ERROR(m.Forward({&in, 1}, dense, model::LogitsMode::kLastToken, logits ? logits : &scratch));
+  const size_t row = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    out.k[l].resize(out.n * row);
+    out.v[l].resize(out.n * row);
+    ICE_RETURN_IF_ERROR(dense.ReadLayerKv(0, l, out.k[l].data(), out.v[l].data()));
+  }
+  return out;
+}
+
+StatusOr<std::unique_ptr<kvstore::PagePool>> MakeMethodPool(const model::AttentionShape& shape, const KvLayout& layout,
+                                                           int64_t tokens) {
+  kvstore::PagePoolOptions po;
+  po.page_size = layout.page_size;
+  po.head_dim = shape.head_dim;
+  po.dtype = layout.dtype;
+  // Tree leaves are not all full pages: room for 3x the dense page count.
+  po.num_pages = 3 * (tokens / layout.page_size + 4) * shape.num_layers * shape.num_kv_heads + 256;
+  return kvstore::PagePool::Create(po);
+}
+
+StatusOr<std::unique_ptr<decode::IceCacheBackend>> ImportMethod(model::Model& m, kvstore::PagePool* pool,
+                                                                const PrefillKv& kv, const KvMethod& method,
+                                                                const KvLayout& layout, int64_t* fov) {
+  ICE_RETURN_IF_ERROR(ValidateKvMethod(method, layout));
+  const auto shape = m.attention_shape();
+  kvstore::SequenceCacheOptions o;
+  o.num_layers = shape.num_layers;
+  o.num_kv_heads = shape.num_kv_heads;
+  o.dense_layers = layout.dense_layers;
+  o.sink_pages = layout.sink_pages;
+  o.window_pages = method.name == "window" ? method.budget_pages - layout.sink_pages : layout.window_pages;
+  o.dci = method.dci;
+  const bool quest = method.name == "quest";
+  o.ice_group = quest ? 1 : method.ice_group;
+  o.layout = quest ? kvstore::SparseLayout::kTokenOrder : kvstore::SparseLayout::kDciTree;
+  ICE_ASSIGN_OR_RETURN(auto cache, kvstore::SequenceCache::Create(o, pool));
+  std::vector<const float*> kp, vp;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    kp.push_back(kv.k[l].data());
+    vp.push_back(kv.v[l].data());
+  }
+  ICE_RETURN_IF_ERROR(cache->Build(kp.data(), vp.data(), kv.n));
+  if (fov != nullptr) {
+    const kvstore::DciTree* t = o.dense_layers < o.num_layers ? cache->tree(o.dense_layers, 0) : nullptr;
+    *fov = t != nullptr ? t->FieldOfView() : 0;
+  }
+  const kvstore::RetrievalMode mode = method.name == "full"     ? kvstore::RetrievalMode::kFull
+                                     : method.name == "oracle" ? kvstore::RetrievalMode::kOracle
+                                     : quest                   ? kvstore::RetrievalMode::kQuest
+                                                               : kvstore::RetrievalMode::kSparse;  // window: K = 0
+  decode::IceCacheBackendOptions bo;
+  bo.device = m.device();
+  ICE_ASSIGN_OR_RETURN(auto be, decode::IceCacheBackend::Create(shape, pool, bo));
+  // full: any budget above sink + window (kFull takes every page).
+  const int budget = method.name == "full" ? o.sink_pages + o.window_pages + 1 : method.budget_pages;
+  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode));
+  return be;
+}
+
+Status DecodeStep(model::Model& m, model::AttentionBackend& be, int32_t tok, std::vector<float>* logits) {
+  model::SequenceInput in{0, std::span<const int32_t>(&tok, 1)};
+  return m.Forward({&in, 1}, be, model::LogitsMode::kLastToken, logits);
+}
+
+std::string MethodLabel(const KvMethod& m) {
+  char buf[112];
+  if (m.name == "full") {
+    std::snprintf(buf, sizeof(buf), "full");
+  } else if (m.fov_swept) {
+    std::snprintf(buf, sizeof(buf), "%s b%d fov_min %d frac %g", m.name.c_str(), m.budget_pages, m.dci.fov_min,
+                  m.dci.fov_fraction);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%s b%d", m.name.c_str(), m.budget_pages);
+  }
+  return buf;
+}
+
+StatusOr<kernels::DType> ParseKvDtype(const std::string& s) {
+  if (s == "f32") return kernels::DType::kF32;
+  if (s == "bf16") return kernels::DType::kBF16;
+  if (s == "f16") return kernels::DType::kF16;
+  return InvalidArgumentError("--kv-dtype: '" + s + "' (known: f32, bf16, f16)");
+}
+
+}  // namespace icecache::bench
