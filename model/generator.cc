@@ -32,10 +32,10 @@ std::string_view FinishReasonName(FinishReason r) {
   return "";
 }
 
-Generator::Generator(Model& model, AttentionBackend& backend, const GeneratorOptions& options)
+Generator::Generator(LanguageModel& model, AttentionBackend& backend, const GeneratorOptions& options)
     : Generator(model, backend, model.tokenizer(), options) {}
 
-Generator::Generator(Model& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok,
+Generator::Generator(LanguageModel& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok,
                      const GeneratorOptions& options)
     : model_(model), backend_(backend), tok_(tok), options_(options), next_id_(options.first_id) {}
 
