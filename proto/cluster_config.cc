@@ -168,7 +168,7 @@ Status ApplyOverride(const std::string& assignment, const std::string& origin, Y
 StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& origin) {
   ClusterConfig c;
   MapReader top(root, "", origin);
-  ICE_RETURN_IF_ERROR(top.CheckShape({"model", "cache", "limits", "router", "prefill", "decode", "ucx"}));
+  ICE_RETURN_IF_ERROR(top.CheckShape({"model", "parallel", "cache", "limits", "router", "prefill", "decode", "ucx"}));
 
   MapReader model = top.Sub("model");
   ICE_RETURN_IF_ERROR(model.CheckShape({"dir"}));
@@ -275,6 +275,10 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
   ICE_RETURN_IF_ERROR(ucx.Number<int64_t>("max_segment_bytes", &c.ucx.max_segment_bytes, 1, int64_t{1} << 30));
   ICE_RETURN_IF_ERROR(ucx.Bool("peer_failure_detection", &c.ucx.peer_failure_detection));
+
+  MapReader parallel = top.Sub("parallel");
+  ICE_RETURN_IF_ERROR(parallel.CheckShape({"tensor_parallel_size"}));
+  ICE_RETURN_IF_ERROR(parallel.Number("tensor_parallel_size", &c.parallel.tensor_parallel_size, 1, 1024));
   return c;
 }
 
@@ -414,6 +418,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
   out << YAML::Key << "max_segment_bytes" << YAML::Value << c.ucx.max_segment_bytes;
   out << YAML::Key << "peer_failure_detection" << YAML::Value << c.ucx.peer_failure_detection;
+  out << YAML::EndMap;
+  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "tensor_parallel_size" << YAML::Value << c.parallel.tensor_parallel_size;
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

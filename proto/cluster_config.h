@@ -136,8 +136,15 @@ struct UcxSection {
   bool peer_failure_detection = false;
 };
 
+// Tensor parallelism inside a worker (docs/parallel.md). Each worker process reads it (set it per
+// process with --set parallel.tensor_parallel_size=N).
+struct ParallelSection {
+  int tensor_parallel_size = 1;  // ranks per worker; > 1 is not served by the workers yet (refused at start)
+};
+
 struct ClusterConfig {
   ModelSection model;
+  ParallelSection parallel;
   CacheSection cache;
   LimitsSection limits;
   RouterSection router;
