@@ -71,24 +71,45 @@ void TpGroup::RankLoop(int r) {
 }
 
 std::unique_ptr<TpKvCache> TpGroup::NewDenseKvCache(const DenseKvCacheOptions& options) const {
+  std::vector<std::unique_ptr<AttentionBackend>> ranks;
+  for (const auto& m : ranks_) {
+    DenseKvCacheOptions o = options;
+    o.device = m->device();
+    ranks.push_back(std::make_unique<DenseKvCache>(m->attention_shape(), o));
+  }
+  return std::move(WrapBackends(std::move(ranks)).value());  // of the ranks' shapes by construction
+}
+
+StatusOr<std::unique_ptr<TpKvCache>> TpGroup::WrapBackends(std::vector<std::unique_ptr<AttentionBackend>> ranks) const {
+  if (static_cast<int>(ranks.size()) != size()) {
+    return InvalidArgumentError("WrapBackends: " + std::to_string(ranks.size()) + " backends for " +
+                                std::to_string(size()) + " ranks");
+  }
   std::unique_ptr<TpKvCache> c(new TpKvCache());
   c->group_ = this;
   c->shape_ = ranks_[0]->attention_shape();
   c->shape_.num_q_heads = config().num_heads;
   c->shape_.num_kv_heads = config().num_kv_heads;
-  for (const auto& m : ranks_) {
-    DenseKvCacheOptions o = options;
-    o.device = m->device();
-    c->devices_.push_back(m->device());
-    c->ranks_.push_back(std::make_unique<DenseKvCache>(m->attention_shape(), o));
+  for (int r = 0; r < size(); ++r) {
+    const AttentionShape want = ranks_[r]->attention_shape();
+    const AttentionShape& have = ranks[r] ? ranks[r]->shape() : want;
+    if (ranks[r] == nullptr || have.num_layers != want.num_layers || have.num_q_heads != want.num_q_heads ||
+        have.num_kv_heads != want.num_kv_heads || have.head_dim != want.head_dim ||
+        !(ranks[r]->device() == ranks_[r]->device())) {
+      return InvalidArgumentError("WrapBackends: rank " + std::to_string(r) + "'s backend is not of the rank's shape (" +
+                                  std::to_string(want.num_q_heads) + " q heads, " + std::to_string(want.num_kv_heads) +
+                                  " kv heads) on " + kernels::DeviceName(ranks_[r]->device()));
+    }
+    c->devices_.push_back(ranks_[r]->device());
   }
+  c->ranks_ = std::move(ranks);
   return c;
 }
 
 Status TpGroup::Forward(std::span<const SequenceInput> inputs, AttentionBackend& backend, LogitsMode mode) {
   auto* cache = dynamic_cast<TpKvCache*>(&backend);
   if (cache == nullptr || cache->group_ != this) {
-    return InvalidArgumentError("a tensor-parallel model runs on the backend its TpGroup::NewDenseKvCache made");
+    return InvalidArgumentError("a tensor-parallel model runs on a TpKvCache of its own group (TpGroup::NewDenseKvCache or WrapBackends)");
   }
   const int n = size();
   if (n > 1) {

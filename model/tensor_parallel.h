@@ -64,6 +64,10 @@ class TpGroup final : public LanguageModel {
   // behind one AttentionBackend whose sequence calls go to every rank. Only Forward of this group
   // may run a step on it.
   std::unique_ptr<TpKvCache> NewDenseKvCache(const DenseKvCacheOptions& options) const;
+  // Any backends, one per rank (e.g. the decode worker's IceCacheBackend over the rank's own kv
+  // heads' trees and pages), as one TpKvCache of this group. INVALID_ARGUMENT unless there is one
+  // per rank, each of its rank's attention_shape() and device.
+  StatusOr<std::unique_ptr<TpKvCache>> WrapBackends(std::vector<std::unique_ptr<AttentionBackend>> ranks) const;
 
   // Runs Model::Forward on every rank at once with `backend`, which must be a TpKvCache of this
   // group (INVALID_ARGUMENT otherwise). Returns rank 0's error, else the first other rank's.
@@ -95,7 +99,7 @@ class TpGroup final : public LanguageModel {
   std::vector<Status> results_;
 };
 
-// The per-rank KV caches of a TpGroup as one AttentionBackend: shape() is the whole model's,
+// The per-rank attention backends of a TpGroup as one AttentionBackend: shape() is the whole model's,
 // AddSequence/RemoveSequence go to every rank (all or none), SequenceLength is rank 0's.
 // BeginStep/Attend/EndStep are not for direct use (FAILED_PRECONDITION; TpGroup::Forward drives
 // the ranks' caches).
@@ -111,7 +115,7 @@ class TpKvCache final : public AttentionBackend {
   Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override;
   void EndStep(bool commit) override {}
 
-  DenseKvCache& rank(int r) { return *ranks_[r]; }
+  AttentionBackend& rank(int r) { return *ranks_[r]; }
 
  private:
   friend class TpGroup;
@@ -120,7 +124,7 @@ class TpKvCache final : public AttentionBackend {
   const TpGroup* group_ = nullptr;
   AttentionShape shape_;
   std::vector<kernels::Device> devices_;
-  std::vector<std::unique_ptr<DenseKvCache>> ranks_;
+  std::vector<std::unique_ptr<AttentionBackend>> ranks_;
 };
 
 }  // namespace icecache::model
