@@ -201,6 +201,13 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
+  if (config.parallel.tensor_parallel_size != 1) {
+    // The sharded model runs in `icecache generate --tensor-parallel N` (model/tensor_parallel.h);
+    // the worker's engine does not drive rank groups yet (docs/parallel.md).
+    return UnimplementedError("parallel.tensor_parallel_size " + std::to_string(config.parallel.tensor_parallel_size) +
+                              ": the decode worker runs one rank only (set 1; tensor parallelism runs in "
+                              "`icecache generate --tensor-parallel N`)");
+  }
   model::ModelLoadOptions lo;
   ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.decode.device));
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));

@@ -11,6 +11,7 @@ namespace icecache::kernels {
 
 namespace {
 std::atomic<int> g_cpu_threads{0};
+thread_local int t_cpu_threads = 0;
 }  // namespace
 
 std::string_view BackendName(Backend b) {
@@ -68,7 +69,14 @@ Status UseDevice(Device d) {
 
 void SetCpuThreads(int n) { g_cpu_threads.store(n < 0 ? 0 : n); }
 
+int SetCpuThreadsForThisThread(int n) {
+  const int old = t_cpu_threads;
+  t_cpu_threads = n < 0 ? 0 : n;
+  return old;
+}
+
 int CpuThreads() {
+  if (t_cpu_threads > 0) return t_cpu_threads;
   const int n = g_cpu_threads.load();
   return n > 0 ? n : omp_get_num_procs();
 }

@@ -52,6 +52,10 @@ Status UseDevice(Device d);
 
 // Threads the CPU kernels use (OpenMP); 0 = all cores. Default: all cores.
 void SetCpuThreads(int n);
+// The threads the calling thread's CPU kernels use: its own override if set, else the process's.
 int CpuThreads();
+// Overrides CpuThreads() for the calling thread only (0 = no override) and returns the previous
+// override. A tensor-parallel CPU rank thread runs on its share of the cores this way.
+int SetCpuThreadsForThisThread(int n);
 
 }  // namespace icecache::kernels

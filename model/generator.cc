@@ -21,10 +21,10 @@ struct Generator::Seq {
   std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
 };
 
-Generator::Generator(Model& model, AttentionBackend& backend, const GeneratorOptions& options)
+Generator::Generator(LanguageModel& model, AttentionBackend& backend, const GeneratorOptions& options)
     : Generator(model, backend, model.tokenizer(), options) {}
 
-Generator::Generator(Model& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok,
+Generator::Generator(LanguageModel& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok,
                      const GeneratorOptions& options)
     : model_(model), backend_(backend), tok_(tok), options_(options), next_id_(options.first_id) {}
 

@@ -1,4 +1,5 @@
-// The generation engine: continuous batching of many sequences over one Model and one
+// The generation engine: continuous batching of many sequences over one LanguageModel (a Model,
+// or a TpGroup of tensor-parallel ranks) and one
 // AttentionBackend. The CLI and the decode worker drive it.
 //
 //   Generator gen(model, backend);
@@ -50,8 +51,8 @@ class Generator {
  public:
   // model and backend are not owned and must outlive the Generator. `tok` (may be nullptr)
   // turns tokens into text deltas and enables stop strings; defaults to model.tokenizer().
-  Generator(Model& model, AttentionBackend& backend, const GeneratorOptions& options = {});
-  Generator(Model& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok, const GeneratorOptions& options);
+  Generator(LanguageModel& model, AttentionBackend& backend, const GeneratorOptions& options = {});
+  Generator(LanguageModel& model, AttentionBackend& backend, const tokenizer::Tokenizer* tok, const GeneratorOptions& options);
   ~Generator();
 
   // Queues a prompt. INVALID_ARGUMENT for an empty prompt, ids outside the vocabulary, bad
@@ -88,7 +89,7 @@ class Generator {
   Status Finish(SequenceId id);
   void EmitText(Seq& s, int32_t token, GenerationEvent* ev);
 
-  Model& model_;
+  LanguageModel& model_;
   AttentionBackend& backend_;
   const tokenizer::Tokenizer* tok_;
   GeneratorOptions options_;

@@ -1,7 +1,9 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "kernels/elementwise.h"
@@ -11,6 +13,7 @@
 #include "model/gguf_model.h"
 #include "model/model_info.h"
 #include "model/tokenizer/tokenizer.h"
+#include "parallel/communicator.h"
 
 namespace icecache::model {
 namespace {
@@ -67,6 +70,21 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const Model
     m->tokenizer_ = std::move(info.tokenizer);
     ICE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
   }
+  const TensorParallelOptions& tp = options.tensor_parallel;
+  ICE_ASSIGN_OR_RETURN(m->shard_, PlanShard(m->config_, tp.rank, tp.size));
+  if (tp.size > 1) {
+    if (tp.communicator == nullptr) {
+      return InvalidArgumentError("tensor_parallel.size " + std::to_string(tp.size) + " needs a communicator");
+    }
+    const parallel::Communicator& comm = *tp.communicator;
+    if (comm.rank() != tp.rank || comm.size() != tp.size || !(comm.device() == m->device_)) {
+      return InvalidArgumentError("tensor_parallel: the communicator is rank " + std::to_string(comm.rank()) + " of " +
+                                  std::to_string(comm.size()) + " on " + kernels::DeviceName(comm.device()) +
+                                  ", the model rank " + std::to_string(tp.rank) + " of " + std::to_string(tp.size) +
+                                  " on " + kernels::DeviceName(m->device_));
+    }
+    m->comm_ = tp.communicator;
+  }
   ICE_RETURN_IF_ERROR(m->BindWeights());
   const std::vector<float> inv_freq = kernels::ComputeRopeInvFreq(m->config_.rope);
   ICE_RETURN_IF_ERROR(m->Scratch(&m->inv_freq_, inv_freq.size()));
@@ -86,14 +104,78 @@ Status Model::Bind(const std::string& name, const std::vector<int64_t>& shape, W
   return Status::Ok();
 }
 
+Status Model::BindRows(const std::string& name, const std::vector<int64_t>& shape, int64_t row0, int64_t rows,
+                       WeightRef* out) {
+  if (row0 == 0 && rows == shape[0]) return Bind(name, shape, out);
+  ICE_ASSIGN_OR_RETURN(TensorView v, checkpoint_->GetWithShape(name, shape));
+  const size_t row_bytes = (v.info->end - v.info->begin) / static_cast<size_t>(shape[0]);
+  const auto* data = static_cast<const unsigned char*>(v.data) + static_cast<size_t>(row0) * row_bytes;
+  const size_t bytes = static_cast<size_t>(rows) * row_bytes;
+  ICE_ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, kernels::DeviceBuffer::Upload(device_.backend, data, bytes));
+  if (buf.data() != data) device_weight_bytes_ += static_cast<int64_t>(bytes);
+  out->data = buf.data();
+  out->dtype = v.info->dtype;
+  out->bytes = bytes;
+  weights_.push_back(std::move(buf));
+  return Status::Ok();
+}
+
+Status Model::BindCols(const std::string& name, const std::vector<int64_t>& shape, int64_t col0, int64_t cols,
+                       WeightRef* out) {
+  if (col0 == 0 && cols == shape[1]) return Bind(name, shape, out);
+  ICE_ASSIGN_OR_RETURN(TensorView v, checkpoint_->GetWithShape(name, shape));
+  const size_t es = kernels::DTypeSize(v.info->dtype);
+  const size_t rows = static_cast<size_t>(shape[0]), total = static_cast<size_t>(shape[1]);
+  const size_t part = static_cast<size_t>(cols) * es;
+  std::vector<unsigned char> host(rows * part);
+  const auto* src = static_cast<const unsigned char*>(v.data);
+  for (size_t r = 0; r < rows; ++r) std::memcpy(host.data() + r * part, src + (r * total + col0) * es, part);
+  ICE_ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, kernels::DeviceBuffer::Allocate(device_.backend, host.size()));
+  ICE_RETURN_IF_ERROR(buf.CopyFromHost(host.data(), host.size()));
+  device_weight_bytes_ += static_cast<int64_t>(host.size());
+  out->data = buf.data();
+  out->dtype = v.info->dtype;
+  out->bytes = host.size();
+  weights_.push_back(std::move(buf));
+  return Status::Ok();
+}
+
+Status Model::AllReduce(float* x, size_t count) {
+  if (comm_ == nullptr) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = comm_->AllReduceSum(x, count, kernels::DType::kF32);
+  collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+Status Model::AgreeAcrossRanks(const Status& local) {
+  if (comm_ == nullptr) return local;
+  // Each rank adds 1 when it failed; the count is read back on the host.
+  const float failed = local.ok() ? 0.f : 1.f;
+  ICE_RETURN_IF_ERROR(Scratch(&agree_dev_, 1));
+  ICE_RETURN_IF_ERROR(agree_dev_.CopyFromHost(&failed, sizeof(float)));
+  ICE_RETURN_IF_ERROR(AllReduce(agree_dev_.as<float>(), 1));
+  float total = 0;
+  ICE_RETURN_IF_ERROR(agree_dev_.CopyToHost(&total, sizeof(float)));
+  if (!local.ok()) return local;
+  if (total > 0) {
+    return AbortedError(std::to_string(static_cast<int>(total)) + " other tensor-parallel rank(s) failed this step");
+  }
+  return Status::Ok();
+}
+
 Status Model::Scratch(kernels::DeviceBuffer* buf, size_t count) {
   return kernels::DeviceBuffer::Reserve(device_.backend, count * sizeof(float), buf);
 }
 
 Status Model::BindWeights() {
   const ModelConfig& c = config_;
+  const ShardPlan& sp = shard_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
   const int64_t QD = c.num_heads * D, KD = c.num_kv_heads * D;
+  // This rank's rows of q (and k/v) projections and biases, columns of o_proj; MLP likewise.
+  const int64_t q0 = sp.q_head0 * D, qn = sp.q_heads * D, k0 = sp.kv_head0 * D, kn = sp.kv_heads * D;
+  const int64_t i0 = sp.inter0, in = sp.inter;
   ICE_RETURN_IF_ERROR(Bind("model.embed_tokens.weight", {V, H}, &embed_));
   ICE_RETURN_IF_ERROR(Bind("model.norm.weight", {H}, &final_norm_));
   if (c.tie_word_embeddings) {
@@ -107,25 +189,26 @@ Status Model::BindWeights() {
     LayerWeights& w = layers_[l];
     ICE_RETURN_IF_ERROR(Bind(p + "input_layernorm.weight", {H}, &w.input_norm));
     ICE_RETURN_IF_ERROR(Bind(p + "post_attention_layernorm.weight", {H}, &w.post_attention_norm));
-    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.q_proj.weight", {QD, H}, &w.q_proj));
-    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.k_proj.weight", {KD, H}, &w.k_proj));
-    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.v_proj.weight", {KD, H}, &w.v_proj));
-    ICE_RETURN_IF_ERROR(Bind(p + "self_attn.o_proj.weight", {H, QD}, &w.o_proj));
+    ICE_RETURN_IF_ERROR(BindRows(p + "self_attn.q_proj.weight", {QD, H}, q0, qn, &w.q_proj));
+    ICE_RETURN_IF_ERROR(BindRows(p + "self_attn.k_proj.weight", {KD, H}, k0, kn, &w.k_proj));
+    ICE_RETURN_IF_ERROR(BindRows(p + "self_attn.v_proj.weight", {KD, H}, k0, kn, &w.v_proj));
+    ICE_RETURN_IF_ERROR(BindCols(p + "self_attn.o_proj.weight", {H, QD}, q0, qn, &w.o_proj));
     if (c.attention_bias) {
-      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.q_proj.bias", {QD}, &w.q_bias));
-      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.k_proj.bias", {KD}, &w.k_bias));
-      ICE_RETURN_IF_ERROR(Bind(p + "self_attn.v_proj.bias", {KD}, &w.v_bias));
-      if (c.arch != Architecture::kQwen2) {  // Llama/Qwen3 attention_bias also covers o_proj
+      ICE_RETURN_IF_ERROR(BindRows(p + "self_attn.q_proj.bias", {QD}, q0, qn, &w.q_bias));
+      ICE_RETURN_IF_ERROR(BindRows(p + "self_attn.k_proj.bias", {KD}, k0, kn, &w.k_bias));
+      ICE_RETURN_IF_ERROR(BindRows(p + "self_attn.v_proj.bias", {KD}, k0, kn, &w.v_bias));
+      // Llama/Qwen3 attention_bias also covers o_proj; its bias is added once, by rank 0.
+      if (c.arch != Architecture::kQwen2 && sp.rank == 0) {
         ICE_RETURN_IF_ERROR(Bind(p + "self_attn.o_proj.bias", {H}, &w.o_bias));
       }
     }
-    if (c.qk_norm) {
+    if (c.qk_norm) {  // one [head_dim] weight shared by all heads: replicated
       ICE_RETURN_IF_ERROR(Bind(p + "self_attn.q_norm.weight", {D}, &w.q_norm));
       ICE_RETURN_IF_ERROR(Bind(p + "self_attn.k_norm.weight", {D}, &w.k_norm));
     }
-    ICE_RETURN_IF_ERROR(Bind(p + "mlp.gate_proj.weight", {I, H}, &w.gate_proj));
-    ICE_RETURN_IF_ERROR(Bind(p + "mlp.up_proj.weight", {I, H}, &w.up_proj));
-    ICE_RETURN_IF_ERROR(Bind(p + "mlp.down_proj.weight", {H, I}, &w.down_proj));
+    ICE_RETURN_IF_ERROR(BindRows(p + "mlp.gate_proj.weight", {I, H}, i0, in, &w.gate_proj));
+    ICE_RETURN_IF_ERROR(BindRows(p + "mlp.up_proj.weight", {I, H}, i0, in, &w.up_proj));
+    ICE_RETURN_IF_ERROR(BindCols(p + "mlp.down_proj.weight", {H, I}, i0, in, &w.down_proj));
   }
   return Status::Ok();
 }
@@ -133,8 +216,8 @@ Status Model::BindWeights() {
 AttentionShape Model::attention_shape() const {
   AttentionShape s;
   s.num_layers = config_.num_layers;
-  s.num_q_heads = config_.num_heads;
-  s.num_kv_heads = config_.num_kv_heads;
+  s.num_q_heads = shard_.q_heads;
+  s.num_kv_heads = shard_.kv_heads;
   s.head_dim = config_.head_dim;
   s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
   return s;
@@ -161,53 +244,67 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
 
 Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& backend, LogitsMode mode) {
   const ModelConfig& c = config_;
-  if (inputs.empty()) return InvalidArgumentError("Forward: no input sequences");
-  const AttentionShape want = attention_shape();
-  const AttentionShape& have = backend.shape();
-  if (have.num_layers != want.num_layers || have.num_q_heads != want.num_q_heads ||
-      have.num_kv_heads != want.num_kv_heads || have.head_dim != want.head_dim) {
-    return InvalidArgumentError("Forward: attention backend shape does not match the model");
-  }
-  if (!(backend.device() == device_)) {
-    return InvalidArgumentError("Forward: the attention backend is on " + kernels::DeviceName(backend.device()) +
-                                ", the model on " + kernels::DeviceName(device_));
-  }
-  ICE_RETURN_IF_ERROR(kernels::UseDevice(device_));
   int total = 0;
-  ids_.clear();
-  positions_.clear();
-  last_rows_.clear();
-  std::vector<StepSegment> segments;
-  segments.reserve(inputs.size());
-  for (const SequenceInput& in : inputs) {
-    if (in.tokens.empty()) return InvalidArgumentError("Forward: sequence " + std::to_string(in.seq_id) + " has no tokens");
-    ICE_ASSIGN_OR_RETURN(int start, backend.SequenceLength(in.seq_id));
-    if (start + static_cast<int64_t>(in.tokens.size()) > c.max_position) {
-      return OutOfRangeError("sequence " + std::to_string(in.seq_id) + " would reach position " +
-                             std::to_string(start + in.tokens.size() - 1) + ", past max_position_embeddings " +
-                             std::to_string(c.max_position));
+  bool began = false;
+  // Everything before the layers; under tensor parallelism the ranks then agree on the outcome,
+  // so that no rank enters a collective that another will not.
+  Status prep = [&]() -> Status {
+    if (inputs.empty()) return InvalidArgumentError("Forward: no input sequences");
+    const AttentionShape want = attention_shape();
+    const AttentionShape& have = backend.shape();
+    if (have.num_layers != want.num_layers || have.num_q_heads != want.num_q_heads ||
+        have.num_kv_heads != want.num_kv_heads || have.head_dim != want.head_dim) {
+      return InvalidArgumentError("Forward: attention backend shape does not match the model" +
+                                  std::string(shard_.size > 1 ? " (a tensor-parallel rank's local heads)" : ""));
     }
-    for (size_t i = 0; i < in.tokens.size(); ++i) {
-      const int32_t id = in.tokens[i];
-      if (id < 0 || id >= c.vocab_size) {
-        return OutOfRangeError("token id " + std::to_string(id) + " (input position " + std::to_string(i) +
-                               ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    if (!(backend.device() == device_)) {
+      return InvalidArgumentError("Forward: the attention backend is on " + kernels::DeviceName(backend.device()) +
+                                  ", the model on " + kernels::DeviceName(device_));
+    }
+    ICE_RETURN_IF_ERROR(kernels::UseDevice(device_));
+    ids_.clear();
+    positions_.clear();
+    last_rows_.clear();
+    std::vector<StepSegment> segments;
+    segments.reserve(inputs.size());
+    for (const SequenceInput& in : inputs) {
+      if (in.tokens.empty()) return InvalidArgumentError("Forward: sequence " + std::to_string(in.seq_id) + " has no tokens");
+      ICE_ASSIGN_OR_RETURN(int start, backend.SequenceLength(in.seq_id));
+      if (start + static_cast<int64_t>(in.tokens.size()) > c.max_position) {
+        return OutOfRangeError("sequence " + std::to_string(in.seq_id) + " would reach position " +
+                               std::to_string(start + in.tokens.size() - 1) + ", past max_position_embeddings " +
+                               std::to_string(c.max_position));
       }
-      ids_.push_back(id);
-      positions_.push_back(start + static_cast<int>(i));
+      for (size_t i = 0; i < in.tokens.size(); ++i) {
+        const int32_t id = in.tokens[i];
+        if (id < 0 || id >= c.vocab_size) {
+          return OutOfRangeError("token id " + std::to_string(id) + " (input position " + std::to_string(i) +
+                                 ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+        }
+        ids_.push_back(id);
+        positions_.push_back(start + static_cast<int>(i));
+      }
+      segments.push_back({in.seq_id, static_cast<int>(in.tokens.size())});
+      total += static_cast<int>(in.tokens.size());
+      last_rows_.push_back(total - 1);
     }
-    segments.push_back({in.seq_id, static_cast<int>(in.tokens.size())});
-    total += static_cast<int>(in.tokens.size());
-    last_rows_.push_back(total - 1);
+    const size_t n = static_cast<size_t>(total);
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, n * sizeof(int32_t), &ids_dev_));
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, n * sizeof(int), &positions_dev_));
+    ICE_RETURN_IF_ERROR(ids_dev_.CopyFromHost(ids_.data(), n * sizeof(int32_t)));
+    ICE_RETURN_IF_ERROR(positions_dev_.CopyFromHost(positions_.data(), n * sizeof(int)));
+    ICE_RETURN_IF_ERROR(backend.BeginStep(segments));
+    began = true;
+    return Status::Ok();
+  }();
+  prep = AgreeAcrossRanks(prep);
+  if (!prep.ok()) {
+    if (began) backend.EndStep(false);
+    return prep;
   }
-  const size_t n = static_cast<size_t>(total);
-  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, n * sizeof(int32_t), &ids_dev_));
-  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, n * sizeof(int), &positions_dev_));
-  ICE_RETURN_IF_ERROR(ids_dev_.CopyFromHost(ids_.data(), n * sizeof(int32_t)));
-  ICE_RETURN_IF_ERROR(positions_dev_.CopyFromHost(positions_.data(), n * sizeof(int)));
-  ICE_RETURN_IF_ERROR(backend.BeginStep(segments));
   Status st = RunLayers(backend, total);
   backend.EndStep(st.ok());
+  if (!st.ok() && comm_ != nullptr) comm_->Abort();  // the other ranks may wait in a collective
   ICE_RETURN_IF_ERROR(st);
 
   // Final norm and lm_head on the rows that need logits.
@@ -242,8 +339,11 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
 Status Model::RunLayers(AttentionBackend& backend, int T) {
   const ModelConfig& c = config_;
   const kernels::Backend be = device_.backend;
-  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int QD = c.num_heads * D, KD = c.num_kv_heads * D;
+  // This rank's share (everything when shard_.size is 1).
+  const int H = c.hidden_size, I = shard_.inter, D = c.head_dim;
+  const int QH = shard_.q_heads, KH = shard_.kv_heads;
+  const int QD = QH * D, KD = KH * D;
+  const bool lead = shard_.rank == 0;  // rank 0 adds the residual (and o_proj's bias) once
   const size_t t = static_cast<size_t>(T);
   ICE_RETURN_IF_ERROR(Scratch(&x_, t * H));
   ICE_RETURN_IF_ERROR(Scratch(&h_, t * H));
@@ -279,8 +379,8 @@ Status Model::RunLayers(AttentionBackend& backend, int T) {
     ICE_RETURN_IF_ERROR(Linear(be, h, T, w.k_proj, &w.k_bias, KD, H, k));
     ICE_RETURN_IF_ERROR(Linear(be, h, T, w.v_proj, &w.v_bias, KD, H, v));
     if (c.qk_norm) {
-      ICE_RETURN_IF_ERROR(Norm(be, q, T * c.num_heads, D, w.q_norm, c.rms_norm_eps, q));
-      ICE_RETURN_IF_ERROR(Norm(be, k, T * c.num_kv_heads, D, w.k_norm, c.rms_norm_eps, k));
+      ICE_RETURN_IF_ERROR(Norm(be, q, T * QH, D, w.q_norm, c.rms_norm_eps, q));
+      ICE_RETURN_IF_ERROR(Norm(be, k, T * KH, D, w.k_norm, c.rms_norm_eps, k));
     }
     kernels::RopeParams rp;
     rp.positions = positions_dev_.as<int>();
@@ -289,13 +389,16 @@ Status Model::RunLayers(AttentionBackend& backend, int T) {
     rp.head_dim = D;
     rp.rotary_dim = D;
     rp.x = q;
-    rp.heads = c.num_heads;
+    rp.heads = QH;
     ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, be));
     rp.x = k;
-    rp.heads = c.num_kv_heads;
+    rp.heads = KH;
     ICE_RETURN_IF_ERROR(kernels::ApplyRope(rp, be));
     ICE_RETURN_IF_ERROR(backend.Attend(l, q, k, v, attn));
-    ICE_RETURN_IF_ERROR(Linear(be, attn, T, w.o_proj, &w.o_bias, H, QD, x, /*accumulate=*/true));
+    // Row-parallel o_proj: rank 0 adds its partial sum to the residual, the others write theirs
+    // over x; the all-reduce then leaves residual + the full projection on every rank.
+    ICE_RETURN_IF_ERROR(Linear(be, attn, T, w.o_proj, &w.o_bias, H, QD, x, /*accumulate=*/lead));
+    ICE_RETURN_IF_ERROR(AllReduce(x, t * H));
 
     ICE_RETURN_IF_ERROR(Norm(be, x, T, H, w.post_attention_norm, c.rms_norm_eps, h));
     ICE_RETURN_IF_ERROR(Linear(be, h, T, w.gate_proj, nullptr, I, H, gate));
@@ -306,7 +409,8 @@ Status Model::RunLayers(AttentionBackend& backend, int T) {
     sp.out = gate;
     sp.n = static_cast<long>(t) * I;
     ICE_RETURN_IF_ERROR(kernels::SwiGlu(sp, be));
-    ICE_RETURN_IF_ERROR(Linear(be, gate, T, w.down_proj, nullptr, H, I, x, /*accumulate=*/true));
+    ICE_RETURN_IF_ERROR(Linear(be, gate, T, w.down_proj, nullptr, H, I, x, /*accumulate=*/lead));
+    ICE_RETURN_IF_ERROR(AllReduce(x, t * H));
   }
   return Status::Ok();
 }

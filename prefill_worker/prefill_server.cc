@@ -145,6 +145,13 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   // A config built in code skips the YAML parser's range checks: refuse bad tree parameters at
   // start (before loading the model) rather than on every request.
   ICE_RETURN_IF_ERROR(kvstore::ValidateDciParams(eo.dci).WithContext("cache.dci_*"));
+  if (config.parallel.tensor_parallel_size != 1) {
+    // The sharded model runs in `icecache generate --tensor-parallel N` (model/tensor_parallel.h);
+    // the worker's engine does not drive rank groups yet (docs/parallel.md).
+    return UnimplementedError("parallel.tensor_parallel_size " + std::to_string(config.parallel.tensor_parallel_size) +
+                              ": the prefill worker runs one rank only (set 1; tensor parallelism runs in "
+                              "`icecache generate --tensor-parallel N`)");
+  }
   model::ModelLoadOptions lo;
   ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.prefill.device));
   ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));

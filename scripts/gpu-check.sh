@@ -10,7 +10,8 @@
 #                                twin), model_device_test (the engine on CUDA against the CPU on
 #                                every fixture architecture: 32 greedy tokens, logits) and
 #                                decode_backend_test (IceCache decode through the device page
-#                                cache against the CPU), the attention/gemv benchmarks and the
+#                                cache against the CPU), parallel_test (NCCL all-reduce over
+#                                every GPU found; TP = 1 with one), the attention/gemv benchmarks and the
 #                                decode benchmark on the CUDA device, and prints one summary.
 #                                Exit status 0 only if every test passed and no GPU case was
 #                                skipped.
@@ -99,7 +100,7 @@ if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DICECACHE_CUDA=
   echo "gpu-check: configure failed (log: $LOGS/configure.log)" >&2
   exit 1
 fi
-if ! cmake --build "$BUILD" --target kernels_test model_device_test decode_backend_test icecache-bench -j "$JOBS" \
+if ! cmake --build "$BUILD" --target kernels_test model_device_test decode_backend_test parallel_test icecache-bench -j "$JOBS" \
     >"$LOGS/build.log" 2>&1; then
   grep -E "error|FAILED" "$LOGS/build.log" | head -40
   [[ -n "${OUT:-}" && -d "${OUT:-}" ]] && cp "$LOGS/build.log" "$OUT/"
@@ -122,7 +123,7 @@ run_test() {
     grep -E '^\[  FAILED  \]|Failure|off;' "$LOGS/$name.log" | head -40
     status=1
   fi
-  if grep -q "no CUDA device" "$LOGS/$name.log"; then
+  if grep -q "no CUDA device\|built without NCCL" "$LOGS/$name.log"; then
     note "WARNING: $name skipped GPU cases (no usable CUDA device)"
     status=1
   fi
@@ -130,6 +131,7 @@ run_test() {
 run_test kernels_test
 run_test model_device_test
 run_test decode_backend_test
+run_test parallel_test  # NCCL all-reduce on every GPU found (TP = 1 with one GPU) and the CPU collectives
 
 bench() {
   local name=$1; shift

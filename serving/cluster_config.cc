@@ -168,8 +168,8 @@ Status ApplyOverride(const std::string& assignment, const std::string& origin, Y
 StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& origin) {
   ClusterConfig c;
   MapReader top(root, "", origin);
-  ICE_RETURN_IF_ERROR(
-      top.CheckShape({"model", "cache", "limits", "router", "prefill", "decode", "ucx", "internal_tls"}));
+  ICE_RETURN_IF_ERROR(top.CheckShape(
+      {"model", "parallel", "cache", "limits", "router", "prefill", "decode", "ucx", "internal_tls"}));
 
   MapReader model = top.Sub("model");
   ICE_RETURN_IF_ERROR(model.CheckShape({"dir", "name"}));
@@ -286,6 +286,10 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(ucx.Number("transfer_timeout_seconds", &c.ucx.transfer_timeout_seconds, 0.001, 1e5));
   ICE_RETURN_IF_ERROR(ucx.Number<int64_t>("max_segment_bytes", &c.ucx.max_segment_bytes, 1, int64_t{1} << 30));
   ICE_RETURN_IF_ERROR(ucx.Bool("peer_failure_detection", &c.ucx.peer_failure_detection));
+
+  MapReader parallel = top.Sub("parallel");
+  ICE_RETURN_IF_ERROR(parallel.CheckShape({"tensor_parallel_size"}));
+  ICE_RETURN_IF_ERROR(parallel.Number("tensor_parallel_size", &c.parallel.tensor_parallel_size, 1, 1024));
 
   MapReader tls = top.Sub("internal_tls");
   ICE_RETURN_IF_ERROR(tls.CheckShape({"ca_file", "cert_file", "key_file", "server_name"}));
@@ -458,6 +462,9 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "transfer_timeout_seconds" << YAML::Value << c.ucx.transfer_timeout_seconds;
   out << YAML::Key << "max_segment_bytes" << YAML::Value << c.ucx.max_segment_bytes;
   out << YAML::Key << "peer_failure_detection" << YAML::Value << c.ucx.peer_failure_detection;
+  out << YAML::EndMap;
+  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "tensor_parallel_size" << YAML::Value << c.parallel.tensor_parallel_size;
   out << YAML::EndMap;
   if (c.internal_tls.enabled() || !c.internal_tls.server_name.empty()) {
     out << YAML::Key << "internal_tls" << YAML::Value << YAML::BeginMap;

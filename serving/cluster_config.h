@@ -148,6 +148,12 @@ struct UcxSection {
   bool peer_failure_detection = false;
 };
 
+// Tensor parallelism inside a worker (docs/parallel.md). Each worker process reads it (set it per
+// process with --set parallel.tensor_parallel_size=N).
+struct ParallelSection {
+  int tensor_parallel_size = 1;  // ranks per worker; > 1 is not served by the workers yet (refused at start)
+};
+
 // Mutual TLS on the internal plane (router -> prefill and decode workers). With the three files set,
 // worker servers accept only clients presenting a certificate signed by ca_file, and the router
 // presents cert_file and verifies each worker's certificate against ca_file; without them the plane
@@ -164,6 +170,7 @@ struct InternalTlsSection {
 
 struct ClusterConfig {
   ModelSection model;
+  ParallelSection parallel;
   CacheSection cache;
   LimitsSection limits;
   RouterSection router;

@@ -224,6 +224,27 @@ TEST(ClusterConfig, ServedModelName) {
   EXPECT_EQ(ServedModelName("", "tools/models/passkey"), "passkey");
 }
 
+TEST(ClusterConfig, ParallelSection) {
+  auto c = ParseClusterConfig("", "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->parallel.tensor_parallel_size, 1);
+  c = ParseClusterConfig("parallel: {tensor_parallel_size: 4}", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->parallel.tensor_parallel_size, 4);
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->parallel.tensor_parallel_size, 4);
+  c = ParseClusterConfig("", "t.yaml", {"parallel.tensor_parallel_size=2"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->parallel.tensor_parallel_size, 2);
+  for (const char* bad : {"parallel: {tensor_parallel_size: 0}", "parallel: {tp: 2}"}) {
+    c = ParseClusterConfig(bad, "t.yaml");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("parallel"), std::string::npos) << c.status().ToString();
+  }
+}
+
 TEST(ClusterConfig, ExampleConfigIsValid) {
   auto c = LoadClusterConfig(std::string(ICECACHE_SOURCE_DIR) + "/config/cluster.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -112,6 +112,18 @@ TEST(ClusterKvDtype, OldScheduleGivesTheSameTokens) {
   (*slow_prefill)->Shutdown();
 }
 
+// parallel.tensor_parallel_size > 1 is refused by both workers at start, with the way to run it.
+TEST(ClusterConfigChecks, WorkersRefuseTensorParallelism) {
+  cluster::ClusterConfig cfg;
+  cfg.model.dir = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/models/llama_gqa_f32";
+  cfg.parallel.tensor_parallel_size = 2;
+  auto decode = decode::DecodeServer::Start(cfg);
+  ASSERT_EQ(decode.status().code(), StatusCode::kUnimplemented) << decode.status().ToString();
+  EXPECT_NE(decode.status().message().find("--tensor-parallel"), std::string::npos) << decode.status().ToString();
+  auto prefill = prefill::PrefillServer::Start(cfg);
+  ASSERT_EQ(prefill.status().code(), StatusCode::kUnimplemented) << prefill.status().ToString();
+}
+
 TEST(ClusterKvDtype, DecodeWorkerRefusesPagesOfAnotherDtype) {
   // Prefill builds bf16 pages; the decode worker's pool is f32.
   auto c = LoopbackCluster::Start(ModelDir(), 1, 1, "tcp,sm,self", true, 0, 60000, "reference", "bf16");

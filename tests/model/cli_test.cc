@@ -138,6 +138,24 @@ TEST(Cli, GenerateChatWithQwen3Tokenizer) {
       << gen.err;
 }
 
+// --tensor-parallel N: CPU ranks as threads give the single-rank greedy ids (fixture with 8 q
+// heads and 4 kv heads: TP = 2 splits them); a count that does not divide is refused.
+TEST(Cli, GenerateTensorParallel) {
+  const std::string base = "generate --model " + FixtureDir("qwen3_qknorm_tied_bf16") +
+                           " --device cpu --prompt-ids 3,1,4,1,5,9,2,6 --max-tokens 32 --ignore-eos --output ids";
+  Result one = RunCli(base);
+  ASSERT_EQ(one.code, 0) << one.err;
+  Result two = RunCli(base + " --tensor-parallel 2");
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_EQ(two.out, one.out);
+  EXPECT_NE(two.err.find("32 generated"), std::string::npos) << two.err;
+  Result three = RunCli(base + " --tensor-parallel 3");
+  EXPECT_EQ(three.code, 1);
+  EXPECT_NE(three.err.find("tensor_parallel_size 3 does not divide num_attention_heads 8"), std::string::npos)
+      << three.err;
+  EXPECT_EQ(RunCli(base + " --tensor-parallel 0").code, 2);
+}
+
 TEST(Cli, UsageAndInputErrors) {
   EXPECT_EQ(RunCli("generate --model x --prompt-ids 1 --bogus").code, 2);
   EXPECT_EQ(RunCli("generate --model x --prompt a --prompt-ids 1").code, 2);

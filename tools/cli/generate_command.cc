@@ -9,6 +9,7 @@
 #include "model/dense_kv_cache.h"
 #include "model/generator.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "model/tokenizer/tokenizer.h"
 #include "tools/cli/command.h"
 #ifdef ICECACHE_HAVE_CLUSTER
@@ -71,11 +72,24 @@ int RunGenerate(int argc, char** argv) {
 #endif
   }
   if (o.threads > 0) kernels::SetCpuThreads(o.threads);
-  model::ModelLoadOptions lo;
-  lo.device = o.device;
-  auto loaded = model::Model::Load(o.model_dir, lo);
-  if (!loaded.ok()) return Fail(loaded.status());
-  model::Model& m = **loaded;
+  // One Model, or a tensor-parallel group of rank Models (model/tensor_parallel.h).
+  std::unique_ptr<model::Model> single;
+  std::unique_ptr<model::TpGroup> group;
+  if (o.tensor_parallel > 1) {
+    model::TpGroupOptions to;
+    to.size = o.tensor_parallel;
+    to.device = o.device;
+    auto loaded = model::TpGroup::Load(o.model_dir, to);
+    if (!loaded.ok()) return Fail(loaded.status());
+    group = std::move(*loaded);
+  } else {
+    model::ModelLoadOptions lo;
+    lo.device = o.device;
+    auto loaded = model::Model::Load(o.model_dir, lo);
+    if (!loaded.ok()) return Fail(loaded.status());
+    single = std::move(*loaded);
+  }
+  model::LanguageModel& m = group ? static_cast<model::LanguageModel&>(*group) : *single;
   const tokenizer::Tokenizer* tok = m.tokenizer();
   const bool want_text = o.output == GenerateOptions::Output::kText ||
                          (o.output == GenerateOptions::Output::kDefault && tok != nullptr);
@@ -100,8 +114,13 @@ int RunGenerate(int argc, char** argv) {
   model::DenseKvCacheOptions kv;
   kv.page_size = o.kv_page_size;
   kv.device = m.device();
-  model::DenseKvCache cache(m.attention_shape(), kv);
-  model::Generator gen(m, cache, tok, {});
+  std::unique_ptr<model::AttentionBackend> cache;
+  if (group) {
+    cache = group->NewDenseKvCache(kv);
+  } else {
+    cache = std::make_unique<model::DenseKvCache>(single->attention_shape(), kv);
+  }
+  model::Generator gen(m, *cache, tok, {});
   auto id = gen.Add(prompt, o.sampling);
   if (!id.ok()) return Fail(id.status());
   std::vector<int32_t> out;

@@ -34,6 +34,8 @@ inline constexpr const char* kGenerateUsage =
     "  --kv-page-size N        tokens per KV page (default 16)\n"
     "  --threads N             CPU threads for the kernels (default: all)\n"
     "  --device D              auto (a GPU when present; default), cpu, cuda or cuda:N\n"
+    "  --tensor-parallel N     split the model over N ranks (threads of this process: CPU ranks, or\n"
+    "                          one GPU each from --device's index on; default 1)\n"
     "  --router HOST:PORT      generate on an icecache cluster instead of locally (no --model)\n"
     "  --budget full|PAGES     remote: KV page budget of sparse layers (default: the cluster's)\n"
     "  --api-key KEY           remote: the router's API key (default: $ICECACHE_API_KEY)\n";
@@ -49,6 +51,7 @@ struct GenerateOptions {
   int kv_page_size = 16;
   int threads = 0;
   kernels::Device device;  // where the model runs (auto: a GPU when present)
+  int tensor_parallel = 1;  // ranks of a model::TpGroup (1 = one Model)
   std::string router;  // remote mode (HOST:PORT of an icecache router); empty = run the model locally
   int budget_pages = -1;  // remote mode: -1 = the cluster's default, 0 = full attention, else pages
   std::string api_key;    // remote mode: sent as "authorization: Bearer KEY"; empty = none
@@ -170,6 +173,10 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
     } else if (flag == "--device") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       ICE_ASSIGN_OR_RETURN(o.device, kernels::ParseDevice(v));
+    } else if (flag == "--tensor-parallel") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      ICE_ASSIGN_OR_RETURN(int64_t n, internal::ParseInteger("--tensor-parallel", v, 1, 1024));
+      o.tensor_parallel = static_cast<int>(n);
     } else if (flag == "--router") {
       ICE_ASSIGN_OR_RETURN(o.router, value());
     } else if (flag == "--api-key") {
