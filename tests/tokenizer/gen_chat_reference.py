@@ -3,7 +3,9 @@
 apply_chat_template does (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loop controls,
 raise_exception and strftime_now as globals, tojson = json.dumps(ensure_ascii=False)), over a set of
 conversations, and writes tests/fixtures/chat_templates/reference.json, the reference of
-tests/tokenizer/chat_template_reference_test.cc. strftime_now formats a fixed date (FIXED_NOW).
+tests/tokenizer/chat_template_reference_test.cc, and renders the interpreter's unit snippets
+(tests/tokenizer/jinja_snippets.py) into tests/fixtures/chat_templates/snippets.json, the reference
+of tests/tokenizer/jinja_test.cc. strftime_now formats a fixed date (FIXED_NOW).
 
 Run from the repository root with a python3 that has jinja2 (checked with Jinja2 3.1.6):
     python3 tests/tokenizer/gen_chat_reference.py
@@ -15,6 +17,8 @@ import os
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+import jinja_snippets
 
 DIR = 'tests/fixtures/chat_templates'
 FIXED_NOW = datetime.datetime(2025, 2, 3, 10, 30, 0)
@@ -131,6 +135,17 @@ def main():
         json.dump(out, f, indent=1, ensure_ascii=False)
         f.write('\n')
     print(len(cases), 'cases;', sum('error' in c for c in cases), 'errors')
+    snippets = []
+    for text in jinja_snippets.SNIPPETS:
+        try:
+            snippets.append({'template': text, 'text': env.from_string(text).render(**jinja_snippets.CONTEXT)})
+        except Exception as e:
+            snippets.append({'template': text, 'error': f'{type(e).__name__}: {e}'})
+    with open(os.path.join(DIR, 'snippets.json'), 'w', encoding='utf-8') as f:
+        json.dump({'generator': out['generator'], 'now': out['now'], 'context': jinja_snippets.CONTEXT,
+                   'snippets': snippets}, f, indent=1, ensure_ascii=False)
+        f.write('\n')
+    print(len(snippets), 'snippets;', sum('error' in c for c in snippets), 'errors')
 
 
 if __name__ == '__main__':

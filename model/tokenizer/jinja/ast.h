@@ -21,7 +21,7 @@ struct Expr {
   enum class Kind {
     kLiteral,    // literal
     kName,       // name
-    kList,       // children = items (list and tuple literals)
+    kList,       // children = items; name "tuple" for tuple literals
     kDict,       // children = key0, value0, key1, value1, ...
     kAttr,       // children[0].name
     kSubscript,  // children[0][children[1]]

@@ -317,7 +317,7 @@ StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, const Cal
     std::string m = method && method->is_string() ? method->as_string() : "common";
     double scale = std::pow(10.0, static_cast<double>(p));
     double x = input.as_double() * scale;
-    double r = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::round(x);
+    double r = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::nearbyint(x);  // round half to even, as Python
     return Value::Float(r / scale);
   }
   // String filters: the input is converted with str() (Undefined -> "").

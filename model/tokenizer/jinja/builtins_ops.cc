@@ -310,7 +310,7 @@ StatusOr<Value> CallMethod(const Value& receiver, std::string_view name, const C
     ICE_RETURN_IF_ERROR(ExpectArgs(name, args, 0, 0));
     ValueList out;
     for (const auto& [k, v] : d.items) {
-      if (name == "items") out.push_back(Value::List({Value::String(k), v}));
+      if (name == "items") out.push_back(Value::Tuple({Value::String(k), v}));
       else if (name == "keys") out.push_back(Value::String(k));
       else out.push_back(v);
     }

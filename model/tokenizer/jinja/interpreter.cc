@@ -9,6 +9,9 @@ namespace icecache::tokenizer::jinja {
 namespace {
 
 constexpr int64_t kMaxRange = 100000;  // Jinja's sandbox limit on range()
+// Work units of one loop iteration (building the `loop` object costs about as much as eight
+// expression evaluations), so that the step limit bounds time.
+constexpr int64_t kIterationCost = 8;
 
 std::string Loc(int line, int column) { return "line " + std::to_string(line) + ", column " + std::to_string(column); }
 std::string Where(int line, int column) { return Loc(line, column) + ": "; }
@@ -277,11 +280,23 @@ class Interpreter {
       list = std::move(kept);
     }
     const size_t n = list.size();
+    // Built once per loop: loop.cycle reads the current index through a shared counter.
+    auto index = std::make_shared<size_t>(0);
+    auto cycle = std::make_shared<Callable>();
+    cycle->name = "loop.cycle";
+    cycle->fn = [index](const CallArgs& args, Budget&) -> StatusOr<Value> {
+      if (args.positional.empty()) return InvalidArgumentError("loop.cycle() needs at least one argument");
+      return args.positional[*index % args.positional.size()];
+    };
+    const Value cycle_value = Value::Function(std::move(cycle));
+    const Value no_prev = Value::Undefined("'loop.previtem' (first iteration)");
+    const Value no_next = Value::Undefined("'loop.nextitem' (last iteration)");
     for (size_t i = 0; i < n; ++i) {
-      ICE_RETURN_IF_ERROR(budget_.Charge(1));
+      ICE_RETURN_IF_ERROR(budget_.Charge(kIterationCost));
       ICE_RETURN_IF_ERROR(Unpack(s.targets, list[i], s.line, s.column));
+      *index = i;
       ValueDict loop;
-      loop.items.reserve(13);
+      loop.items.reserve(12);
       loop.items.emplace_back("index0", Value::Int(static_cast<int64_t>(i)));
       loop.items.emplace_back("index", Value::Int(static_cast<int64_t>(i + 1)));
       loop.items.emplace_back("revindex0", Value::Int(static_cast<int64_t>(n - i - 1)));
@@ -291,15 +306,9 @@ class Interpreter {
       loop.items.emplace_back("length", Value::Int(static_cast<int64_t>(n)));
       loop.items.emplace_back("depth", Value::Int(1));
       loop.items.emplace_back("depth0", Value::Int(0));
-      loop.items.emplace_back("previtem", i > 0 ? list[i - 1] : Value::Undefined("'loop.previtem' (first iteration)"));
-      loop.items.emplace_back("nextitem", i + 1 < n ? list[i + 1] : Value::Undefined("'loop.nextitem' (last iteration)"));
-      auto cycle = std::make_shared<Callable>();
-      cycle->name = "loop.cycle";
-      cycle->fn = [i](const CallArgs& args, Budget&) -> StatusOr<Value> {
-        if (args.positional.empty()) return InvalidArgumentError("loop.cycle() needs at least one argument");
-        return args.positional[i % args.positional.size()];
-      };
-      loop.items.emplace_back("cycle", Value::Function(std::move(cycle)));
+      loop.items.emplace_back("previtem", i > 0 ? list[i - 1] : no_prev);
+      loop.items.emplace_back("nextitem", i + 1 < n ? list[i + 1] : no_next);
+      loop.items.emplace_back("cycle", cycle_value);
       Assign("loop", Value::Dict(std::move(loop)));
       ICE_ASSIGN_OR_RETURN(Flow f, ExecBody(s.bodies[0]));
       if (f == Flow::kBreak) break;
@@ -344,7 +353,7 @@ class Interpreter {
           ICE_ASSIGN_OR_RETURN(Value v, Eval(*c));
           items.push_back(std::move(v));
         }
-        return Value::List(std::move(items));
+        return e.name == "tuple" ? Value::Tuple(std::move(items)) : Value::List(std::move(items));
       }
       case Expr::Kind::kDict: {
         ValueDict d;

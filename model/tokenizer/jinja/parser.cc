@@ -280,6 +280,7 @@ class Parser {
     ICE_ASSIGN_OR_RETURN(ExprPtr first, ParseExpression(with_condexpr));
     if (!IsOp(",")) return first;
     auto list = Node<Expr>(Expr::Kind::kList, start);
+    list->name = "tuple";
     list->children.push_back(std::move(first));
     while (IsOp(",")) {
       Next();
@@ -489,7 +490,9 @@ class Parser {
           Next();
           if (IsOp(")")) {  // empty tuple
             Next();
-            return ExprPtr(Node<Expr>(Expr::Kind::kList, tok));
+            auto empty = Node<Expr>(Expr::Kind::kList, tok);
+            empty->name = "tuple";
+            return ExprPtr(std::move(empty));
           }
           ICE_ASSIGN_OR_RETURN(ExprPtr e, ParseTuple(true));
           ICE_RETURN_IF_ERROR(Expect(")"));
@@ -614,6 +617,8 @@ class Parser {
 
   StatusOr<ExprPtr> ParseCall(ExprPtr callee) {
     auto n = Node<Expr>(Expr::Kind::kCall, Cur());
+    n->line = callee->line;  // errors point at the callee, not at '('
+    n->column = callee->column;
     n->children.push_back(std::move(callee));
     ICE_RETURN_IF_ERROR(ParseArgs(n.get()));
     return ExprPtr(std::move(n));

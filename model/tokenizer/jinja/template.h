@@ -31,7 +31,7 @@ struct Program;
 
 // Bounds that keep a hostile template from hanging or exhausting memory.
 struct RenderLimits {
-  int64_t max_steps = 20'000'000;          // expression evaluations + loop iterations + copying work
+  int64_t max_steps = 5'000'000;           // expression evaluations + loop iterations + copying work
   size_t max_output_bytes = size_t{64} << 20;  // total text produced, and the largest string/list built
   int max_call_depth = 64;                 // nested macro calls
 };

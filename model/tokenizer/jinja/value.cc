@@ -66,6 +66,11 @@ Value Value::List(ValueList items) {
   v.l_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
+Value Value::Tuple(ValueList items) {
+  Value v = List(std::move(items));
+  v.b_ = true;
+  return v;
+}
 Value Value::Dict(ValueDict dict) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -134,7 +139,7 @@ bool Equals(const Value& a, const Value& b) {
     case Value::Kind::kString: return a.as_string() == b.as_string();
     case Value::Kind::kList: {
       const auto &x = a.as_list(), &y = b.as_list();
-      if (x.size() != y.size()) return false;
+      if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
       for (size_t i = 0; i < x.size(); ++i) {
         if (!Equals(x[i], y[i])) return false;
       }
@@ -237,14 +242,15 @@ void AppendRepr(const Value& v, std::string* out) {
   switch (v.kind()) {
     case Value::Kind::kString: AppendStringRepr(v.as_string(), out); return;
     case Value::Kind::kList: {
-      out->push_back('[');
+      out->push_back(v.is_tuple() ? '(' : '[');
       bool first = true;
       for (const auto& e : v.as_list()) {
         if (!first) *out += ", ";
         first = false;
         AppendRepr(e, out);
       }
-      out->push_back(']');
+      if (v.is_tuple() && v.as_list().size() == 1) out->push_back(',');
+      out->push_back(v.is_tuple() ? ')' : ']');
       return;
     }
     case Value::Kind::kDict: {

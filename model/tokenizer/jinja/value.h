@@ -44,6 +44,7 @@ class Value {
   static Value Float(double f);
   static Value String(std::string s);
   static Value List(ValueList items);
+  static Value Tuple(ValueList items);  // a list that prints as (a, b) and != an equal list
   static Value Dict(ValueDict dict);
   static Value Namespace(ValueDict attributes);
   static Value Function(std::shared_ptr<const Callable> fn);
@@ -56,7 +57,8 @@ class Value {
   bool is_float() const { return kind_ == Kind::kFloat; }
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool; }
   bool is_string() const { return kind_ == Kind::kString; }
-  bool is_list() const { return kind_ == Kind::kList; }
+  bool is_list() const { return kind_ == Kind::kList; }  // lists and tuples
+  bool is_tuple() const { return kind_ == Kind::kList && b_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_callable() const { return kind_ == Kind::kCallable; }
@@ -77,7 +79,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
-  bool b_ = false;
+  bool b_ = false;  // bool value; for lists: is a tuple
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;   // string, or an undefined value's hint
@@ -89,7 +91,8 @@ class Value {
 // Python bool(v): false for Undefined, None, False, 0, 0.0, "", [], {}.
 bool Truthy(const Value& v);
 
-// Python ==: 1 == 1.0 == True, lists and dicts compare element-wise, Undefined == Undefined.
+// Python ==: 1 == 1.0 == True, lists and dicts compare element-wise (a tuple never equals a
+// list), Undefined == Undefined.
 bool Equals(const Value& a, const Value& b);
 
 // Python <: numbers, strings (code point order) and lists; INVALID_ARGUMENT for other pairs.
