@@ -259,12 +259,19 @@ class Interpreter {
     auto items = Iterate(iterable);
     if (!items.ok()) return InvalidArgumentError(Where(s.expr->line, s.expr->column) + items.status().message());
     ValueList list = std::move(items).value();
-    scopes_.emplace_back();
-    auto result = RunLoop(s, list);
-    scopes_.pop_back();
-    if (!result.ok()) return result.status();
-    if (!*result) return ExecBody(s.else_body);
+    ICE_ASSIGN_OR_RETURN(bool ran, RunLoop(s, list));
+    if (!ran) return ExecBody(s.else_body);
     return Flow::kNormal;
+  }
+
+  // Runs `fn` in a fresh innermost scope (as Jinja, each loop iteration starts with one: what an
+  // iteration assigns is gone in the next and after the loop).
+  template <typename Fn>
+  auto InScope(Fn fn) {
+    scopes_.emplace_back();
+    auto r = fn();
+    scopes_.pop_back();
+    return r;
   }
 
   // Returns whether the body ran at least once.
@@ -273,8 +280,10 @@ class Interpreter {
       ValueList kept;
       for (const auto& item : list) {
         ICE_RETURN_IF_ERROR(budget_.Charge(1));
-        ICE_RETURN_IF_ERROR(Unpack(s.targets, item, s.line, s.column));
-        ICE_ASSIGN_OR_RETURN(Value keep, Eval(*s.filter));
+        ICE_ASSIGN_OR_RETURN(Value keep, InScope([&]() -> StatusOr<Value> {
+          ICE_RETURN_IF_ERROR(Unpack(s.targets, item, s.line, s.column));
+          return Eval(*s.filter);
+        }));
         if (Truthy(keep)) kept.push_back(item);
       }
       list = std::move(kept);
@@ -293,8 +302,21 @@ class Interpreter {
     const Value no_next = Value::Undefined("'loop.nextitem' (last iteration)");
     for (size_t i = 0; i < n; ++i) {
       ICE_RETURN_IF_ERROR(budget_.Charge(kIterationCost));
-      ICE_RETURN_IF_ERROR(Unpack(s.targets, list[i], s.line, s.column));
+      scopes_.emplace_back();
       *index = i;
+      auto f = Iteration(s, list, i, cycle_value, no_prev, no_next);
+      scopes_.pop_back();
+      if (!f.ok()) return f.status();
+      if (*f == Flow::kBreak) break;
+    }
+    return n > 0;
+  }
+
+  StatusOr<Flow> Iteration(const Stmt& s, const ValueList& list, size_t i, const Value& cycle_value,
+                           const Value& no_prev, const Value& no_next) {
+    const size_t n = list.size();
+    {
+      ICE_RETURN_IF_ERROR(Unpack(s.targets, list[i], s.line, s.column));
       ValueDict loop;
       loop.items.reserve(12);
       loop.items.emplace_back("index0", Value::Int(static_cast<int64_t>(i)));
@@ -310,10 +332,8 @@ class Interpreter {
       loop.items.emplace_back("nextitem", i + 1 < n ? list[i + 1] : no_next);
       loop.items.emplace_back("cycle", cycle_value);
       Assign("loop", Value::Dict(std::move(loop)));
-      ICE_ASSIGN_OR_RETURN(Flow f, ExecBody(s.bodies[0]));
-      if (f == Flow::kBreak) break;
     }
-    return n > 0;
+    return ExecBody(s.bodies[0]);
   }
 
   // ---- expressions ----
