@@ -139,6 +139,17 @@ TEST(JinjaTest, HostileTemplatesHitTheBounds) {
   // range() past Jinja's sandbox limit.
   r = Render("{{ range(1000000) | length }}", {}, o);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  // Values nested ever deeper, through lists, dicts or namespaces, stop at the depth bound.
+  for (const char* src : {"{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+                          "{% set ns = namespace(d=none) %}{% for i in range(100000) %}{% set ns.d = dict(x=ns.d) %}{% endfor %}",
+                          "{% set ns = namespace(n=none) %}{% for i in range(100000) %}{% set ns.n = namespace(x=ns.n) %}{% endfor %}"}) {
+    r = Render(src, {}, o);
+    EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << src << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find("nested deeper"), std::string::npos) << r.status().message();
+  }
+  // A namespace that holds itself renders and is freed (LeakSanitizer checks the latter).
+  EXPECT_EQ(*Render("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns.me | length }}{{ 'x' * 0 }}{{ '' * 1000000000000 }}"), "1");
+  EXPECT_EQ(ValueFromJson(std::string(1000, '[') + std::string(1000, ']')).status().code(), StatusCode::kInvalidArgument);
   // Deep nesting is refused at compile time instead of overflowing the stack.
   std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
   EXPECT_EQ(Template::Compile(deep).status().code(), StatusCode::kInvalidArgument);

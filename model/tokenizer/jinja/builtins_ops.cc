@@ -234,6 +234,7 @@ StatusOr<Value> BinaryOp(std::string_view op, const Value& a, const Value& b, Bu
     const Value& seq = a.is_int() ? b : a;
     int64_t n = std::max<int64_t>(0, a.is_int() ? a.as_int() : b.as_int());
     size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().size();
+    if (unit == 0 || n == 0) return seq.is_string() ? Value::String("") : Value::List({});
     if (unit != 0 && static_cast<uint64_t>(n) > budget.max_bytes() / unit + 1) return budget.CheckSize(budget.max_bytes() + 1);
     ICE_RETURN_IF_ERROR(budget.CheckSize(unit * static_cast<size_t>(n)));
     ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(unit) * n / 16));

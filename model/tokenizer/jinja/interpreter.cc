@@ -12,6 +12,7 @@ constexpr int64_t kMaxRange = 100000;  // Jinja's sandbox limit on range()
 // Work units of one loop iteration (building the `loop` object costs about as much as eight
 // expression evaluations), so that the step limit bounds time.
 constexpr int64_t kIterationCost = 8;
+constexpr uint32_t kMaxValueDepth = 100;  // lists/dicts/namespaces inside each other
 
 std::string Loc(int line, int column) { return "line " + std::to_string(line) + ", column " + std::to_string(column); }
 std::string Where(int line, int column) { return Loc(line, column) + ": "; }
@@ -22,6 +23,12 @@ class Interpreter {
       : context_(context), options_(options), budget_(options.limits.max_steps, options.limits.max_output_bytes) {
     scopes_.emplace_back();
     InstallGlobals();
+  }
+
+  // A namespace can hold itself (ns.me = [ns]); clearing every namespace breaks such cycles so
+  // nothing a render built outlives it.
+  ~Interpreter() {
+    for (auto& ns : namespaces_) ns.namespace_attributes().items.clear();
   }
 
   StatusOr<std::string> Run(const Program& program) {
@@ -128,14 +135,16 @@ class Interpreter {
       for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) out.push_back(Value::Int(start + i * step));
       return Value::List(std::move(out));
     });
-    AddGlobal("namespace", [](const CallArgs& args, Budget&) -> StatusOr<Value> {
+    AddGlobal("namespace", [this](const CallArgs& args, Budget&) -> StatusOr<Value> {
       ValueDict attrs;
       for (const auto& p : args.positional) {
         if (!p.is_dict()) return InvalidArgumentError("namespace() takes keyword arguments or a dict");
         for (const auto& kv : p.as_dict().items) attrs.Set(kv.first, kv.second);
       }
       for (const auto& [k, v] : args.keyword) attrs.Set(k, v);
-      return Value::Namespace(std::move(attrs));
+      Value ns = Value::Namespace(std::move(attrs));
+      namespaces_.push_back(ns);
+      return ns;
     });
     AddGlobal("dict", [](const CallArgs& args, Budget&) -> StatusOr<Value> {
       ValueDict d;
@@ -359,6 +368,10 @@ class Interpreter {
   StatusOr<Value> Eval(const Expr& e) {
     auto v = EvalInner(e);
     if (!v.ok()) return At(e, v.status());
+    if (v->depth() > kMaxValueDepth) {
+      return ResourceExhaustedError(Where(e.line, e.column) + "the template built a value nested deeper than " +
+                                    std::to_string(kMaxValueDepth) + " levels");
+    }
     return v;
   }
 
@@ -543,6 +556,7 @@ class Interpreter {
   std::string* out_ = nullptr;
   size_t output_bytes_ = 0;
   int call_depth_ = 0;
+  std::vector<Value> namespaces_;  // every namespace() this render created
   std::optional<std::string> raised_;
   std::string raised_where_;
 };

@@ -60,9 +60,23 @@ Value Value::String(std::string s) {
   v.s_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
+namespace {
+uint32_t Deepest(const ValueList& items) {
+  uint32_t d = 0;
+  for (const auto& e : items) d = std::max(d, e.depth());
+  return d;
+}
+uint32_t Deepest(const ValueDict& dict) {
+  uint32_t d = 0;
+  for (const auto& kv : dict.items) d = std::max(d, kv.second.depth());
+  return d;
+}
+}  // namespace
+
 Value Value::List(ValueList items) {
   Value v;
   v.kind_ = Kind::kList;
+  v.depth_ = Deepest(items) + 1;
   v.l_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
@@ -74,12 +88,14 @@ Value Value::Tuple(ValueList items) {
 Value Value::Dict(ValueDict dict) {
   Value v;
   v.kind_ = Kind::kDict;
+  v.depth_ = Deepest(dict) + 1;
   v.d_ = std::make_shared<ValueDict>(std::move(dict));
   return v;
 }
 Value Value::Namespace(ValueDict attributes) {
   Value v;
   v.kind_ = Kind::kNamespace;
+  v.depth_ = Deepest(attributes) + 1;
   v.d_ = std::make_shared<ValueDict>(std::move(attributes));
   return v;
 }
@@ -357,7 +373,8 @@ Status AppendJson(const Value& v, int indent, bool sort_keys, int depth, std::st
   }
 }
 
-Value FromJson(const nlohmann::ordered_json& j) {
+StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 100) return InvalidArgumentError("JSON nested deeper than 100 levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::None();
     case nlohmann::ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
@@ -372,12 +389,18 @@ Value FromJson(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       ValueList l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(FromJson(e));
+      for (const auto& e : j) {
+        ICE_ASSIGN_OR_RETURN(Value v, FromJson(e, depth + 1));
+        l.push_back(std::move(v));
+      }
       return Value::List(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       ValueDict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.Set(it.key(), FromJson(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        ICE_ASSIGN_OR_RETURN(Value v, FromJson(it.value(), depth + 1));
+        d.Set(it.key(), std::move(v));
+      }
       return Value::Dict(std::move(d));
     }
     default: return Value::None();
@@ -423,7 +446,7 @@ StatusOr<std::string> ToJson(const Value& v, int indent, bool sort_keys) {
 StatusOr<Value> ValueFromJson(std::string_view json_text) {
   auto j = nlohmann::ordered_json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgumentError("malformed JSON");
-  return FromJson(j);
+  return FromJson(j, 0);
 }
 
 size_t CodePointLength(std::string_view s) {

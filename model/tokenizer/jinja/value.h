@@ -74,11 +74,17 @@ class Value {
   const std::shared_ptr<const Callable>& as_callable() const { return c_; }
   const std::string& undefined_hint() const;
 
+  // Nesting depth: 0 for scalars, 1 + the deepest item for lists, tuples, dicts and namespaces
+  // (namespace attributes count as set at creation). The interpreter bounds it, so that printing,
+  // comparing and freeing values never recurse deeply.
+  uint32_t depth() const { return depth_; }
+
   // Python's type name ("str", "int", "list", "dict", "NoneType", "Undefined", ...).
   const char* TypeName() const;
 
  private:
   Kind kind_ = Kind::kUndefined;
+  uint32_t depth_ = 0;
   bool b_ = false;  // bool value; for lists: is a tuple
   int64_t i_ = 0;
   double f_ = 0;
@@ -111,7 +117,8 @@ std::string FloatRepr(double d);
 // INVALID_ARGUMENT for Undefined and callables ("Object of type Undefined is not JSON serializable").
 StatusOr<std::string> ToJson(const Value& v, int indent, bool sort_keys);
 
-// A Value from JSON text (objects keep their key order). INVALID_ARGUMENT on malformed JSON.
+// A Value from JSON text (objects keep their key order). INVALID_ARGUMENT on malformed JSON or
+// nesting deeper than 100.
 StatusOr<Value> ValueFromJson(std::string_view json_text);
 
 // Number of code points in a UTF-8 string (invalid bytes count one each).
