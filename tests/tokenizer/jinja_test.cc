@@ -139,6 +139,16 @@ TEST(JinjaTest, HostileTemplatesHitTheBounds) {
   // range() past Jinja's sandbox limit.
   r = Render("{{ range(1000000) | length }}", {}, o);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  // Operations whose cost grows with their operands are charged by size: comparing, searching and
+  // indexing long strings in a loop, and long lists.
+  for (const char* src : {"{% set a = 'x' * 500000 %}{% set b = 'x' * 500000 %}{% for i in range(100000) %}{% if a == b %}{% endif %}{% endfor %}",
+                          "{% set a = 'x' * 500000 %}{% for i in range(100000) %}{% if 'y' in a %}{% endif %}{% endfor %}",
+                          "{% set a = 'x' * 500000 %}{% for i in range(100000) %}{{ a[i] }}{% endfor %}",
+                          "{% set a = 'x' * 500000 %}{% for i in range(100000) %}{{ a | length }}{% endfor %}",
+                          "{{ [0] * 100000000 }}", "{{ ([0] * 10000) * 10000 }}"}) {
+    r = Render(src, {}, o);
+    EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << src << ": " << r.status().ToString();
+  }
   // Values nested ever deeper, through lists, dicts or namespaces, stop at the depth bound.
   for (const char* src : {"{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
                           "{% set ns = namespace(d=none) %}{% for i in range(100000) %}{% set ns.d = dict(x=ns.d) %}{% endfor %}",

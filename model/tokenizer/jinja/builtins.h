@@ -47,6 +47,8 @@ class Budget {
     return ResourceExhaustedError("the template built a value of " + std::to_string(bytes) +
                                   " bytes, over the limit of " + std::to_string(max_bytes_));
   }
+  // RESOURCE_EXHAUSTED when a list of `items` values would take more than the byte limit.
+  Status CheckListSize(size_t items) const { return CheckSize(items * sizeof(Value)); }
   size_t max_bytes() const { return max_bytes_; }
 
  private:
@@ -69,8 +71,10 @@ bool IsKnownTest(std::string_view name);
 StatusOr<Value> BinaryOp(std::string_view op, const Value& a, const Value& b, Budget& budget);
 // -a / +a.
 StatusOr<Value> UnaryOp(std::string_view op, const Value& a);
-// `item in container` (substring, list element, dict key).
-StatusOr<bool> Contains(const Value& container, const Value& item);
+// `item in container` (substring, list element, dict key); `work` as for Equals.
+StatusOr<bool> Contains(const Value& container, const Value& item, int64_t* work = nullptr);
+// Work units of scanning v once (string bytes / 16, list or dict items).
+int64_t ScanCost(const Value& v);
 
 // Jinja's getattr (obj.name: attribute, i.e. a method, first, then item) and getitem
 // (obj[key]: item first, then attribute). Missing -> Undefined; INVALID_ARGUMENT when obj is
@@ -90,6 +94,8 @@ StatusOr<bool> ApplyTest(std::string_view name, const Value& input, const CallAr
 bool HasMethod(const Value& receiver, std::string_view name);
 StatusOr<Value> CallMethod(const Value& receiver, std::string_view name, const CallArgs& args, Budget& budget);
 
+// Byte offsets of the code points of a UTF-8 string, plus its size at the end.
+std::vector<size_t> CodePointStarts(std::string_view s);
 // The code points of a UTF-8 string as separate strings (what iterating a Python str gives).
 std::vector<std::string> SplitCodePoints(std::string_view s);
 

@@ -40,7 +40,9 @@ StatusOr<Value> GetPath(const Value& item, const std::string& path) {
     std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
     bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (cur.is_undefined()) return cur;
-    ICE_ASSIGN_OR_RETURN(cur, digits ? GetItem(cur, Value::Int(std::stoll(part))) : GetItem(cur, Value::String(part)));
+    if (digits && part.size() > 18) return Value::Undefined("item " + part);
+    ICE_ASSIGN_OR_RETURN(cur, digits ? GetItem(cur, Value::Int(std::strtoll(part.c_str(), nullptr, 10)))
+                                     : GetItem(cur, Value::String(part)));
     if (e == std::string::npos) break;
     b = e + 1;
   }
@@ -133,6 +135,7 @@ bool IsKnownFilter(std::string_view name) { return In(kFilters, name); }
 bool IsKnownTest(std::string_view name) { return In(kTests, name); }
 
 StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, const CallArgs& args, Budget& budget) {
+  ICE_RETURN_IF_ERROR(budget.Charge(ScanCost(input)));
   if (name == "default" || name == "d") {
     const Value* def = args.Get(0, "default_value");
     const Value* boolean = args.Get(1, "boolean");
@@ -246,10 +249,11 @@ StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, const Cal
   if (name == "sort") return SortFilter(input, args);
   if (name == "unique") {
     ICE_ASSIGN_OR_RETURN(ValueList items, Iterate(input));
-    ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(items.size() * items.size() / 8 + 1)));
     ValueList out;
     for (const auto& it : items) {
-      bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) { return Equals(o, it); });
+      int64_t work = 0;
+      bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) { return Equals(o, it, &work); });
+      ICE_RETURN_IF_ERROR(budget.Charge(work));
       if (!seen) out.push_back(it);
     }
     return Value::List(std::move(out));

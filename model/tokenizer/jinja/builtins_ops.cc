@@ -155,6 +155,17 @@ const Value* CallArgs::Get(size_t index, std::string_view name) const {
   return nullptr;
 }
 
+std::vector<size_t> CodePointStarts(std::string_view s) {
+  std::vector<size_t> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    out.push_back(i);
+    i += Utf8Length(s, i);
+  }
+  out.push_back(s.size());
+  return out;
+}
+
 std::vector<std::string> SplitCodePoints(std::string_view s) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -224,7 +235,7 @@ StatusOr<Value> BinaryOp(std::string_view op, const Value& a, const Value& b, Bu
     return Value::String(a.as_string() + b.as_string());
   }
   if (op == "+" && a.is_list() && b.is_list()) {
-    ICE_RETURN_IF_ERROR(budget.CheckSize(a.as_list().size() + b.as_list().size()));
+    ICE_RETURN_IF_ERROR(budget.CheckListSize(a.as_list().size() + b.as_list().size()));
     ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(a.as_list().size() + b.as_list().size())));
     ValueList l = a.as_list();
     l.insert(l.end(), b.as_list().begin(), b.as_list().end());
@@ -235,9 +246,14 @@ StatusOr<Value> BinaryOp(std::string_view op, const Value& a, const Value& b, Bu
     int64_t n = std::max<int64_t>(0, a.is_int() ? a.as_int() : b.as_int());
     size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().size();
     if (unit == 0 || n == 0) return seq.is_string() ? Value::String("") : Value::List({});
-    if (unit != 0 && static_cast<uint64_t>(n) > budget.max_bytes() / unit + 1) return budget.CheckSize(budget.max_bytes() + 1);
-    ICE_RETURN_IF_ERROR(budget.CheckSize(unit * static_cast<size_t>(n)));
-    ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(unit) * n / 16));
+    if (static_cast<uint64_t>(n) > budget.max_bytes() / unit + 1) return budget.CheckSize(budget.max_bytes() + 1);
+    if (seq.is_string()) {
+      ICE_RETURN_IF_ERROR(budget.CheckSize(unit * static_cast<size_t>(n)));
+      ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(unit) * n / 16));
+    } else {
+      ICE_RETURN_IF_ERROR(budget.CheckListSize(unit * static_cast<size_t>(n)));
+      ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(unit) * n));
+    }
     if (seq.is_string()) {
       std::string s;
       for (int64_t i = 0; i < n; ++i) s += seq.as_string();
@@ -260,7 +276,15 @@ StatusOr<Value> UnaryOp(std::string_view op, const Value& a) {
   return Value::Int(-a.as_int());
 }
 
-StatusOr<bool> Contains(const Value& container, const Value& item) {
+int64_t ScanCost(const Value& v) {
+  if (v.is_string()) return static_cast<int64_t>(v.as_string().size() / 16);
+  if (v.is_list()) return static_cast<int64_t>(v.as_list().size());
+  if (v.is_dict() || v.is_namespace()) return static_cast<int64_t>(v.as_dict().items.size());
+  return 0;
+}
+
+StatusOr<bool> Contains(const Value& container, const Value& item, int64_t* work) {
+  if (work) *work += ScanCost(container);
   switch (container.kind()) {
     case Value::Kind::kString:
       if (!item.is_string()) {
@@ -269,7 +293,7 @@ StatusOr<bool> Contains(const Value& container, const Value& item) {
       return container.as_string().find(item.as_string()) != std::string::npos;
     case Value::Kind::kList:
       for (const auto& e : container.as_list()) {
-        if (Equals(e, item)) return true;
+        if (Equals(e, item, work)) return true;
       }
       return false;
     case Value::Kind::kDict:
@@ -324,7 +348,10 @@ StatusOr<Value> CallMethod(const Value& receiver, std::string_view name, const C
     ICE_RETURN_IF_ERROR(budget.Charge(static_cast<int64_t>(l.size())));
     int64_t count = 0;
     for (size_t i = 0; i < l.size(); ++i) {
-      if (!Equals(l[i], x)) continue;
+      int64_t work = 0;
+      bool eq = Equals(l[i], x, &work);
+      ICE_RETURN_IF_ERROR(budget.Charge(work));
+      if (!eq) continue;
       if (name == "index") return Value::Int(static_cast<int64_t>(i));
       ++count;
     }
@@ -367,9 +394,10 @@ StatusOr<Value> GetItem(const Value& obj, const Value& key) {
       auto i = NormalizeIndex(key.as_int(), obj.as_list().size());
       if (i) return obj.as_list()[*i];
     } else {
-      auto cps = SplitCodePoints(obj.as_string());
-      auto i = NormalizeIndex(key.as_int(), cps.size());
-      if (i) return Value::String(cps[*i]);
+      const std::string& str = obj.as_string();
+      std::vector<size_t> starts = CodePointStarts(str);
+      auto i = NormalizeIndex(key.as_int(), starts.size() - 1);
+      if (i) return Value::String(str.substr(starts[*i], starts[*i + 1] - starts[*i]));
     }
     return Value::Undefined("'" + std::string(obj.TypeName()) + " object' has no element " + Repr(key));
   }
@@ -391,13 +419,13 @@ StatusOr<Value> SliceValue(const Value& obj, const Value* start, const Value* st
   ICE_ASSIGN_OR_RETURN(auto s, as_index(step, "step"));
   int64_t st = s.value_or(1);
   if (st == 0) return InvalidArgumentError("slice step cannot be zero");
-  std::vector<std::string> cps;
+  std::vector<size_t> starts;  // strings: byte offset of each code point, plus the end
   size_t n;
   if (obj.is_list()) {
     n = obj.as_list().size();
   } else if (obj.is_string()) {
-    cps = SplitCodePoints(obj.as_string());
-    n = cps.size();
+    starts = CodePointStarts(obj.as_string());
+    n = starts.size() - 1;
   } else {
     return InvalidArgumentError(std::string("'") + obj.TypeName() + "' object is not subscriptable");
   }
@@ -418,8 +446,13 @@ StatusOr<Value> SliceValue(const Value& obj, const Value* start, const Value* st
     for (size_t i : picks) out.push_back(obj.as_list()[i]);
     return Value::List(std::move(out));
   }
+  const std::string& str = obj.as_string();
+  if (st == 1) {  // contiguous
+    if (picks.empty()) return Value::String("");
+    return Value::String(str.substr(starts[picks.front()], starts[picks.back() + 1] - starts[picks.front()]));
+  }
   std::string out;
-  for (size_t i : picks) out += cps[i];
+  for (size_t i : picks) out.append(str, starts[i], starts[i + 1] - starts[i]);
   return Value::String(std::move(out));
 }
 

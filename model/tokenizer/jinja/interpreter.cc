@@ -268,6 +268,7 @@ class Interpreter {
     auto items = Iterate(iterable);
     if (!items.ok()) return InvalidArgumentError(Where(s.expr->line, s.expr->column) + items.status().message());
     ValueList list = std::move(items).value();
+    ICE_RETURN_IF_ERROR(budget_.Charge(static_cast<int64_t>(list.size())));
     ICE_ASSIGN_OR_RETURN(bool ran, RunLoop(s, list));
     if (!ran) return ExecBody(s.else_body);
     return Flow::kNormal;
@@ -405,6 +406,7 @@ class Interpreter {
       case Expr::Kind::kSubscript: {
         ICE_ASSIGN_OR_RETURN(Value obj, Eval(*e.children[0]));
         ICE_ASSIGN_OR_RETURN(Value key, Eval(*e.children[1]));
+        if (obj.is_string()) ICE_RETURN_IF_ERROR(budget_.Charge(ScanCost(obj)));  // indexing decodes code points
         return GetItem(obj, key);
       }
       case Expr::Kind::kSlice: {
@@ -473,17 +475,24 @@ class Interpreter {
     return InternalError("unknown expression kind");
   }
 
-  static StatusOr<bool> Compare(const std::string& op, const Value& a, const Value& b) {
-    if (op == "==") return Equals(a, b);
-    if (op == "!=") return !Equals(a, b);
+  StatusOr<bool> Compare(const std::string& op, const Value& a, const Value& b) {
+    if (op == "==" || op == "!=") {
+      int64_t work = 0;
+      bool eq = Equals(a, b, &work);
+      ICE_RETURN_IF_ERROR(budget_.Charge(work));
+      return op == "==" ? eq : !eq;
+    }
     if (op == "<") return Less(a, b);
     if (op == ">") return Less(b, a);
     if (op == "<=" || op == ">=") {
       ICE_ASSIGN_OR_RETURN(bool lt, op == "<=" ? Less(b, a) : Less(a, b));
       return !lt;
     }
-    ICE_ASSIGN_OR_RETURN(bool in, Contains(b, a));
-    return op == "in" ? in : !in;
+    int64_t work = 0;
+    auto in = Contains(b, a, &work);
+    ICE_RETURN_IF_ERROR(budget_.Charge(work));
+    if (!in.ok()) return in.status();
+    return op == "in" ? *in : !*in;
   }
 
   StatusOr<Value> EvalCall(const Expr& e) {

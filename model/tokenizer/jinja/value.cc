@@ -143,7 +143,8 @@ bool Truthy(const Value& v) {
   return false;
 }
 
-bool Equals(const Value& a, const Value& b) {
+bool Equals(const Value& a, const Value& b, int64_t* work) {
+  if (work) ++*work;
   if (a.is_number() && b.is_number()) {
     if (!a.is_float() && !b.is_float()) return a.as_int() == b.as_int();
     return a.as_double() == b.as_double();
@@ -152,21 +153,27 @@ bool Equals(const Value& a, const Value& b) {
   switch (a.kind()) {
     case Value::Kind::kUndefined:
     case Value::Kind::kNone: return true;
-    case Value::Kind::kString: return a.as_string() == b.as_string();
+    case Value::Kind::kString:
+      if (&a.as_string() == &b.as_string()) return true;
+      if (work) *work += static_cast<int64_t>(std::min(a.as_string().size(), b.as_string().size()) / 16);
+      return a.as_string() == b.as_string();
     case Value::Kind::kList: {
       const auto &x = a.as_list(), &y = b.as_list();
       if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
+      if (&x == &y) return true;
       for (size_t i = 0; i < x.size(); ++i) {
-        if (!Equals(x[i], y[i])) return false;
+        if (!Equals(x[i], y[i], work)) return false;
       }
       return true;
     }
     case Value::Kind::kDict: {
       const auto &x = a.as_dict(), &y = b.as_dict();
       if (x.items.size() != y.items.size()) return false;
+      if (&x == &y) return true;
       for (const auto& [k, v] : x.items) {
         const Value* w = y.Find(k);
-        if (!w || !Equals(v, *w)) return false;
+        if (work) *work += static_cast<int64_t>(y.items.size());
+        if (!w || !Equals(v, *w, work)) return false;
       }
       return true;
     }

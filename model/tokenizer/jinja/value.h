@@ -99,7 +99,8 @@ bool Truthy(const Value& v);
 
 // Python ==: 1 == 1.0 == True, lists and dicts compare element-wise (a tuple never equals a
 // list), Undefined == Undefined.
-bool Equals(const Value& a, const Value& b);
+// `work` (optional) grows by the comparison's cost (items visited + string bytes / 16).
+bool Equals(const Value& a, const Value& b, int64_t* work = nullptr);
 
 // Python <: numbers, strings (code point order) and lists; INVALID_ARGUMENT for other pairs.
 StatusOr<bool> Less(const Value& a, const Value& b);
