@@ -172,6 +172,18 @@ TEST(ChatTemplateReferenceTest, TokenizerLoadsAnyTemplate) {
   EXPECT_NE(r.status().message().find("include"), std::string::npos) << r.status().message();
 }
 
+// Long conversations fit the default work bound: 10,000 messages through every template.
+TEST(ChatTemplateReferenceTest, LongConversationsFitTheDefaultBounds) {
+  std::vector<ChatMessage> conv;
+  for (int i = 0; i < 10000; ++i) conv.push_back({i % 2 == 0 ? "user" : "assistant", "message " + std::to_string(i)});
+  conv.push_back({"user", "last"});
+  for (auto it = Reference()["templates"].begin(); it != Reference()["templates"].end(); ++it) {
+    auto text = FormatChat(Compiled(it.key()), conv, true);
+    ASSERT_TRUE(text.ok()) << it.key() << ": " << text.status().ToString();
+    EXPECT_NE(text->find("message 9999"), std::string::npos) << it.key();
+  }
+}
+
 TEST(ChatTemplateReferenceTest, ExtraVariablesAreChecked) {
   const ChatTemplate& t = Compiled("qwen3");
   ChatRenderOptions o;
