@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22,14 +23,25 @@ struct ChatMessage {
   std::string content;
 };
 
-enum class ChatFormat { kNone, kLlama3, kChatMl };
+// The family of the model's chat template: kNone = the model has none; kLlama3 / kChatMl = it
+// writes those turn markers; kOther = any other template (all run through the same interpreter).
+enum class ChatFormat { kNone, kLlama3, kChatMl, kOther };
+
+// Per-request options of chat formatting.
+struct ChatRenderOptions {
+  // Extra template variables as a JSON object, e.g. {"enable_thinking": false} for Qwen3
+  // (transformers' apply_chat_template kwargs); empty = none.
+  std::string extra_variables_json;
+  // The time strftime_now() formats (Llama-3.2's "Today Date"); unset = the current local time.
+  std::optional<std::tm> now;
+};
 
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
   // Loads `path` (a tokenizer.json, or a directory holding one). If a tokenizer_config.json sits
-  // beside it, its chat template (Llama-3 or ChatML, recognised from the template text), bos/eos
+  // beside it, its chat template (compiled by the Jinja-subset interpreter), bos/eos
   // tokens and add_bos_token are read too. Errors name the file and the problem
   // (INVALID_ARGUMENT for malformed or unsupported content, NOT_FOUND for a missing file).
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
@@ -55,17 +67,19 @@ class Tokenizer {
   virtual bool IsSpecial(int32_t id) const = 0;
 
   // From tokenizer_config.json where present (bos_token / eos_token, strings or {"content": ...}),
-  // plus generation_config.json's eos_token_id and the chat format's end-of-turn token
-  // (<|eot_id|>, <|im_end|>). Without a config: the single token the post-processor prepends is the
+  // plus generation_config.json's eos_token_id and the end-of-turn tokens the chat template writes
+  // (<|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>, <end_of_turn>). Without a config: the single token the post-processor prepends is the
   // bos; the first of <|end_of_text|>, <|endoftext|>, </s>, <|eot_id|>, <|im_end|> found is the eos.
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::vector<int32_t> eos_ids() const = 0;
   virtual ChatFormat chat_format() const = 0;
 
-  // Formats messages as the model's chat template would (Llama-3 or ChatML); FAILED_PRECONDITION
-  // when the tokenizer has no recognised chat template.
+  // Formats messages with the model's chat template, as transformers' apply_chat_template does
+  // (errors: see FormatChat in chat_template.h; FAILED_PRECONDITION when there is no template).
   virtual StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages,
                                                   bool add_generation_prompt) const = 0;
+  virtual StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                                  const ChatRenderOptions& options) const = 0;
 };
 
 // Streaming decoder: feed ids one at a time, get back only text that is complete UTF-8 and will

@@ -92,4 +92,10 @@ StatusOr<std::string> TokenizerImpl::ApplyChatTemplate(const std::vector<ChatMes
   return FormatChat(chat_, messages, add_generation_prompt);
 }
 
+StatusOr<std::string> TokenizerImpl::ApplyChatTemplate(const std::vector<ChatMessage>& messages,
+                                                       bool add_generation_prompt,
+                                                       const ChatRenderOptions& options) const {
+  return FormatChat(chat_, messages, add_generation_prompt, options);
+}
+
 }  // namespace icecache::tokenizer

@@ -31,6 +31,8 @@ class TokenizerImpl : public Tokenizer {
   ChatFormat chat_format() const override { return chat_.format; }
   StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages,
                                           bool add_generation_prompt) const override;
+  StatusOr<std::string> ApplyChatTemplate(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                          const ChatRenderOptions& options) const override;
 
  private:
   friend class TokenizerLoader;

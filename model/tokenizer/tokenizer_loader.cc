@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/logging.h"
 #include "model/tokenizer/tokenizer_impl.h"
 #include "model/tokenizer/tokenizer_json_reader.h"
 
@@ -180,13 +181,14 @@ Status TokenizerLoader::ParseTokenizerJson(const Json& j, BpeData data, Tokenize
 }
 
 Status TokenizerLoader::ParseConfig(const Json& config, const Json* generation_config, TokenizerImpl* t) {
-  std::string bos_text;
   if (config.is_object()) {
+    std::optional<std::string> bos_text, eos_text;
     if (auto bos = TokenString(config, "bos_token")) {
       bos_text = *bos;
       t->bos_id_ = t->TokenToId(*bos);
     }
     if (auto eos = TokenString(config, "eos_token")) {
+      eos_text = *eos;
       if (auto id = t->TokenToId(*eos)) t->eos_ids_.push_back(*id);
     }
     // Without a TemplateProcessing post-processor, add_bos_token / add_eos_token decide.
@@ -215,7 +217,11 @@ Status TokenizerLoader::ParseConfig(const Json& config, const Json* generation_c
         }
       }
     }
-    t->chat_ = DetectChatTemplate(tmpl, bos_text);
+    t->chat_ = CompileChatTemplate(std::move(tmpl), std::move(bos_text), std::move(eos_text));
+    if (!t->chat_.compile_status.ok()) {
+      ICE_LOG(WARNING) << "the chat template does not compile; chat formatting will fail: "
+                       << t->chat_.compile_status.message();
+    }
   }
   if (generation_config && generation_config->is_object() && generation_config->contains("eos_token_id")) {
     const Json& e = (*generation_config)["eos_token_id"];
@@ -231,11 +237,9 @@ Status TokenizerLoader::ParseConfig(const Json& config, const Json* generation_c
       add(e);
     }
   }
-  // The end-of-turn token of the chat format ends generation too.
-  if (t->chat_.format == ChatFormat::kLlama3) {
-    if (auto id = t->TokenToId("<|eot_id|>")) t->eos_ids_.push_back(*id);
-  } else if (t->chat_.format == ChatFormat::kChatMl) {
-    if (auto id = t->TokenToId("<|im_end|>")) t->eos_ids_.push_back(*id);
+  // The end-of-turn tokens the chat template writes end generation too.
+  for (const std::string& tok : EndOfTurnTokens(t->chat_)) {
+    if (auto id = t->TokenToId(tok)) t->eos_ids_.push_back(*id);
   }
   return Status::Ok();
 }
