@@ -1,4 +1,4 @@
-// Host→device page gather (DESIGN §3 "Transfer"): a residency cache of a fixed number of device
+// Host→device page gather (docs/design.md §3 "Transfer"): a residency cache of a fixed number of device
 // page slots. Each decode step the caller passes the host page ids it selected; only pages not
 // already resident are copied, and the device slot of every requested page is returned, ready to
 // be passed as PagedDecodeAttentionParams::page_ids with pages = device_pages().

@@ -1,6 +1,6 @@
 // DciTree: the IceCache index of one (layer, kv-head). A hierarchical prioritized-DCI k-NN tree
 // over the head's post-RoPE keys whose leaves are physical KV pages of a PagePool, so that
-// semantically related tokens share pages. See docs/kvstore.md and DESIGN.md §3.
+// semantically related tokens share pages. See docs/kvstore.md and docs/design.md §3.
 //
 // Model (all defaults are the reference code's, every one configurable in DciParams):
 //  * MIPS -> NN: key k -> k' = [k, sqrt(M - |k|^2)], M = norm_headroom * running max |k|^2;

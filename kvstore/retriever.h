@@ -1,4 +1,4 @@
-// Retriever: the IceCache page-selection policy for decode steps (DESIGN.md §3).
+// Retriever: the IceCache page-selection policy for decode steps (docs/design.md §3).
 //
 // For each (sequence, kv head) of a layer it selects, under a budget counted in pages (sink and
 // window included: 16 pages = 2 sink + 12 retrieved + 2 window):

@@ -1,5 +1,5 @@
 // SequenceCache: one sequence's KV pages across all layers and kv heads, organised the IceCache
-// way (DESIGN.md §3):
+// way (docs/design.md §3):
 //  * dense layers (the first `dense_layers`): every token in pages in position order, no tree;
 //  * sparse layers, per kv head: sink pages (the first sink_pages * page_size tokens, in order),
 //    a DciTree over the middle tokens, and window pages (the most recent tokens, at most

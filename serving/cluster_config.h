@@ -29,7 +29,7 @@ struct CacheSection {
   // DCI-tree parameters: "tuned" (kvstore::DciParams::Tuned(): higher recall, about the same build time;
   // the default, chosen by measurement in docs/BENCHMARKS.md), "flat" (kvstore::DciParams::Flat():
   // Tuned() with a selection cost that grows sub-linearly in the context) or "reference" (the
-  // paper's code defaults, DESIGN §3).
+  // paper's code defaults, docs/design.md §3).
   std::string dci_preset = kvstore::kServingDciPreset;
   // > 0: overrides the preset's field-of-view fraction (a query expands max(fov_min, f * tokens)
   // level-1 cells). Smaller = cheaper decode steps at long context for a little recall
@@ -49,7 +49,7 @@ struct CacheSection {
   // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both
   // workers must agree: a decode worker refuses pages of another size.
   std::string kv_dtype = "bf16";
-  // ICE(r) layer reuse (DESIGN §3): groups of ice_group consecutive sparse layers share the first
+  // ICE(r) layer reuse (docs/design.md §3): groups of ice_group consecutive sparse layers share the first
   // one's page selection (followers build no tree and run no query). 1 = off; the paper uses 3.
   int ice_group = 1;
   // Device page cache of each decode worker, in pages (IceCacheBackendOptions): the selected pages

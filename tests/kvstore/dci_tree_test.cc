@@ -94,7 +94,7 @@ TEST(DciTreeTest, LevelSizesFollowP1AndP2) {
   auto k = Gaussian(static_cast<size_t>(n) * dim, 3), v = k;
   const float *kp, *vp;
   auto tree = DciTree::Build(DciParams{}, pool.get(), 1, Block(k, v, 0, 0, n, dim, &kp, &vp)).value();
-  // DESIGN.md: at 36k tokens about [35553, 356, 72, 15, 4]; we draw ceil(n p1), then ceil(p2 x).
+  // docs/design.md: at 36k tokens about [35553, 356, 72, 15, 4]; we draw ceil(n p1), then ceil(p2 x).
   EXPECT_EQ(tree->level_counts(), (std::vector<int64_t>{35550, 360, 72, 15, 3}));
   ASSERT_TRUE(tree->CheckInvariants().ok());
 }
