@@ -97,7 +97,7 @@ struct DciParams {
 
   // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
-  // at build: ~2.5x faster than bf16, mass recall within 0.002; docs/BENCHMARKS.md, "int8 parent
+  // at build: the build 1.44x faster than with bf16, mass recall +0.0004; docs/BENCHMARKS.md, "int8 parent
   // search" and "fifth round"). At
   // 32k tokens it reaches 0.96 attention-mass recall where the reference defaults reach 0.87,
   // scoring ~half the tokens; fov_min 32 (not 16) finds the 8k passkey 15/15 (13/15 at 16).
