@@ -63,7 +63,7 @@ fi
 
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-target=$("$bin/icecache-bench" --help 2>&1 | sed -n 's/.*CPU kernels on SIMD target \([a-z0-9]*\).*/\1/p' | head -1)
+target=$("$bin/icecache-bench" decode --no-such-option 2>&1 | sed -n 's/.*CPU kernels: SIMD target \([a-z0-9]*\).*/\1/p' | head -1 || true)
 : > "$OUT"
 printf '%-8s %-22s %14s %14s %8s\n' context figure llama.cpp icecache ratio
 for n in ${contexts//,/ }; do

@@ -19,9 +19,12 @@ def main(src: str, dst: str) -> None:
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue  # written by GGUFWriter itself
+        if name == "general.file_type":
+            continue  # the weights' type changes: written below
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
         writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     for t in reader.tensors:
         values = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, numpy shape = reversed(ggml ne)
         if values.ndim >= 2:
