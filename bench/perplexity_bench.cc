@@ -32,6 +32,7 @@ constexpr const char* kUsage =
     "usage: icecache-bench perplexity --model DIR|FILE.gguf --text FILE [--context 8192] [--eval-tokens 512]\n"
     "         [--methods full,icecache,quest,window,oracle] [--budget-pages 16 (pages of 16 tokens, sink and window\n"
     "         included; a list runs each)] [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16]\n"
+    "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
     "         [--dci reference|tuned|flat (default: the serving preset)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
@@ -71,6 +72,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--sink-pages" && has) layout.sink_pages = std::atoi(argv[++i]);
     else if (f == "--window-pages" && has) layout.window_pages = std::atoi(argv[++i]);
     else if (f == "--dense-layers" && has) layout.dense_layers = std::atoi(argv[++i]);
+    else if (f == "--page-size" && has) layout.page_size = std::atoi(argv[++i]);
     else if (f == "--kv-dtype" && has) kv_dtype = argv[++i];
     else if (f == "--dci" && has) dci = kvstore::DciParamsPreset(argv[++i]);
     else if (f == "--json") json = true;
@@ -188,7 +190,9 @@ int RunPerplexity(int argc, char** argv) {
   }
   if (json) {
     nlohmann::json out = {{"workload", "perplexity"}, {"text", text_path}, {"context", context},
-                          {"eval_tokens", eval_tokens}, {"prefill_seconds", prefill_s}, {"results", rows}};
+                          {"eval_tokens", eval_tokens}, {"page_size", layout.page_size},
+                          {"sink_pages", layout.sink_pages}, {"window_pages", layout.window_pages},
+                          {"dense_layers", layout.dense_layers}, {"prefill_seconds", prefill_s}, {"results", rows}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("perplexity of the last %d of %d tokens of %s\n", eval_tokens, context, text_path.c_str());

@@ -167,6 +167,7 @@ Status IceCacheBackend::BeginStep(std::span<const model::StepSegment> segments) 
     step_policies_.push_back(s->policy);
     step_window_start_.push_back(s->cache->window_start());
   }
+  token_written_.assign(seqs.size() * shape_.num_layers * shape_.num_kv_heads, -1);
   step_seqs_ = std::move(seqs);
   in_step_ = true;
   return Status::Ok();
@@ -297,7 +298,45 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
   m.scale = shape_.scale;
   Status st = kernels::MergeToken(m, be);
   Lap(&t0, &timings_.attention);
+  if (st.ok() && device_cache_ != nullptr) {
+    st = WriteTokenOnDevice(layer, k, v);
+    Lap(&t0, &timings_.gather);
+  }
   return st;
+}
+
+Status IceCacheBackend::WriteTokenOnDevice(int layer, const float* k, const float* v) {
+  const int kvh = shape_.num_kv_heads, layers = shape_.num_layers, ps = pool_->page_size();
+  const size_t batch = step_seqs_.size();
+  token_slots_.assign(batch * kvh, -1);
+  bool any = false;
+  for (size_t b = 0; b < batch; ++b) {
+    for (int g = 0; g < kvh; ++g) {
+      int32_t page = -1;
+      const kvstore::TokenLocation loc = step_seqs_[b]->cache->NextTokenLocation(layer, g, &page);
+      if (page < 0) continue;
+      const int32_t slot = device_cache_->residency().SlotOf(page);
+      if (slot < 0) continue;
+      token_slots_[b * kvh + g] = static_cast<int64_t>(slot) * ps + loc.slot;
+      token_written_[(b * layers + layer) * kvh + g] = page;
+      any = true;
+    }
+  }
+  if (!any) return Status::Ok();
+  const size_t bytes = token_slots_.size() * sizeof(int64_t);
+  ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(device_.backend, bytes, &token_slots_dev_));
+  ICE_RETURN_IF_ERROR(token_slots_dev_.CopyFromHost(token_slots_.data(), bytes));
+  kernels::StoreKvParams p;
+  p.k = k;
+  p.v = v;
+  p.pages = device_cache_->mutable_device_pages();
+  p.kv_dtype = pool_->dtype();
+  p.slot_ids = token_slots_dev_.as<int64_t>();
+  p.rows = static_cast<int>(batch);
+  p.num_heads = kvh;
+  p.head_dim = shape_.head_dim;
+  p.page_size = ps;
+  return kernels::StoreKv(p, device_.backend);
 }
 
 void IceCacheBackend::EndStep(bool commit) {
@@ -325,11 +364,12 @@ void IceCacheBackend::EndStep(bool commit) {
         s.resident_tree.clear();
       }
       const int64_t pos = s.cache->num_tokens() - 1;
+      const int32_t* written = token_written_.data() + b * shape_.num_layers * shape_.num_kv_heads;
       for (int l = 0; l < shape_.num_layers; ++l) {
         for (int g = 0; g < shape_.num_kv_heads; ++g) {
           int32_t page = -1;
           s.cache->LocateToken(l, g, pos, &page);
-          if (page >= 0) device_cache_->Invalidate(page);
+          if (page >= 0 && page != written[l * shape_.num_kv_heads + g]) device_cache_->Invalidate(page);
         }
       }
     }

@@ -19,10 +19,15 @@
 //      sequences that fits the cache; without one (the CPU default, whose memory is the host
 //      pool) attention reads the pool in place;
 //   4. runs kernels::PagedDecodeAttention on the device, then kernels::MergeToken adds the new
-//      token itself (not yet in any page) by log-sum-exp.
+//      token itself (not yet in any page) by log-sum-exp;
+//   5. with a device page cache, writes the token's K/V (kernels::StoreKv, from the device's own
+//      k/v) into the device copy of the page that will receive it at EndStep, when that page is
+//      resident (SequenceCache::NextTokenLocation: every step but those that open a page), so the
+//      window/sink/dense page that grows stays valid on the device instead of being copied again.
 // EndStep appends each sequence's token to its host pages (and trees) and invalidates the device
-// copies of the pages that changed: the page that received the token in every (layer, kv head),
-// and, when the window pushed a page into the trees, every tree page of that sequence.
+// copies of the pages that changed and were not written on the device in step 5 (a page opened
+// this step, in every (layer, kv head) where that happened), and, when the window pushed a page
+// into the trees, every tree page of that sequence.
 //
 // Not thread-safe (AttentionBackend contract): one engine thread drives it.
 #pragma once
@@ -129,6 +134,8 @@ class IceCacheBackend final : public model::AttentionBackend {
                   std::unique_ptr<kernels::PageResidencyCache> cache);
   // Attention over `sel` for step rows [first, last) with their pages made visible to the device.
   Status AttendRows(const kvstore::PageSelection& sel, size_t first, size_t last, const float* q, float* out);
+  // Step 5 above for `layer` (k, v: the step's [batch, num_kv_heads, head_dim] on the device).
+  Status WriteTokenOnDevice(int layer, const float* k, const float* v);
   void InvalidateAll(Sequence& s);
 
   const model::AttentionShape shape_;
@@ -147,11 +154,14 @@ class IceCacheBackend final : public model::AttentionBackend {
   std::vector<kvstore::PageSelection> selection_;     // [layer] this step's selection
   std::vector<std::vector<float>> step_k_, step_v_;  // [layer][batch, num_kv_heads, head_dim] host
   std::vector<float> q_host_;
+  // [batch, layer, kv head]: the page whose device copy got this step's token (-1: none).
+  std::vector<int32_t> token_written_;
   // Scratch.
   std::vector<int32_t> lists_;
   std::vector<int64_t> host_pages_;
   std::vector<int32_t> slots_;
-  kernels::DeviceBuffer lists_dev_, lse_;
+  std::vector<int64_t> token_slots_;
+  kernels::DeviceBuffer lists_dev_, lse_, token_slots_dev_;
   IceCacheTimings timings_;
 };
 

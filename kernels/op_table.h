@@ -45,8 +45,13 @@ struct OpTable {
   Status (*copy_to_device)(void* dst, const void* host_src, size_t bytes);
   Status (*copy_to_host)(void* host_dst, const void* src, size_t bytes);
   Status (*copy_on_device)(void* dst, const void* src, size_t bytes);
-  // count host→device copies of `bytes` each (dst[i] device, src[i] host); complete on return.
-  Status (*copy_pages_to_device)(void* const* dst, const void* const* src, size_t bytes, int count);
+  // Page gather host→device: for i < count, the page_bytes at host_base + host_pages[i] * page_bytes
+  // (host memory) to device_base + slots[i] * page_bytes (this backend's memory); host_pages and
+  // slots are host arrays. Complete on return. CUDA: one kernel reading the pinned pool through
+  // its mapped device address when host_base is page-locked (PinnedHostRegion), else one
+  // cudaMemcpyAsync per page.
+  Status (*gather_pages)(void* device_base, const void* host_base, const int64_t* host_pages, const int32_t* slots,
+                         int count, size_t page_bytes);
   Status (*synchronize)();
   // Page-locks host memory for fast asynchronous host→device copies (cudaHostRegister); the CPU
   // backend does nothing.

@@ -88,14 +88,14 @@ Status PageResidencyCache::Gather(const void* host_pool, const int64_t* host_pag
   PageGatherStats delta;
   ICE_RETURN_IF_ERROR(residency_.Assign(host_pages, count, slots, &copies_, &delta));
   ICE_ASSIGN_OR_RETURN(const OpTable* table, GetOpTable(buffer_.backend()));
-  src_.resize(copies_.size());
-  dst_.resize(copies_.size());
+  copy_pages_.resize(copies_.size());
+  copy_slots_.resize(copies_.size());
   for (size_t i = 0; i < copies_.size(); ++i) {
-    src_[i] = static_cast<const char*>(host_pool) + copies_[i].host_page * page_bytes_;
-    dst_[i] = static_cast<char*>(buffer_.data()) + copies_[i].slot * page_bytes_;
+    copy_pages_[i] = copies_[i].host_page;
+    copy_slots_[i] = copies_[i].slot;
   }
-  Status s = table->copy_pages_to_device(dst_.data(), src_.data(), page_bytes_,
-                                         static_cast<int>(copies_.size()));
+  Status s = table->gather_pages(buffer_.data(), host_pool, copy_pages_.data(), copy_slots_.data(),
+                                 static_cast<int>(copies_.size()), page_bytes_);
   if (!s.ok()) {
     // The slots' contents are unknown now: forget what was planned so it is copied again.
     for (const auto& c : copies_) residency_.Invalidate(c.host_page);

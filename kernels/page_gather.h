@@ -6,8 +6,9 @@
 // Eviction is least-recently-used over steps, and never evicts a page requested in the same step:
 // one step may therefore need at most num_slots distinct pages (else RESOURCE_EXHAUSTED and the
 // cache is unchanged). The residency bookkeeping is the same for every backend; the copy is a
-// memcpy into a host staging area (Backend::kCpu) or cudaMemcpyAsync on the kernels' stream
-// followed by a synchronize (Backend::kCuda).
+// memcpy into a host staging area (Backend::kCpu) or, on Backend::kCuda, one gather kernel that
+// reads the missing pages straight from the page-locked host pool (PinnedHostRegion) through its
+// mapped address, followed by a synchronize (one cudaMemcpyAsync per page if the pool is pageable).
 //
 // A host page whose content changes (e.g. the window page that receives new tokens) must be
 // Invalidate()d before the next Gather, or its stale device copy is used.
@@ -58,6 +59,11 @@ class PageResidency {
   void InvalidateAll();
 
   bool IsResident(int64_t host_page) const { return where_.count(host_page) != 0; }
+  // The slot holding host_page, or -1 when it is not resident.
+  int32_t SlotOf(int64_t host_page) const {
+    auto it = where_.find(host_page);
+    return it == where_.end() ? -1 : it->second->slot;
+  }
   int resident_pages() const { return static_cast<int>(where_.size()); }
   int num_slots() const { return num_slots_; }
 
@@ -90,6 +96,9 @@ class PageResidencyCache {
 
   // Base of the device slots: slot s starts at device_pages() + s * page_bytes().
   const void* device_pages() const { return buffer_.data(); }
+  // The same, for writing a resident page's device copy in place (e.g. kernels::StoreKv of the
+  // token a page receives, so the page stays valid instead of being copied again).
+  void* mutable_device_pages() { return buffer_.data(); }
   size_t page_bytes() const { return page_bytes_; }
   Backend backend() const { return buffer_.backend(); }
   const PageResidency& residency() const { return residency_; }
@@ -104,8 +113,8 @@ class PageResidencyCache {
   PageResidency residency_;
   PageGatherStats stats_;
   std::vector<PageResidency::Copy> copies_;
-  std::vector<const void*> src_;
-  std::vector<void*> dst_;
+  std::vector<int64_t> copy_pages_;
+  std::vector<int32_t> copy_slots_;
 };
 
 }  // namespace icecache::kernels

@@ -423,6 +423,30 @@ TokenLocation SequenceCache::LocateToken(int layer, int head, int64_t pos, int32
   return loc;
 }
 
+TokenLocation SequenceCache::NextTokenLocation(int layer, int head, int32_t* page) const {
+  *page = -1;
+  const HeadState& h = Head(layer, head);
+  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * page_size_;
+  // The position's index in the list that will take it (as BeginToken / AppendToList count).
+  const std::vector<int32_t>* list;
+  int64_t index;
+  if (IsDense(layer)) {
+    list = &h.dense;
+    index = n_;
+  } else if (n_ < sink_cap) {
+    list = &h.sink;
+    index = n_;
+  } else if (options_.window_pages > 0) {
+    list = &h.window;
+    index = n_ - window_start_;
+  } else {
+    return TokenLocation{};  // straight into the tree
+  }
+  if (index % page_size_ == 0 || list->empty()) return TokenLocation{};  // a new page
+  *page = list->back();
+  return TokenLocation{-1, static_cast<int32_t>(index % page_size_)};
+}
+
 Status CopyPages(const PagePool& src, const std::vector<int32_t>& src_ids, PagePool* dst,
                  const std::vector<int32_t>& dst_ids) {
   if (src.page_bytes() != dst->page_bytes() || src.page_size() != dst->page_size() || src.dtype() != dst->dtype())

@@ -132,6 +132,12 @@ class SequenceCache {
 
   // Where position `pos` lives in (layer, head): page id and slot. REQUIRES 0 <= pos < n.
   TokenLocation LocateToken(int layer, int head, int64_t pos, int32_t* page) const;
+  // Where the next Append (or BeginToken) will put position num_tokens() in (layer, head) when it
+  // lands in a page this cache already holds: that page in *page and the slot (what LocateToken
+  // returns after the append). *page = -1 when the append opens a new page there (at a page
+  // boundary, after pushing a full window into the trees) or sends the token into the tree
+  // (window_pages == 0 past the sink); callers treat -1 as "not known in advance".
+  TokenLocation NextTokenLocation(int layer, int head, int32_t* page) const;
 
   // Wire form (see SequenceWire). Pages listed per (layer, head): sink, window, dense, tree.
   StatusOr<SequenceWire> Serialize() const;

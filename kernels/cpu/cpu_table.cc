@@ -34,8 +34,12 @@ Status HostCopy(void* dst, const void* src, size_t bytes) {
   return Status::Ok();
 }
 
-Status HostCopyPages(void* const* dst, const void* const* src, size_t bytes, int count) {
-  for (int i = 0; i < count; ++i) std::memcpy(dst[i], src[i], bytes);
+Status HostGatherPages(void* device_base, const void* host_base, const int64_t* host_pages, const int32_t* slots,
+                       int count, size_t page_bytes) {
+  for (int i = 0; i < count; ++i) {
+    std::memcpy(static_cast<char*>(device_base) + static_cast<size_t>(slots[i]) * page_bytes,
+                static_cast<const char*>(host_base) + static_cast<size_t>(host_pages[i]) * page_bytes, page_bytes);
+  }
   return Status::Ok();
 }
 
@@ -61,7 +65,7 @@ const OpTable& CpuOpTable() {
       cpu::Argmax,          cpu::RepetitionPenalty, cpu::TopLogits,
       /*host_memory=*/true, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,
-      HostCopyPages,        NoSync,        NoRegister,     NoUnregister,
+      HostGatherPages,      NoSync,        NoRegister,     NoUnregister,
       OneDevice,            UseCpu,
   };
   return table;

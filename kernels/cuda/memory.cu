@@ -1,4 +1,5 @@
 // Device memory, copies, the device probe, and the CUDA op table.
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,72 @@ Status CopyOnDevice(void* dst, const void* src, size_t bytes) {
   return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
 }
 
-Status CopyPagesToDevice(void* const* dst, const void* const* src, size_t bytes, int count) {
-  for (int i = 0; i < count; ++i) {
-    ICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst[i], src[i], bytes, cudaMemcpyHostToDevice, Stream()));
+// One block per page; 16-byte loads from the mapped host pool (over the bus) and stores to the slot.
+__global__ void GatherPagesKernel(char* device_base, const char* host_base, const int64_t* host_pages,
+                                  const int32_t* slots, size_t vectors_per_page) {
+  const int4* src = reinterpret_cast<const int4*>(host_base) + host_pages[blockIdx.x] * vectors_per_page;
+  int4* dst = reinterpret_cast<int4*>(device_base) + static_cast<size_t>(slots[blockIdx.x]) * vectors_per_page;
+  for (size_t j = threadIdx.x; j < vectors_per_page; j += blockDim.x) dst[j] = src[j];
+}
+
+// The device address of page-locked, mapped host memory (cudaHostRegister with the default flags
+// maps it on 64-bit systems); nullptr for pageable memory.
+const void* MappedHostAddress(const void* host) {
+  void* dev = nullptr;
+  if (cudaHostGetDevicePointer(&dev, const_cast<void*>(host), 0) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
   }
+  return dev;
+}
+
+struct GatherScratch {
+  std::vector<char> host;  // [pages int64 | slots int32] staged for one upload
+  void* device = nullptr;
+  size_t device_bytes = 0;
+  ~GatherScratch() {
+    if (device != nullptr) cudaFree(device);
+  }
+};
+
+Status GatherPages(void* device_base, const void* host_base, const int64_t* host_pages, const int32_t* slots,
+                   int count, size_t page_bytes) {
+  if (count == 0) return Status::Ok();
+  const void* mapped = MappedHostAddress(host_base);
+  const bool aligned = page_bytes % sizeof(int4) == 0 && reinterpret_cast<uintptr_t>(device_base) % sizeof(int4) == 0 &&
+                       reinterpret_cast<uintptr_t>(mapped) % sizeof(int4) == 0;
+  if (mapped == nullptr || !aligned) {
+    // Pageable or oddly sized: one DMA per page (each staged by the driver when pageable).
+    for (int i = 0; i < count; ++i) {
+      ICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(device_base) + static_cast<size_t>(slots[i]) * page_bytes,
+                                               static_cast<const char*>(host_base) + host_pages[i] * page_bytes,
+                                               page_bytes, cudaMemcpyHostToDevice, Stream()));
+    }
+    return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
+  }
+  // The index lists in one upload, then one kernel for every page.
+  thread_local GatherScratch scratch;
+  const size_t pages_bytes = static_cast<size_t>(count) * sizeof(int64_t);
+  const size_t bytes = pages_bytes + static_cast<size_t>(count) * sizeof(int32_t);
+  scratch.host.resize(bytes);
+  std::memcpy(scratch.host.data(), host_pages, pages_bytes);
+  std::memcpy(scratch.host.data() + pages_bytes, slots, bytes - pages_bytes);
+  if (scratch.device_bytes < bytes) {
+    ICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Stream()));  // queued gathers may still read it
+    if (scratch.device != nullptr) cudaFree(scratch.device);
+    scratch.device = nullptr;
+    scratch.device_bytes = 0;
+    ICE_RETURN_IF_ERROR(Alloc(bytes + bytes / 4, &scratch.device));
+    scratch.device_bytes = bytes + bytes / 4;
+  }
+  ICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(scratch.device, scratch.host.data(), bytes, cudaMemcpyHostToDevice, Stream()));
+  const auto* dev_pages = static_cast<const int64_t*>(scratch.device);
+  const auto* dev_slots = reinterpret_cast<const int32_t*>(static_cast<const char*>(scratch.device) + pages_bytes);
+  GatherPagesKernel<<<count, 256, 0, Stream()>>>(static_cast<char*>(device_base), static_cast<const char*>(mapped),
+                                                 dev_pages, dev_slots, page_bytes / sizeof(int4));
+  ICE_RETURN_IF_ERROR(LaunchStatus("GatherPagesKernel"));
+  // Complete on return (the op's contract; the staging vector is reused by the next call).
   return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
 }
 
@@ -119,7 +182,7 @@ const OpTable& CudaOpTable() {
       StoreKv,            GatherKv,    MergeToken,
       Argmax,             RepetitionPenalty, TopLogits,   /*host_memory=*/false,
       Alloc,              Free,          CopyToDevice,
-      CopyToHost,         CopyOnDevice, CopyPagesToDevice, Synchronize,
+      CopyToHost,         CopyOnDevice, GatherPages,   Synchronize,
       RegisterHost,       UnregisterHost,    DeviceCount,   UseDevice,
   };
   return table;

@@ -296,6 +296,47 @@ TEST_F(BackendTest, DevicePageCacheGivesTheSameOutputsAsReadingThePool) {
   EXPECT_EQ(direct->device_cache_stats().misses, 0);
 }
 
+// The token a resident page receives is written into its device copy (StoreKv), so a cache
+// large enough for every selected page copies nothing in steps that open no page and push no
+// window page into the trees; outputs stay those of reading the pool.
+TEST_F(BackendTest, DevicePageCacheKeepsTheGrowingPageResident) {
+  auto direct = NewBackend();
+  auto cached = NewBackend(/*device_cache_pages=*/4096);
+  ASSERT_TRUE(direct && cached);
+  // A budget covering every page, so each step selects the same pages (new leaves selected by a
+  // changing query would be copied, rightly); 201 tokens: the next token lands mid-page.
+  Import(*direct, 1, 201, /*dense_layers=*/1, /*budget=*/1000);
+  const auto k_ref = k_, v_ref = v_;
+  ImportKeys(*cached, 2, k_ref, v_ref, 201, /*dense_layers=*/1, /*budget=*/1000);
+  std::mt19937 rng(9);
+  int quiet_steps = 0;
+  for (int step = 0; step < 16; ++step) {
+    const int64_t pos = 201 + step;  // the position this step's token takes
+    const int64_t misses_before = cached->device_cache_stats().misses;
+    model::StepSegment s1{1, 1}, s2{2, 1};
+    ASSERT_TRUE(direct->BeginStep(std::span(&s1, 1)).ok());
+    ASSERT_TRUE(cached->BeginStep(std::span(&s2, 1)).ok());
+    for (int l = 0; l < kLayers; ++l) {
+      auto q = Random(kQHeads * kHeadDim, rng);
+      auto kn = Random(kKvHeads * kHeadDim, rng);
+      auto vn = Random(kKvHeads * kHeadDim, rng);
+      std::vector<float> a(kQHeads * kHeadDim), b(kQHeads * kHeadDim);
+      ASSERT_TRUE(direct->Attend(l, q.data(), kn.data(), vn.data(), a.data()).ok());
+      ASSERT_TRUE(cached->Attend(l, q.data(), kn.data(), vn.data(), b.data()).ok());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "step " << step << " layer " << l << " i " << i;
+    }
+    direct->EndStep(true);
+    cached->EndStep(true);
+    // Step s reads the pages as left by step s-1: quiet when neither step s-1's token opened a
+    // page nor step s's selection follows a window push (both happen at page boundaries).
+    if (step > 0 && (pos - 1) % kPage != 0 && pos % kPage != 0) {
+      EXPECT_EQ(cached->device_cache_stats().misses, misses_before) << "step " << step;
+      ++quiet_steps;
+    }
+  }
+  EXPECT_GE(quiet_steps, 6);
+}
+
 TEST_F(BackendTest, DevicePageCacheTooSmallForOneSequenceIsResourceExhausted) {
   auto b = NewBackend(/*device_cache_pages=*/10);
   Import(*b, 1, 200, /*dense_layers=*/1, /*budget=*/6);

@@ -79,6 +79,50 @@ TEST_P(SequenceCacheShapeTest, BuildAppendEvictRelease) {
   EXPECT_EQ(pool->used_pages(), 0);
 }
 
+// NextTokenLocation before each append names the page and slot LocateToken finds after it,
+// whenever it names one; it names one for every append that does not open a page.
+TEST_P(SequenceCacheShapeTest, NextTokenLocationPredictsAppend) {
+  const Shape sh = GetParam();
+  const int layers = 5, nkv = 2, dim = 16;
+  auto pool = MakePool(dim, 6000, kernels::DType::kBF16);
+  ModelKv m = RandomKv(layers, nkv, dim, sh.total, 11);
+  for (SparseLayout layout : {SparseLayout::kDciTree, SparseLayout::kTokenOrder}) {
+    SequenceCacheOptions o = Opts(layers, nkv);
+    o.sink_pages = sh.sink;
+    o.window_pages = sh.window;
+    o.ice_group = layout == SparseLayout::kDciTree ? sh.ice : 1;
+    o.layout = layout;
+    auto seq = SequenceCache::Create(o, pool.get()).value();
+    ASSERT_TRUE(seq->Build(m.kp.data(), m.vp.data(), sh.prefill).ok());
+    std::vector<const float*> kr(layers), vr(layers);
+    int64_t predicted = 0, in_place = 0;
+    for (int64_t t = sh.prefill; t < sh.total; ++t) {
+      std::vector<int32_t> next(layers * nkv);
+      std::vector<TokenLocation> loc(layers * nkv);
+      for (int l = 0; l < layers; ++l)
+        for (int h = 0; h < nkv; ++h) loc[l * nkv + h] = seq->NextTokenLocation(l, h, &next[l * nkv + h]);
+      for (int l = 0; l < layers; ++l) {
+        kr[l] = m.K(l, t, 0);
+        vr[l] = m.V(l, t, 0);
+      }
+      ASSERT_TRUE(seq->Append(kr.data(), vr.data()).ok());
+      for (int l = 0; l < layers; ++l)
+        for (int h = 0; h < nkv; ++h) {
+          int32_t page = -1;
+          const TokenLocation after = seq->LocateToken(l, h, t, &page);
+          const bool dense_or_window = l < o.dense_layers || t < o.sink_pages * 16 || o.window_pages > 0;
+          if (dense_or_window && after.slot != 0) ++in_place;  // landed in a page that already existed
+          if (next[l * nkv + h] < 0) continue;
+          ++predicted;
+          ASSERT_EQ(next[l * nkv + h], page) << "layer " << l << " head " << h << " pos " << t;
+          ASSERT_EQ(loc[l * nkv + h].slot, after.slot) << "layer " << l << " head " << h << " pos " << t;
+        }
+    }
+    EXPECT_EQ(predicted, in_place);
+    EXPECT_GT(predicted, 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, SequenceCacheShapeTest,
                          ::testing::Values(Shape{500, 700, 2, 2, 1}, Shape{10, 300, 2, 2, 1}, Shape{0, 200, 2, 2, 3},
                                            Shape{400, 520, 1, 0, 1}, Shape{1000, 1100, 0, 3, 3}));
