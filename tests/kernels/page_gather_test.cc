@@ -99,12 +99,21 @@ TEST(PageGatherTest, CopiesOnlyMissingPagesAndCounts) {
   EXPECT_EQ((*cache)->Gather(pool.data(), step, &slots).code(), StatusCode::kInvalidArgument);
 }
 
-// Decode attention over gathered slots equals decode attention over the host pool directly.
-void GatheredAttentionMatchesHost(Backend backend) {
+// Decode attention over gathered slots equals decode attention over the host pool directly, and
+// every gathered slot holds its host page byte for byte. pinned: the pool page-locked as the decode
+// worker's is (on CUDA the gather then runs as one kernel reading it through its mapped address;
+// pageable, one copy per page).
+void GatheredAttentionMatchesHost(Backend backend, bool pinned = false) {
   const int P = 16, d = 64, hq = 4, hkv = 2;
   const size_t page_elems = 2 * P * d;
   const int pool_pages = 40;
-  const auto pool_values = testing::RandomVector(pool_pages * page_elems, 5);
+  auto pool_values = testing::RandomVector(pool_pages * page_elems, 5);
+  PinnedHostRegion region;
+  if (pinned) {
+    auto r = PinnedHostRegion::Register(backend, pool_values.data(), pool_values.size() * sizeof(float));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    region = std::move(r).value();
+  }
   const auto q = testing::RandomVector(hq * d, 6);
   auto cache = PageResidencyCache::Create(backend, 12, page_elems * sizeof(float));
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
@@ -123,6 +132,15 @@ void GatheredAttentionMatchesHost(Backend backend) {
     }
     std::vector<int32_t> slots;
     ASSERT_TRUE((*cache)->Gather(pool_values.data(), pages, &slots).ok());
+    std::vector<float> slot_copy(page_elems);
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const size_t page_bytes = page_elems * sizeof(float);
+      ASSERT_TRUE(CopyToHost(backend, slot_copy.data(),
+                             static_cast<const char*>((*cache)->device_pages()) + slots[i] * page_bytes, page_bytes)
+                      .ok());
+      ASSERT_EQ(0, std::memcmp(slot_copy.data(), pool_values.data() + pages[i] * page_elems, page_bytes))
+          << "step " << step << " page " << pages[i] << " in slot " << slots[i];
+    }
     std::vector<float> want(hq * d), got(hq * d);
     PagedDecodeAttentionParams p;
     p.q = q.data();
@@ -163,6 +181,13 @@ TEST(PageGatherTest, GatheredAttentionMatchesHostCpu) { GatheredAttentionMatches
 TEST(PageGatherTest, GatheredAttentionMatchesHostCuda) {
   ICE_SKIP_WITHOUT_CUDA();
   GatheredAttentionMatchesHost(Backend::kCuda);
+}
+
+TEST(PageGatherTest, GatheredAttentionMatchesHostPinnedCpu) { GatheredAttentionMatchesHost(Backend::kCpu, true); }
+
+TEST(PageGatherTest, GatheredAttentionMatchesHostPinnedCuda) {
+  ICE_SKIP_WITHOUT_CUDA();
+  GatheredAttentionMatchesHost(Backend::kCuda, /*pinned=*/true);
 }
 
 }  // namespace
