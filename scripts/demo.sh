@@ -51,7 +51,7 @@ fi
 # The decode worker's host KV pool, sized for the prompt: pages of 16 tokens per (layer, kv head)
 # (SmolLM2: 30 x 3), twice over for the trees' partly filled leaves (4 KiB a page in bf16).
 pool_pages=$(( (context / 16 + 32) * 90 * 2 ))
-[ "$pool_pages" -lt 16384 ] && pool_pages=16384
+[ "$pool_pages" -lt 262144 ] && pool_pages=262144  # the default
 $BIN/icecache cluster --model "$MODEL" --port "$PORT" --metrics-port "$METRICS" --set "decode.pool_pages=$pool_pages" &
 cluster_pid=$!
 cleanup() { kill -INT "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; }

@@ -124,7 +124,10 @@ struct DecodeSection {
   std::string listen = "127.0.0.1:50071";
   int metrics_port = 0;
   int threads = 0;
-  int64_t pool_pages = 16384;  // host KV pages (each holds page_size tokens of every layer's K and V)
+  // Host KV pages, each page_size tokens of ONE (layer, KV head), keys and values. 262144 pages are
+  // 1 GiB at head_dim 64 in bf16 (2 GiB at 128): a ~45k-token SmolLM2 sequence, ~16k of an 8B
+  // Llama; reserved as virtual memory and touched only as pages fill (pinned on a GPU worker).
+  int64_t pool_pages = 262144;
   int max_sequences = 64;  // sequences admitted at once: reserved, receiving or decoding
   std::string device = "auto";  // as prefill.device
   // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine loop has not come round for this

@@ -13,7 +13,7 @@ TEST(ClusterConfig, DefaultsWhenEmpty) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->cache.page_size, 16);
   EXPECT_EQ(c->cache.default_budget_pages, 16);
-  EXPECT_EQ(c->decode.pool_pages, 16384);
+  EXPECT_EQ(c->decode.pool_pages, 262144);
 }
 
 TEST(ClusterConfig, ReadsEverySection) {
