@@ -1,7 +1,11 @@
 #include "client/client.h"
 
+#include <grpcpp/security/credentials.h>
+
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "icecache/v1/generation.grpc.pb.h"
 #include "serving/grpc_util.h"
@@ -11,7 +15,19 @@ namespace icecache::router {
 namespace pb = ::icecache::v1;
 
 Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<bool(const RemoteChunk&)>& on_chunk) {
-  auto stub = pb::Generation::NewStub(cluster::MakeChannel(o.router));
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  if (!o.tls_ca_file.empty()) {
+    std::ifstream f(o.tls_ca_file, std::ios::binary);
+    std::stringstream ca;
+    ca << f.rdbuf();
+    if (!f || ca.str().find("-----BEGIN ") == std::string::npos) {
+      return InvalidArgumentError("--tls-ca: '" + o.tls_ca_file + "' is not a readable PEM CA certificate");
+    }
+    grpc::SslCredentialsOptions so;
+    so.pem_root_certs = ca.str();
+    credentials = grpc::SslCredentials(so);
+  }
+  auto stub = pb::Generation::NewStub(cluster::MakeChannel(o.router, cluster::kDefaultMaxMessageBytes, credentials));
   pb::GenerateRequest req;
   if (o.prompt) {
     if (o.chat) {

@@ -27,6 +27,8 @@ struct RemoteGenerateOptions {
   int budget_pages = -1;                // -1 = cluster default, 0 = full, else pages
   double timeout_seconds = 0;           // 0 = none
   std::string api_key;                  // sent as metadata "authorization: Bearer KEY"; empty = none
+  std::string tls_ca_file;              // TLS to the router, its certificate verified against this
+                                        // PEM CA (router.tls_cert_file); empty = plaintext
   bool chat = false;                    // send `prompt` as one user message: the router applies
                                         // the model's chat template (FAILED_PRECONDITION without one)
 };

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -120,10 +121,12 @@ class CollectSink final : public ResponseSink {
 }  // namespace
 
 struct HttpServer::Impl {
+  explicit Impl(std::unique_ptr<httplib::Server> s) : server_owner(std::move(s)), server(*server_owner) {}
   HttpServerOptions options;
   RequestPath* path = nullptr;
   std::function<bool()> healthy;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server_owner;  // an httplib::SSLServer with TLS
+  httplib::Server& server;
   std::thread thread;
   int port = 0;
   std::atomic<bool> stopping{false};
@@ -327,7 +330,25 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options, RequestPath* path,
                                                         std::function<bool()> healthy) {
-  auto impl = std::make_unique<Impl>();
+  std::unique_ptr<httplib::Server> server;
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return InvalidArgumentError("HTTP: router.tls_cert_file and router.tls_key_file go together");
+  }
+  if (!options.tls_cert_file.empty()) {
+    for (const auto& [key, file] : {std::pair{"router.tls_cert_file", options.tls_cert_file},
+                                    std::pair{"router.tls_key_file", options.tls_key_file}}) {
+      if (::access(file.c_str(), R_OK) != 0) return InvalidArgumentError(std::string(key) + ": cannot read '" + file + "'");
+    }
+    auto ssl = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(), options.tls_key_file.c_str());
+    if (!ssl->is_valid()) {
+      return InvalidArgumentError("router.tls_cert_file / router.tls_key_file: '" + options.tls_cert_file + "' and '" +
+                                  options.tls_key_file + "' are not a PEM certificate chain and its private key");
+    }
+    server = std::move(ssl);
+  } else {
+    server = std::make_unique<httplib::Server>();
+  }
+  auto impl = std::make_unique<Impl>(std::move(server));
   impl->options = options;
   impl->path = path;
   impl->healthy = std::move(healthy);

@@ -34,6 +34,9 @@ struct HttpServerOptions {
   int64_t max_body_bytes = 16 << 20;
   double idle_keepalive_seconds = 5;  // an idle keep-alive connection is closed after this long
   double write_timeout_seconds = 30;  // a client that takes no bytes for this long loses its stream
+  // HTTPS with this PEM certificate chain and key (both or neither; "" = plain HTTP).
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpServer {
@@ -41,7 +44,8 @@ class HttpServer {
   static constexpr size_t kMaxQueuedEvents = 256;
 
   // Binds and starts serving in the background. `path` must outlive the server; `healthy` says
-  // whether GET /health answers 200 (else 503).
+  // whether GET /health answers 200 (else 503). INVALID_ARGUMENT naming router.tls_cert_file /
+  // tls_key_file when the TLS files cannot be loaded.
   static StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options, RequestPath* path,
                                                      std::function<bool()> healthy);
   ~HttpServer();

@@ -98,9 +98,14 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   impl->path = std::make_unique<RequestPath>(config, std::move(mc), std::move(tok), impl->prefill.get(),
                                              impl->decode.get(), impl->admission.get(), *impl->registry);
   impl->service = std::make_unique<GenerationServiceImpl>(impl->path.get());
+  std::shared_ptr<grpc::ServerCredentials> public_credentials;  // null: plaintext
+  if (config.router.tls_enabled()) {
+    ICE_ASSIGN_OR_RETURN(public_credentials,
+                         cluster::PublicServerCredentials(config.router.tls_cert_file, config.router.tls_key_file));
+  }
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.router.listen, {impl->service.get()},
                                                           {"icecache.v1.Generation"}, &impl->port,
-                                                          config.limits.max_message_bytes));
+                                                          config.limits.max_message_bytes, public_credentials));
   int unused = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.router.listen, &impl->host, &unused));
   if (config.router.metrics_port > 0) {
@@ -125,6 +130,8 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
     ho.model_name = cluster::ServedModelName(config.model.name, config.model.dir);
     ho.threads = config.router.http_threads;
     ho.max_body_bytes = config.limits.max_message_bytes;
+    ho.tls_cert_file = config.router.tls_cert_file;
+    ho.tls_key_file = config.router.tls_key_file;
     ICE_ASSIGN_OR_RETURN(impl->http, HttpServer::Start(ho, impl->path.get(), [raw] { return raw->serving.load(); }));
     impl->http_port = impl->http->port();
   }
@@ -135,7 +142,10 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   });
   ICE_LOG(INFO) << "router serving on " << impl->host << ":" << impl->port << " (" << impl->prefill->size()
                 << " prefill, " << impl->decode->size() << " decode workers)"
-                << (impl->http ? "; OpenAI-compatible HTTP on port " + std::to_string(impl->http_port) : "");
+                << (impl->http ? std::string("; OpenAI-compatible HTTP") + (config.router.tls_enabled() ? "S" : "") +
+                                     " on port " + std::to_string(impl->http_port)
+                               : "")
+                << (config.router.tls_enabled() ? "; public ports on TLS" : "");
   return std::unique_ptr<RouterServer>(new RouterServer(std::move(impl)));
 }
 

@@ -225,7 +225,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
                                          "stats_refresh_seconds", "request_timeout_seconds",
                                          "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
                                          "max_streams", "http_port", "http_threads",
-                                         "api_keys"}));
+                                         "api_keys", "tls_cert_file", "tls_key_file"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -245,6 +245,13 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
     if (k.empty() || k.find_first_of(" \t\r\n") != std::string::npos) {
       return InvalidArgumentError(origin + ": router.api_keys: a key must be non-empty and hold no whitespace");
     }
+  }
+  ICE_RETURN_IF_ERROR(router.String("tls_cert_file", &c.router.tls_cert_file));
+  ICE_RETURN_IF_ERROR(router.String("tls_key_file", &c.router.tls_key_file));
+  if (c.router.tls_cert_file.empty() != c.router.tls_key_file.empty()) {
+    return InvalidArgumentError(origin + ": router.tls_cert_file and router.tls_key_file go together (" +
+                                (c.router.tls_cert_file.empty() ? "tls_key_file" : "tls_cert_file") +
+                                " is set, the other is not)");
   }
 
   MapReader prefill = top.Sub("prefill");
@@ -437,6 +444,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "http_port" << YAML::Value << c.router.http_port;
   out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << c.router.api_keys;
+  out << YAML::Key << "tls_cert_file" << YAML::Value << c.router.tls_cert_file;
+  out << YAML::Key << "tls_key_file" << YAML::Value << c.router.tls_key_file;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;

@@ -100,6 +100,12 @@ struct RouterSection {
   // "Authorization: Bearer KEY"); empty = no authentication. A request without one of these keys
   // is UNAUTHENTICATED (HTTP 401). Health checks and /metrics stay open.
   std::vector<std::string> api_keys;
+  // TLS on the public ports (gRPC `listen` and `http_port`): PEM certificate chain and private
+  // key, both or neither; "" = plaintext (e.g. behind a TLS-terminating ingress). Clients are not
+  // asked for certificates (use api_keys); /metrics stays plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  bool tls_enabled() const { return !tls_cert_file.empty(); }
 };
 
 struct PrefillSection {

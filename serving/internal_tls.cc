@@ -16,14 +16,15 @@
 namespace icecache::cluster {
 namespace {
 
+// `key`: the config key naming the file, for the message ("internal_tls.ca_file").
 StatusOr<std::string> ReadPem(const std::string& key, const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return InvalidArgumentError("internal_tls." + key + ": cannot read '" + path + "'");
+  if (!f) return InvalidArgumentError(key + ": cannot read '" + path + "'");
   std::stringstream ss;
   ss << f.rdbuf();
   std::string text = ss.str();
   if (text.find("-----BEGIN ") == std::string::npos) {
-    return InvalidArgumentError("internal_tls." + key + ": '" + path + "' is not a PEM file");
+    return InvalidArgumentError(key + ": '" + path + "' is not a PEM file");
   }
   return text;
 }
@@ -34,9 +35,9 @@ struct Pems {
 
 StatusOr<Pems> ReadAll(const InternalTlsSection& tls) {
   Pems p;
-  ICE_ASSIGN_OR_RETURN(p.ca, ReadPem("ca_file", tls.ca_file));
-  ICE_ASSIGN_OR_RETURN(p.cert, ReadPem("cert_file", tls.cert_file));
-  ICE_ASSIGN_OR_RETURN(p.key, ReadPem("key_file", tls.key_file));
+  ICE_ASSIGN_OR_RETURN(p.ca, ReadPem("internal_tls.ca_file", tls.ca_file));
+  ICE_ASSIGN_OR_RETURN(p.cert, ReadPem("internal_tls.cert_file", tls.cert_file));
+  ICE_ASSIGN_OR_RETURN(p.key, ReadPem("internal_tls.key_file", tls.key_file));
   return p;
 }
 
@@ -145,6 +146,15 @@ StatusOr<std::shared_ptr<grpc::ChannelCredentials>> InternalChannelCredentials(c
   o.pem_private_key = p.key;
   o.pem_cert_chain = p.cert;
   return grpc::SslCredentials(o);
+}
+
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(const std::string& cert_file,
+                                                                          const std::string& key_file) {
+  ICE_ASSIGN_OR_RETURN(std::string cert, ReadPem("router.tls_cert_file", cert_file));
+  ICE_ASSIGN_OR_RETURN(std::string key, ReadPem("router.tls_key_file", key_file));
+  grpc::SslServerCredentialsOptions o(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  o.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(o);
 }
 
 StatusOr<InternalTlsSection> WriteThrowawayCertificates(const std::string& dir, const std::string& server_name) {

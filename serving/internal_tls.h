@@ -1,5 +1,6 @@
-// Mutual TLS for the internal plane (router -> prefill/decode workers): gRPC credentials from a
-// cluster config's internal_tls section, and a throwaway CA for loopback clusters.
+// TLS of the cluster's gRPC servers: mutual TLS for the internal plane (router -> prefill/decode
+// workers) from a cluster config's internal_tls section, a throwaway CA for loopback clusters, and
+// server-only TLS for the router's public port (router.tls_cert_file / tls_key_file).
 //
 // With internal_tls set, a worker's server requires a client certificate signed by ca_file (any
 // other client fails the TLS handshake: the RPC ends UNAVAILABLE before a handler runs) and the
@@ -25,6 +26,12 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> InternalServerCredentials(con
 // Channel credentials of a client of the internal plane (the router, tools, tests): presents
 // cert_file and verifies the server against ca_file when tls.enabled(), else insecure.
 StatusOr<std::shared_ptr<grpc::ChannelCredentials>> InternalChannelCredentials(const InternalTlsSection& tls);
+
+// Server credentials of the router's public gRPC port: TLS with this certificate chain and key,
+// no client certificate asked for. INVALID_ARGUMENT naming router.tls_cert_file / tls_key_file
+// when one cannot be read or is not PEM.
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(const std::string& cert_file,
+                                                                          const std::string& key_file);
 
 // Writes a fresh throwaway CA and one certificate it signs (EC P-256, valid 30 days, for server
 // and client auth; SANs 127.0.0.1, ::1, localhost and `server_name` when not empty) into `dir`

@@ -1,7 +1,10 @@
-// Mutual TLS on the internal plane: a loopback cluster whose workers require client certificates
-// serves requests through the router, and refuses every client that does not present a
-// certificate signed by the cluster's CA (plaintext, TLS without a certificate, another CA's).
+// TLS of the cluster. Mutual TLS on the internal plane: a loopback cluster whose workers require
+// client certificates serves requests through the router, and refuses every client that does not
+// present a certificate signed by the cluster's CA (plaintext, TLS without a certificate, another
+// CA's). TLS on the router's public ports (router.tls_cert_file/tls_key_file): gRPC and HTTPS
+// clients that verify the certificate are served, plaintext clients are not.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +15,7 @@
 #include "serving/grpc_util.h"
 #include "serving/internal_tls.h"
 #include "tests/cluster/cluster_fixture.h"
+#include "tests/cluster/free_ports.h"
 
 namespace icecache::testing {
 namespace {
@@ -129,6 +133,102 @@ TEST(InternalTlsConfig, PartialOrUnreadableSettingsAreClearErrors) {
   c.model.dir = "/nonexistent-model";
   c.internal_tls = missing;
   EXPECT_FALSE(cluster::InternalServerCredentials(c.internal_tls).ok());
+}
+
+class PublicTls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tls = cluster::WriteThrowawayCertificates(FreshDir("icecache_public_tls"));
+    ASSERT_TRUE(tls.ok()) << tls.status().ToString();
+    tls_ = *tls;
+    http_port_ = FreePortRange(1, 41);
+    ASSERT_GT(http_port_, 0);
+    cluster_ = LoopbackCluster::Start(::testing::TempDir() + "/icecache_tls_model", 1, 1, "tcp,sm,self", true, 0,
+                                      60000, "reference", "f32", [this](cluster::ClusterConfig& c) {
+                                        c.router.tls_cert_file = tls_.cert_file;
+                                        c.router.tls_key_file = tls_.key_file;
+                                        c.router.http_port = http_port_;
+                                      });
+    ASSERT_NE(cluster_, nullptr);
+  }
+
+  // Generates through the router's gRPC port, verifying it against `ca_file` ("" = plaintext).
+  Status Generate(const std::string& ca_file, std::vector<int32_t>* tokens) {
+    router::RemoteGenerateOptions o;
+    o.router = cluster_->router->address();
+    o.prompt_ids = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+    o.max_tokens = 6;
+    o.ignore_eos = true;
+    o.timeout_seconds = 20;
+    o.tls_ca_file = ca_file;
+    return router::RunRemoteGenerate(o, [&](const router::RemoteChunk& c) {
+      tokens->insert(tokens->end(), c.token_ids.begin(), c.token_ids.end());
+      return true;
+    });
+  }
+
+  cluster::InternalTlsSection tls_;
+  int http_port_ = 0;
+  std::unique_ptr<LoopbackCluster> cluster_;
+};
+
+TEST_F(PublicTls, GrpcClientThatVerifiesTheCertificateIsServed) {
+  std::vector<int32_t> tokens;
+  Status s = Generate(tls_.ca_file, &tokens);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(tokens.size(), 6u);
+}
+
+TEST_F(PublicTls, PlaintextGrpcClientIsRefused) {
+  std::vector<int32_t> tokens;
+  Status s = Generate("", &tokens);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_TRUE(tokens.empty());
+}
+
+TEST_F(PublicTls, GrpcClientTrustingAnotherCaIsRefused) {
+  auto other = cluster::WriteThrowawayCertificates(FreshDir("icecache_public_tls_other"));
+  ASSERT_TRUE(other.ok());
+  std::vector<int32_t> tokens;
+  EXPECT_EQ(Generate(other->ca_file, &tokens).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Generate("/nonexistent/ca.pem", &tokens).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(PublicTls, HttpsClientIsServedAndPlainHttpIsNot) {
+  httplib::SSLClient https("127.0.0.1", http_port_);
+  https.set_ca_cert_path(tls_.ca_file.c_str());
+  https.enable_server_certificate_verification(true);
+  https.set_connection_timeout(10, 0);
+  https.set_read_timeout(30, 0);
+  auto models = https.Get("/v1/models");
+  ASSERT_TRUE(models) << httplib::to_string(models.error());
+  EXPECT_EQ(models->status, 200) << models->body;
+  auto done = https.Post("/v1/completions",
+                         R"({"model":"icecache_tls_model","prompt":"hello there","max_tokens":4,"ignore_eos":true})",
+                         "application/json");
+  ASSERT_TRUE(done) << httplib::to_string(done.error());
+  EXPECT_EQ(done->status, 200) << done->body;
+  EXPECT_NE(done->body.find("\"completion_tokens\":4"), std::string::npos) << done->body;
+
+  httplib::Client plain("127.0.0.1", http_port_);
+  plain.set_connection_timeout(5, 0);
+  plain.set_read_timeout(5, 0);
+  auto refused = plain.Get("/v1/models");
+  EXPECT_FALSE(refused && refused->status == 200);
+}
+
+TEST(PublicTlsConfig, PartialOrUnreadableSettingsAreClearErrors) {
+  auto partial = cluster::ParseClusterConfig("router: {tls_cert_file: /x/cert.pem}\n", "inline");
+  ASSERT_FALSE(partial.ok());
+  EXPECT_EQ(partial.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(partial.status().message().find("router.tls_cert_file and router.tls_key_file go together"),
+            std::string::npos)
+      << partial.status().message();
+  auto creds = cluster::PublicServerCredentials("/nonexistent/cert.pem", "/nonexistent/key.pem");
+  ASSERT_FALSE(creds.ok());
+  EXPECT_NE(creds.status().message().find("router.tls_cert_file: cannot read '/nonexistent/cert.pem'"),
+            std::string::npos)
+      << creds.status().message();
 }
 
 }  // namespace

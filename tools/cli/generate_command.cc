@@ -62,6 +62,7 @@ int RunGenerate(int argc, char** argv) {
     r.budget_pages = o.budget_pages;
     r.chat = o.chat;
     r.api_key = o.api_key;
+    r.tls_ca_file = o.tls_ca;
     if (r.api_key.empty()) {
       if (const char* k = std::getenv("ICECACHE_API_KEY"); k != nullptr) r.api_key = k;
     }  // the router formats the message with the model's chat template

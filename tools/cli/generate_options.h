@@ -38,7 +38,8 @@ inline constexpr const char* kGenerateUsage =
     "                          one GPU each from --device's index on; default 1)\n"
     "  --router HOST:PORT      generate on an icecache cluster instead of locally (no --model)\n"
     "  --budget full|PAGES     remote: KV page budget of sparse layers (default: the cluster's)\n"
-    "  --api-key KEY           remote: the router's API key (default: $ICECACHE_API_KEY)\n";
+    "  --api-key KEY           remote: the router's API key (default: $ICECACHE_API_KEY)\n"
+    "  --tls-ca FILE           remote: the router's port is TLS (router.tls_cert_file); verify it against this PEM CA\n";
 
 struct GenerateOptions {
   std::string model_dir;
@@ -55,6 +56,7 @@ struct GenerateOptions {
   std::string router;  // remote mode (HOST:PORT of an icecache router); empty = run the model locally
   int budget_pages = -1;  // remote mode: -1 = the cluster's default, 0 = full attention, else pages
   std::string api_key;    // remote mode: sent as "authorization: Bearer KEY"; empty = none
+  std::string tls_ca;     // remote mode: TLS to the router, verified against this CA file; empty = plaintext
 };
 
 // Parses "1,2,3" (no spaces required; empty items refused).
@@ -182,6 +184,9 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
     } else if (flag == "--api-key") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       o.api_key = v;
+    } else if (flag == "--tls-ca") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      o.tls_ca = v;
     } else if (flag == "--budget") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       if (std::string(v) == "full") {
