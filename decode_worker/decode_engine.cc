@@ -201,6 +201,9 @@ Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& param
     return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
                                 std::to_string(vocab) + ")");
   }
+  if (params.sampler_draws_done < 0) {
+    return InvalidArgumentError("sampler_draws_done " + std::to_string(params.sampler_draws_done) + " is negative");
+  }
   if (params.sampling.max_tokens > r.max_tokens) {
     return InvalidArgumentError("max_tokens " + std::to_string(params.sampling.max_tokens) + " exceeds the " +
                                 std::to_string(r.max_tokens) + " reserved for sequence " + std::to_string(r.id));
@@ -246,6 +249,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   run->budget_pages = r->budget_pages;
   run->params = params;
   run->sampler = std::make_unique<model::Sampler>(params.sampling, model_->device());
+  if (params.sampler_draws_done > 0) run->sampler->SkipDraws(static_cast<uint64_t>(params.sampler_draws_done));
   std::vector<int32_t> eos = model_->config().eos_ids;  // as the generator: config and tokenizer EOS
   if (const auto* tok = model_->tokenizer()) {
     const std::vector<int32_t> tok_eos = tok->eos_ids();  // returned by value
@@ -319,6 +323,19 @@ void DecodeEngine::Cancel(uint64_t id) {
 void DecodeEngine::StopAdmitting() {
   std::lock_guard<std::mutex> lock(mu_);
   draining_ = true;
+}
+
+void DecodeEngine::FailAll(const Status& status) {
+  std::vector<uint64_t> reserved;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_all_ = status;
+    for (auto& [id, r] : reserved_) reserved.push_back(id);
+  }
+  // Reservations (a Start waiting for KV sees CANCELLED and drops its own); the engine thread
+  // ends the joining and running ones.
+  for (uint64_t id : reserved) Cancel(id);
+  cv_.notify_all();
 }
 
 transport::Clock::time_point DecodeEngine::last_heartbeat() const {
@@ -398,14 +415,22 @@ void DecodeEngine::Loop() {
     heartbeat_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     std::deque<std::unique_ptr<Running>> joining;
     std::vector<uint64_t> cancels;
+    std::optional<Status> fail_all;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
-        return stop_ || !joining_.empty() || !cancel_requests_.empty() || !running_.empty();
+        return stop_ || !joining_.empty() || !cancel_requests_.empty() || !running_.empty() || fail_all_;
       });
       if (stop_) return;
       joining.swap(joining_);
       cancels.swap(cancel_requests_);
+      fail_all.swap(fail_all_);
+    }
+    if (fail_all) {
+      for (auto& r : joining) Finish(*r, model::FinishReason::kNone, *fail_all);
+      joining.clear();
+      for (auto& [id, r] : running_) Finish(*r, model::FinishReason::kNone, *fail_all);
+      running_.clear();
     }
     for (auto& r : joining) {
       uint64_t id = r->id;

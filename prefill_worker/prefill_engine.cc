@@ -64,6 +64,19 @@ PrefillEngine::~PrefillEngine() {
   ship_pool_.Wait();
 }
 
+void PrefillEngine::StopAdmitting() {
+  std::deque<std::shared_ptr<Pending>> refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    refused.swap(queue_);
+    for (auto& p : refused) queued_tokens_ -= static_cast<int64_t>(p->job.tokens.size());
+  }
+  for (auto& p : refused) {
+    p->done.set_value(UnavailableError("prefill worker is draining (shutting down): prompt not started"));
+  }
+}
+
 int64_t PrefillEngine::queued_tokens() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queued_tokens_;
@@ -105,6 +118,7 @@ StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return UnavailableError("prefill worker is shutting down");
+    if (draining_) return UnavailableError("prefill worker is draining (shutting down): not admitting prompts");
     if (static_cast<int>(queue_.size()) >= options_.max_queued_requests) {
       return ResourceExhaustedError("prefill worker has " + std::to_string(queue_.size()) +
                                     " prompts queued (prefill.max_queued_requests)");
