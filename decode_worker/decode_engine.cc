@@ -59,6 +59,7 @@ struct DecodeEngine::Reservation {
   int64_t committed_pages = 0;
   int budget_pages = 0;
   Clock::time_point created;
+  std::chrono::duration<double> prefill_wait{0};  // how long to wait for the prefill's start notice
   bool started = false;
   // Filled by the transport's sink on its progress thread; read after Wait() returns.
   std::unique_ptr<transport::KvReceiver> kv;
@@ -140,7 +141,8 @@ int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_
   return per_head * shape.num_layers * shape.num_kv_heads;
 }
 
-StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
+StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages,
+                                          double prefill_wait_seconds) {
   if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
   const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
   const int64_t need = PagesNeeded(prompt_tokens, max_tokens, budget_pages);
@@ -168,6 +170,8 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
   r->committed_pages = need;
   r->budget_pages = budget_pages;
   r->created = Clock::now();
+  r->prefill_wait = std::chrono::duration<double>(
+      prefill_wait_seconds > 0 ? prefill_wait_seconds : options_.reservation_timeout_seconds);
   // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
   // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
   r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
@@ -365,12 +369,20 @@ void DecodeEngine::ExpireReservations() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto limit = std::chrono::duration<double>(options_.reservation_timeout_seconds);
+    const auto now = Clock::now();
     for (auto& [id, r] : reserved_) {
-      if (!r->started && Clock::now() - r->created > limit) expired.push_back(id);
+      if (r->started) continue;
+      // The clock runs from the prefill's start notice (queue time does not count); before it
+      // arrives, the reservation waits at most its prefill_wait.
+      const int64_t notice = r->kv->prefill_started_ns();
+      const bool expired_now = notice != 0 ? now - Clock::time_point(Clock::duration(notice)) > limit
+                                           : now - r->created > r->prefill_wait;
+      if (expired_now) expired.push_back(id);
     }
   }
   for (uint64_t id : expired) {
-    ICE_LOG(WARNING) << "sequence " << id << " was reserved but never started; dropping it";
+    ICE_LOG(WARNING) << "sequence " << id << " was reserved but never started (no prefill start within its wait, "
+                        "or no Decode within the reservation timeout of its prefill start); dropping it";
     Cancel(id);
   }
 }

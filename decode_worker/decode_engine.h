@@ -118,7 +118,11 @@ class DecodeEngine {
   // Admits a sequence. budget_pages: 0 = full attention, else the sparse page budget.
   // RESOURCE_EXHAUSTED (pool, or max_sequences sequences reserved, receiving or decoding),
   // INVALID_ARGUMENT (bad sizes).
-  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // Expiry (a reservation never Start()ed is dropped): reservation_timeout_seconds after its
+  // prefill started (the prefill worker's start notice, transport/kv_shipping.h), so time spent
+  // in a prefill queue does not count; before the notice, after prefill_wait_seconds from now
+  // (<= 0: reservation_timeout_seconds from now).
+  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages, double prefill_wait_seconds = 0);
   // The admission estimate Reserve commits for such a sequence; more than pool().capacity_pages()
   // means it can never be admitted here.
   int64_t PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const;

@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <thread>
 
@@ -63,7 +64,9 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
 
   grpc::Status Reserve(grpc::ServerContext* ctx, const pb::ReserveRequest* req, pb::ReserveResponse* resp) override {
     int budget = BudgetOf(req->cache(), config_.cache.default_budget_pages);
-    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget);
+    // Bounded: a reservation waits for its prefill at most a day, whatever the router asks.
+    const double wait = std::isfinite(req->prefill_wait_seconds()) ? std::min(req->prefill_wait_seconds(), 86400.0) : 0.0;
+    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget, wait);
     if (!admitted.ok()) {
       // Tells the router not to queue a request that no amount of waiting lets in here.
       if (admitted.status().code() == StatusCode::kResourceExhausted &&

@@ -285,6 +285,8 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       rr.set_request_id(req->request_id());
       rr.set_prompt_tokens(reserve_prompt);
       rr.set_max_tokens(reserve_max);
+      // The reservation waits for its prefill to start as long as the request may live.
+      rr.set_prefill_wait_seconds(std::max(0.001, std::chrono::duration<double>(ctx.deadline() - Clock::now()).count()));
       if (budget == 0) {
         rr.mutable_cache()->set_full(true);
       } else {
