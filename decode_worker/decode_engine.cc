@@ -59,6 +59,7 @@ struct DecodeEngine::Reservation {
   int64_t committed_pages = 0;
   int budget_pages = 0;
   Clock::time_point created;
+  std::chrono::duration<double> prefill_wait{0};  // how long to wait for the prefill's start notice
   bool started = false;
   // Filled by the transport's sink on its progress thread; read after Wait() returns.
   std::unique_ptr<transport::KvReceiver> kv;
@@ -140,7 +141,8 @@ int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_
   return per_head * shape.num_layers * shape.num_kv_heads;
 }
 
-StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages) {
+StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages,
+                                          double prefill_wait_seconds) {
   if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
   const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
   const int64_t need = PagesNeeded(prompt_tokens, max_tokens, budget_pages);
@@ -168,6 +170,8 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
   r->committed_pages = need;
   r->budget_pages = budget_pages;
   r->created = Clock::now();
+  r->prefill_wait = std::chrono::duration<double>(
+      prefill_wait_seconds > 0 ? prefill_wait_seconds : options_.reservation_timeout_seconds);
   // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
   // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
   r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
@@ -200,6 +204,9 @@ Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& param
   if (params.first_token < 0 || params.first_token >= vocab) {
     return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
                                 std::to_string(vocab) + ")");
+  }
+  if (params.sampler_draws_done < 0) {
+    return InvalidArgumentError("sampler_draws_done " + std::to_string(params.sampler_draws_done) + " is negative");
   }
   if (params.sampling.max_tokens > r.max_tokens) {
     return InvalidArgumentError("max_tokens " + std::to_string(params.sampling.max_tokens) + " exceeds the " +
@@ -246,6 +253,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   run->budget_pages = r->budget_pages;
   run->params = params;
   run->sampler = std::make_unique<model::Sampler>(params.sampling, model_->device());
+  if (params.sampler_draws_done > 0) run->sampler->SkipDraws(static_cast<uint64_t>(params.sampler_draws_done));
   std::vector<int32_t> eos = model_->config().eos_ids;  // as the generator: config and tokenizer EOS
   if (const auto* tok = model_->tokenizer()) {
     const std::vector<int32_t> tok_eos = tok->eos_ids();  // returned by value
@@ -321,6 +329,19 @@ void DecodeEngine::StopAdmitting() {
   draining_ = true;
 }
 
+void DecodeEngine::FailAll(const Status& status) {
+  std::vector<uint64_t> reserved;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_all_ = status;
+    for (auto& [id, r] : reserved_) reserved.push_back(id);
+  }
+  // Reservations (a Start waiting for KV sees CANCELLED and drops its own); the engine thread
+  // ends the joining and running ones.
+  for (uint64_t id : reserved) Cancel(id);
+  cv_.notify_all();
+}
+
 transport::Clock::time_point DecodeEngine::last_heartbeat() const {
   return transport::Clock::time_point(transport::Clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
 }
@@ -348,12 +369,20 @@ void DecodeEngine::ExpireReservations() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto limit = std::chrono::duration<double>(options_.reservation_timeout_seconds);
+    const auto now = Clock::now();
     for (auto& [id, r] : reserved_) {
-      if (!r->started && Clock::now() - r->created > limit) expired.push_back(id);
+      if (r->started) continue;
+      // The clock runs from the prefill's start notice (queue time does not count); before it
+      // arrives, the reservation waits at most its prefill_wait.
+      const int64_t notice = r->kv->prefill_started_ns();
+      const bool expired_now = notice != 0 ? now - Clock::time_point(Clock::duration(notice)) > limit
+                                           : now - r->created > r->prefill_wait;
+      if (expired_now) expired.push_back(id);
     }
   }
   for (uint64_t id : expired) {
-    ICE_LOG(WARNING) << "sequence " << id << " was reserved but never started; dropping it";
+    ICE_LOG(WARNING) << "sequence " << id << " was reserved but never started (no prefill start within its wait, "
+                        "or no Decode within the reservation timeout of its prefill start); dropping it";
     Cancel(id);
   }
 }
@@ -398,14 +427,22 @@ void DecodeEngine::Loop() {
     heartbeat_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     std::deque<std::unique_ptr<Running>> joining;
     std::vector<uint64_t> cancels;
+    std::optional<Status> fail_all;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
-        return stop_ || !joining_.empty() || !cancel_requests_.empty() || !running_.empty();
+        return stop_ || !joining_.empty() || !cancel_requests_.empty() || !running_.empty() || fail_all_;
       });
       if (stop_) return;
       joining.swap(joining_);
       cancels.swap(cancel_requests_);
+      fail_all.swap(fail_all_);
+    }
+    if (fail_all) {
+      for (auto& r : joining) Finish(*r, model::FinishReason::kNone, *fail_all);
+      joining.clear();
+      for (auto& [id, r] : running_) Finish(*r, model::FinishReason::kNone, *fail_all);
+      running_.clear();
     }
     for (auto& r : joining) {
       uint64_t id = r->id;

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -62,6 +63,9 @@ struct Admission {
 struct DecodeParams {
   int32_t first_token = -1;        // from prefill; output token 1
   model::SamplingParams sampling;  // temperature/top_k/top_p/seed, max_tokens, stop_ids, ignore_eos
+  // Random draws the sampler skips before its first (Sampler::SkipDraws): for a sequence migrated
+  // here, the tokens sampled on the decode workers before. >= 0.
+  int64_t sampler_draws_done = 0;
 };
 
 // One update of a sequence's stream. The last one has done == true.
@@ -114,7 +118,11 @@ class DecodeEngine {
   // Admits a sequence. budget_pages: 0 = full attention, else the sparse page budget.
   // RESOURCE_EXHAUSTED (pool, or max_sequences sequences reserved, receiving or decoding),
   // INVALID_ARGUMENT (bad sizes).
-  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages);
+  // Expiry (a reservation never Start()ed is dropped): reservation_timeout_seconds after its
+  // prefill started (the prefill worker's start notice, transport/kv_shipping.h), so time spent
+  // in a prefill queue does not count; before the notice, after prefill_wait_seconds from now
+  // (<= 0: reservation_timeout_seconds from now).
+  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages, double prefill_wait_seconds = 0);
   // The admission estimate Reserve commits for such a sequence; more than pool().capacity_pages()
   // means it can never be admitted here.
   int64_t PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const;
@@ -137,6 +145,10 @@ class DecodeEngine {
 
   // Draining: from now on Reserve answers UNAVAILABLE; live sequences carry on.
   void StopAdmitting();
+  // End of a drain's grace period: every live sequence (reserved, receiving, joining or decoding)
+  // ends now, its stream with `status` (the caller passes UNAVAILABLE, so routers migrate the
+  // requests), and its pages are freed. Returns at once; the engine thread finishes the streams.
+  void FailAll(const Status& status);
   // When the engine loop last came round (it does at least every 200 ms when idle, and once per
   // decode step when busy).
   transport::Clock::time_point last_heartbeat() const;
@@ -175,6 +187,7 @@ class DecodeEngine {
   std::map<uint64_t, std::string> tokens_;  // guarded by mu_: every live sequence's token
   std::deque<std::unique_ptr<Running>> joining_;               // guarded by mu_
   std::vector<uint64_t> cancel_requests_;                      // guarded by mu_
+  std::optional<Status> fail_all_;                             // guarded by mu_ (FailAll)
   int64_t committed_pages_ = 0;                                // guarded by mu_
   int decoding_ = 0;                                           // guarded by mu_
   int64_t reservations_ = 0;                                   // guarded by mu_

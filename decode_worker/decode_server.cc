@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <thread>
 
@@ -63,7 +64,9 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
 
   grpc::Status Reserve(grpc::ServerContext* ctx, const pb::ReserveRequest* req, pb::ReserveResponse* resp) override {
     int budget = BudgetOf(req->cache(), config_.cache.default_budget_pages);
-    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget);
+    // Bounded: a reservation waits for its prefill at most a day, whatever the router asks.
+    const double wait = std::isfinite(req->prefill_wait_seconds()) ? std::min(req->prefill_wait_seconds(), 86400.0) : 0.0;
+    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget, wait);
     if (!admitted.ok()) {
       // Tells the router not to queue a request that no amount of waiting lets in here.
       if (admitted.status().code() == StatusCode::kResourceExhausted &&
@@ -86,9 +89,16 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     p.sampling.max_tokens = std::max(1, req->max_tokens());
     p.sampling.stop_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
     p.sampling.ignore_eos = req->ignore_eos();
+    p.sampler_draws_done = req->sampler_draws_done();
     double wait = req->kv_wait_seconds() > 0 ? req->kv_wait_seconds() : config_.ucx.transfer_timeout_seconds;
     auto deadline = transport::Clock::now() + std::chrono::duration_cast<transport::Clock::duration>(
                                                   std::chrono::duration<double>(wait));
+    // Counted from here: a drain waits for every Decode call to have written its last response.
+    decode_calls_.fetch_add(1);
+    struct Uncount {
+      std::atomic<int>& n;
+      ~Uncount() { n.fetch_sub(1); }
+    } uncount{decode_calls_};
     auto stream = engine_->Start(req->sequence_id(), req->reservation_token(), p, deadline);
     if (!stream.ok()) return ToGrpc(stream.status());
     bool cancelled = false;
@@ -123,6 +133,9 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     }
   }
 
+  // Decode calls in progress (waiting for KV, streaming or flushing their last responses).
+  int decode_calls() const { return decode_calls_.load(); }
+
   grpc::Status Release(grpc::ServerContext*, const pb::ReleaseRequest* req, pb::ReleaseResponse*) override {
     return ToGrpc(engine_->Release(req->sequence_id(), req->reservation_token()));
   }
@@ -146,6 +159,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   DecodeEngine* engine_;
   const cluster::ClusterConfig config_;
   const model::ModelConfig model_config_;
+  std::atomic<int> decode_calls_{0};
 };
 
 }  // namespace
@@ -266,10 +280,20 @@ bool DecodeServer::Drain(double seconds) {
   impl_->UpdateHealth();
   impl_->engine->StopAdmitting();
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (impl_->engine->stats().active_sequences > 0) {
+  // Live sequences, and Decode calls still sending the tokens of sequences that have ended (a
+  // slow reader): Shutdown would cut those off.
+  auto busy = [&] { return impl_->engine->stats().active_sequences > 0 || impl_->service->decode_calls() > 0; };
+  while (busy()) {
     if (std::chrono::steady_clock::now() >= until) {
       ICE_LOG(WARNING) << "drain: " << impl_->engine->stats().active_sequences
-                       << " sequences still live after " << seconds << " s; stopping anyway";
+                       << " sequences still live after " << seconds << " s; ending them with UNAVAILABLE";
+      // UNAVAILABLE, not CANCELLED: the router migrates these requests to another decode worker.
+      impl_->engine->FailAll(UnavailableError("decode worker shut down after its drain period (decode.drain_seconds = " +
+                                              std::to_string(seconds) + " s)"));
+      const auto flush = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (busy() && std::chrono::steady_clock::now() < flush) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -31,7 +31,8 @@ class DecodeServer {
   void Wait();      // until Shutdown()
   // Graceful stop, step one (SIGTERM): reports NOT_SERVING, refuses new reservations
   // (UNAVAILABLE: the router moves on) and waits up to `seconds` for live sequences to finish.
-  // Returns true when none is left. Shutdown() must still follow.
+  // Returns true when none is left; otherwise the sequences still live are ended with
+  // UNAVAILABLE (so the router migrates them) and false is returned. Shutdown() must still follow.
   bool Drain(double seconds);
   void Shutdown();  // stops serving; cancels running sequences
 

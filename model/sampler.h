@@ -49,6 +49,11 @@ class Sampler {
   // logits.
   StatusOr<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context);
 
+  // Advances the random stream by `draws` draws, as if Sample had drawn that many times (each
+  // non-greedy Sample draws exactly once; greedy draws nothing). A sequence continued elsewhere
+  // (migration) skips the draws its earlier tokens used, so it sees the same random stream.
+  void SkipDraws(uint64_t draws) { rng_.discard(draws); }
+
  private:
   SamplingParams params_;
   kernels::Device device_;

@@ -26,6 +26,9 @@ struct PrefillEngine::Pending {
   Clock::time_point enqueued;
   PrefillResult result;
   std::promise<StatusOr<PrefillResult>> done;
+  // The start notice to the decode worker (transport::SendPrefillStarted), sent on a ship thread
+  // as the batch starts; the shipment waits for it and counts it.
+  std::shared_future<Status> notice;
 };
 
 // One sequence's build: its own page pool (pages it ships from), the cache being built layer by
@@ -62,6 +65,19 @@ PrefillEngine::~PrefillEngine() {
   for (auto& p : orphans) p->done.set_value(UnavailableError("prefill worker is shutting down"));
   thread_.join();
   ship_pool_.Wait();
+}
+
+void PrefillEngine::StopAdmitting() {
+  std::deque<std::shared_ptr<Pending>> refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    refused.swap(queue_);
+    for (auto& p : refused) queued_tokens_ -= static_cast<int64_t>(p->job.tokens.size());
+  }
+  for (auto& p : refused) {
+    p->done.set_value(UnavailableError("prefill worker is draining (shutting down): prompt not started"));
+  }
 }
 
 int64_t PrefillEngine::queued_tokens() const {
@@ -105,6 +121,7 @@ StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return UnavailableError("prefill worker is shutting down");
+    if (draining_) return UnavailableError("prefill worker is draining (shutting down): not admitting prompts");
     if (static_cast<int>(queue_.size()) >= options_.max_queued_requests) {
       return ResourceExhaustedError("prefill worker has " + std::to_string(queue_.size()) +
                                     " prompts queued (prefill.max_queued_requests)");
@@ -215,6 +232,17 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   // overlap_tree_build off the engine beats only between batches).
   CaptureBackend backend(model_->attention_shape(), model_->device(),
                          options_.overlap_tree_build ? CaptureBackend::LayerListener(on_layer) : nullptr);
+  // The decode worker's reservation clock starts now (docs/cluster.md): announce each prefill,
+  // off this thread (a dead peer must not stall the forward pass).
+  const auto notice_deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.transfer_timeout_seconds));
+  for (const auto& p : batch) {
+    auto promise = std::make_shared<std::promise<Status>>();
+    p->notice = promise->get_future().share();
+    ship_pool_.Submit([this, p, promise, notice_deadline] {
+      promise->set_value(transport::SendPrefillStarted(*transport_, p->job.peer, p->job.transfer_id, notice_deadline));
+    });
+  }
   std::vector<model::SequenceInput> inputs;
   for (size_t i = 0; i < batch.size(); ++i) {
     backend.AddSequence(i).IgnoreError();
@@ -279,13 +307,19 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
     if (Status s = b->cache->FinishBuild(); !s.ok()) return fail(s);
   }
   if (p->job.cancelled && p->job.cancelled()) return fail(CancelledError("prefill request cancelled before shipping"));
+  const bool notice_sent = p->notice.valid();
+  if (notice_sent) {
+    if (Status n = p->notice.get(); !n.ok()) {
+      return fail(n.WithContext("announcing the prefill start to the decode worker"));
+    }
+  }
   auto wire = b->cache->Serialize();
   if (!wire.ok()) return fail(wire.status());
   const auto t1 = Clock::now();
   const auto deadline = t1 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(options_.transfer_timeout_seconds));
   auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, p->job.token, *wire, *b->pool,
-                                         options_.max_segment_bytes, deadline);
+                                         options_.max_segment_bytes, deadline, notice_sent);
   const auto t2 = Clock::now();
   if (!shipped.ok()) return fail(shipped.status().WithContext("shipping the KV cache to the decode worker"));
   p->result.transfer_seconds = Seconds(t1, t2);

@@ -106,6 +106,10 @@ class PrefillEngine {
   // already queued: nothing was done), CANCELLED (job.cancelled() turned true).
   StatusOr<PrefillResult> Run(PrefillJob job);
 
+  // Draining (SIGTERM): prompts still queued and every later Run end with UNAVAILABLE (the router
+  // tries another prefill worker); the batch in a forward pass or shipping carries on.
+  void StopAdmitting();
+
   // Prompt tokens queued or in a forward pass right now.
   int64_t queued_tokens() const;
   // When the engine thread last showed life: it beats at least every 200 ms when idle, between
@@ -136,6 +140,7 @@ class PrefillEngine {
   int64_t queued_tokens_ = 0;                   // guarded by mu_
   PrefillEngineStats stats_;                    // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
+  bool draining_ = false;                       // guarded by mu_
   std::atomic<int64_t> heartbeat_ns_{0};        // steady clock of the last sign of life
   void Beat() { heartbeat_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
   std::thread thread_;

@@ -7,6 +7,10 @@ int main(int argc, char** argv) {
                                            -> icecache::StatusOr<icecache::cluster::ServingProcess> {
     ICE_ASSIGN_OR_RETURN(auto server, icecache::prefill::PrefillServer::Start(c));
     std::shared_ptr<icecache::prefill::PrefillServer> shared(std::move(server));
-    return icecache::cluster::ServingProcess{[shared] { shared->Wait(); }, [shared] { shared->Shutdown(); }};
+    const double drain = c.prefill.drain_seconds;
+    return icecache::cluster::ServingProcess{[shared] { shared->Wait(); }, [shared, drain] {
+                                               shared->Drain(drain);
+                                               shared->Shutdown();
+                                             }};
   });
 }

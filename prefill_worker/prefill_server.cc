@@ -6,6 +6,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -63,7 +64,9 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     job.transfer_id = req->sequence_id();
     job.cancelled = [ctx] { return ctx->IsCancelled(); };
     metrics_->waiting.Increment();
+    in_flight_.fetch_add(1);
     auto r = engine_->Run(std::move(job));
+    in_flight_.fetch_sub(1);
     metrics_->waiting.Decrement();
     if (!r.ok()) return cluster::ToGrpc(r.status());
     metrics_->prompt_tokens.Increment(req->token_ids_size());
@@ -83,10 +86,14 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     return grpc::Status::OK;
   }
 
+  // Prefill calls inside the engine (queued, computing or shipping).
+  int in_flight() const { return in_flight_.load(); }
+
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*, pb::WorkerStats* resp) override {
     if (Stalled(*engine_, stall_seconds_)) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill engine shows no sign of life");
     }
+    if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker is draining");
     resp->set_queued_prompt_tokens(engine_->queued_tokens());
     resp->set_model_name(model_dir_);
     resp->set_vocab_size(model_->config().vocab_size);
@@ -99,6 +106,10 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
   Metrics* metrics_;
   std::string model_dir_;
   double stall_seconds_;
+  std::atomic<int> in_flight_{0};
+
+ public:
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace
@@ -122,7 +133,7 @@ struct PrefillServer::Impl {
   std::thread health_thread;
 
   void UpdateHealth(bool stopping) {
-    const bool serving = !stopping && !Stalled(*engine, stall_seconds);
+    const bool serving = !stopping && !service->draining_.load() && !Stalled(*engine, stall_seconds);
     if (auto* h = server->GetHealthCheckService()) {
       h->SetServingStatus(serving);
       h->SetServingStatus("icecache.v1.PrefillWorker", serving);
@@ -200,6 +211,26 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
 }
 
 PrefillServer::~PrefillServer() { Shutdown(); }
+
+bool PrefillServer::Drain(double seconds) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->health_mu);
+    if (impl_->stop) return true;  // already shut down
+  }
+  impl_->service->draining_ = true;
+  impl_->UpdateHealth(/*stopping=*/true);
+  impl_->engine->StopAdmitting();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->service->in_flight() > 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ICE_LOG(WARNING) << "drain: " << impl_->service->in_flight() << " prefill calls still running after " << seconds
+                       << " s; stopping anyway";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 void PrefillServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {

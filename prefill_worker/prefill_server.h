@@ -2,7 +2,8 @@
 // prefill engine, serves icecache.v1.PrefillWorker (+ health, reflection) and /metrics.
 // Health ("" and icecache.v1.PrefillWorker): SERVING while the engine shows life (heartbeat
 // within prefill.health_stall_seconds; Stats answers UNAVAILABLE otherwise), NOT_SERVING from
-// Shutdown on.
+// Drain or Shutdown on. prefill_main.cc is the icecache-prefill binary (SIGTERM: Drain for
+// prefill.drain_seconds, then Shutdown).
 #pragma once
 
 #include <memory>
@@ -26,6 +27,11 @@ class PrefillServer {
   // REQUIRES: not shut down.
   PrefillEngineStats engine_stats() const;
   void Wait();
+  // Graceful stop, step one (SIGTERM): reports NOT_SERVING, refuses queued and new prompts with
+  // UNAVAILABLE (the router tries another prefill worker) and waits up to `seconds` for the
+  // prompts already in a forward pass or shipping to finish. Returns true when none is left.
+  // Shutdown() must still follow.
+  bool Drain(double seconds);
   void Shutdown();
 
  private:

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
 #include "model/finish_rules.h"
 #include "serving/grpc_util.h"
@@ -147,7 +148,10 @@ Status RequestPath::Generate(const pb::GenerateRequest& request, RequestContext&
     return a;
   }
   Status s;
-  if (streams_.fetch_add(1) >= config_.router.max_streams) {
+  if (draining_.load()) {
+    streams_.fetch_add(1);
+    s = UnavailableError("the router is draining (shutting down): send the request to another router");
+  } else if (streams_.fetch_add(1) >= config_.router.max_streams) {
     s = ResourceExhaustedError("the router serves " + std::to_string(config_.router.max_streams) +
                                " streams at once (router.max_streams); retry later");
   } else {
@@ -238,30 +242,51 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   pb::SamplingParams sampling = req->sampling();
   if (sampling.seed() == 0 && sampling.temperature() > 0) sampling.set_seed(std::random_device{}() | 1);
 
-  struct Gauge {
-    prometheus::Gauge& g;
-    explicit Gauge(prometheus::Gauge& x) : g(x) { g.Increment(); }
-    ~Gauge() { g.Decrement(); }
+  // Holds one unit of a gauge (icecache_requests_waiting / _running) until Reset or scope exit.
+  struct GaugeHold {
+    prometheus::Gauge* g = nullptr;
+    void Hold(prometheus::Gauge& x) {
+      Reset();
+      g = &x;
+      g->Increment();
+    }
+    void Reset() {
+      if (g != nullptr) g->Decrement();
+      g = nullptr;
+    }
+    ~GaugeHold() { Reset(); }
   };
 
-  std::optional<Gauge> waiting(std::in_place, metrics_->waiting);
-  // 1. Reserve on the best decode worker that has room; without room anywhere, wait in the
-  // admission queue (bounded in length and time) and retry.
+  GaugeHold waiting;
+  waiting.Hold(metrics_->waiting);
+  // The decode worker that holds the request now, its reservation, and the decode workers this
+  // request has lost (never reserved on again).
   WorkerInfo decoder;
   pb::ReserveResponse reserved;
+  std::vector<std::string> lost;
+  // What the next reservation is for: the prompt the prefill worker will prefill and the tokens
+  // still to generate (the decode call's first token included).
+  int reserve_prompt = static_cast<int>(ids.size());
+  int reserve_max = req->max_tokens();
   bool never_fits = false;  // every worker said the request exceeds its whole pool
+  // 1. Reserve on the best decode worker that has room; without room anywhere, wait in the
+  // admission queue (bounded in length and time) and retry.
   auto try_reserve = [&]() -> Status {
     auto decoders = decode_->Ranked(/*claim=*/1);
     if (decoders.empty()) return UnavailableError("no decode workers are configured");
     grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no decode worker answered");
-    size_t exhausted = 0, never = 0;
+    size_t exhausted = 0, never = 0, tried = 0;
     bool got = false;
     for (const auto& w : decoders) {
+      if (std::find(lost.begin(), lost.end(), w.address) != lost.end()) continue;
+      ++tried;
       auto c = ctx.WorkerContext();
       pb::ReserveRequest rr;
       rr.set_request_id(req->request_id());
-      rr.set_prompt_tokens(static_cast<int32_t>(ids.size()));
-      rr.set_max_tokens(req->max_tokens());
+      rr.set_prompt_tokens(reserve_prompt);
+      rr.set_max_tokens(reserve_max);
+      // The reservation waits for its prefill to start as long as the request may live.
+      rr.set_prefill_wait_seconds(std::max(0.001, std::chrono::duration<double>(ctx.deadline() - Clock::now()).count()));
       if (budget == 0) {
         rr.mutable_cache()->set_full(true);
       } else {
@@ -288,19 +313,20 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       decode_->AddInflight(decoder.address, 1);
       return Status::Ok();
     }
+    if (tried == 0) return UnavailableError("no decode worker is left to take the request");
     if (exhausted > 0 && last_error.error_code() != grpc::StatusCode::CANCELLED &&
         last_error.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      never_fits = never == decoders.size();
+      never_fits = never == tried;
       return ResourceExhaustedError("no decode worker can hold this request now: " + last_error.error_message());
     }
     return cluster::FromGrpc(last_error);
   };
-  {
-    Status admitted = admission_->Admit(
-        try_reserve, [&](const Status&) { return !never_fits; }, [&] { return ctx.cancelled(); },
-        ctx.deadline());
-    if (!admitted.ok()) return admitted;
-  }
+  auto admit = [&]() -> Status {
+    never_fits = false;
+    return admission_->Admit(
+        try_reserve, [&](const Status&) { return !never_fits; }, [&] { return ctx.cancelled(); }, ctx.deadline());
+  };
+  ICE_RETURN_IF_ERROR(admit());
   // From here on this request holds decode capacity: whoever waits may retry once it ends.
   const auto reserved_at = Clock::now();
   metrics_->queue_time.Observe(std::chrono::duration<double>(reserved_at - arrival).count());
@@ -314,9 +340,11 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     int64_t n;
     ~InflightGuard() { pool->AddInflight(address, -n); }
   } decode_guard{decode_, decoder.address, 1};
-  auto release = [&] {
+  // Frees the current reservation (a no-op on the worker for a sequence that has ended).
+  auto release = [&](double seconds) {
     grpc::ClientContext c;
-    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    c.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(seconds)));
     pb::ReleaseRequest rel;
     rel.set_sequence_id(reserved.sequence_id());
     rel.set_reservation_token(reserved.reservation_token());
@@ -324,86 +352,39 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     decoder.decode->Release(&c, rel, &ignored).ok();
   };
 
-  // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker. A
-  // worker that is full (RESOURCE_EXHAUSTED: nothing done) or unreachable is skipped for the
-  // next one. (A worker that died mid-shipment leaves pages in the reservation: the next
-  // worker's shipment is then refused and the request fails, releasing everything.)
-  auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(ids.size()));
-  if (prefillers.empty()) {
-    release();
-    return UnavailableError("no prefill workers are configured");
-  }
-  InflightGuard prefill_guard{prefill_, prefillers.front().address, static_cast<int64_t>(ids.size())};
-  pb::PrefillResponse prefilled;
-  {
-    pb::PrefillRequest pr;
-    pr.set_request_id(req->request_id());
-    pr.mutable_token_ids()->Add(ids.begin(), ids.end());
-    *pr.mutable_sampling() = sampling;
-    pr.set_sequence_id(reserved.sequence_id());
-    pr.set_decode_transport_address(reserved.transport_address());
-    pr.set_reservation_token(reserved.reservation_token());
-    pr.set_build_index(budget != 0);
-    grpc::Status s;
-    for (size_t i = 0; i < prefillers.size(); ++i) {
-      const WorkerInfo& prefiller = prefillers[i];
-      if (i > 0) {  // move the in-flight claim to this worker
-        prefill_->AddInflight(prefill_guard.address, -prefill_guard.n);
-        prefill_->AddInflight(prefiller.address, prefill_guard.n);
-        prefill_guard.address = prefiller.address;
-      }
-      auto c = ctx.WorkerContext();
-      s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
-      if (s.ok()) break;
-      s = grpc::Status(s.error_code(), "prefill on " + prefiller.address + " failed: " + s.error_message());
-      const bool next = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-                        s.error_code() == grpc::StatusCode::UNAVAILABLE;
-      if (!next || ctx.cancelled()) break;
-    }
-    if (!s.ok()) {
-      release();
-      return cluster::FromGrpc(s);
-    }
-  }
-  metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
-
-  // 3. Decode stream; the first token (from prefill) goes to the client right away.
-  waiting.reset();
-  Gauge running(metrics_->running);
-  auto dctx = ctx.WorkerContext();
-  pb::DecodeRequest dr;
-  dr.set_sequence_id(reserved.sequence_id());
-  dr.set_reservation_token(reserved.reservation_token());
-  dr.set_first_token(prefilled.first_token());
-  *dr.mutable_sampling() = sampling;
-  dr.set_max_tokens(req->max_tokens());
-  dr.mutable_stop_token_ids()->CopyFrom(req->stop_token_ids());
-  dr.set_ignore_eos(req->ignore_eos());
-  dr.set_kv_wait_seconds(config_.router.kv_transfer_timeout_seconds);
-  auto reader = decoder.decode->Decode(dctx.get(), dr);
-
   std::unique_ptr<tokenizer::IncrementalDecoder> detok;
   if (tokenizer_) detok = std::make_unique<tokenizer::IncrementalDecoder>(*tokenizer_);
-  // Stop strings with hold-back: the one rule of model/finish_rules.h.
+  // Finish rules (model/finish_rules.h): stop strings with hold-back here; the token rules run on
+  // the decode worker, and here only to tell whether a stream that broke had already ended.
   model::StopStrings stops(std::vector<std::string>(req->stop().begin(), req->stop().end()));
-  int completion = 0;
+  std::vector<int32_t> eos = model_config_.eos_ids;
+  if (tokenizer_) {
+    const std::vector<int32_t> tok_eos = tokenizer_->eos_ids();
+    eos.insert(eos.end(), tok_eos.begin(), tok_eos.end());
+  }
+  const model::TokenStops token_rules(std::vector<int32_t>(req->stop_token_ids().begin(), req->stop_token_ids().end()),
+                                      eos, req->ignore_eos(), req->max_tokens(), model_config_.max_position);
+  std::vector<int32_t> generated;  // every token sent to the client, in order (across migrations)
   Clock::time_point first_at{}, last_at{};
   pb::FinishReason finish = pb::FINISH_REASON_UNSPECIFIED;
   int64_t pages_fetched = 0;
   double retrieval_seconds = 0;
+  pb::PrefillResponse first_prefill;  // the timing the client sees is the first prefill's
+  GaugeHold running;
+  const std::string first_decoder = decoder.address;
 
   // Sends tokens (and their text); returns false when the client is gone.
   auto emit = [&](const std::vector<int32_t>& tokens, bool first) -> bool {
     pb::GenerateResponse out;
     if (first) {
       out.set_request_id(req->request_id());
-      out.set_decode_worker(decoder.address);
+      out.set_decode_worker(first_decoder);
     }
     std::string text;
     for (int32_t t : tokens) {
       if (stops.stopped()) break;
       out.add_token_ids(t);
-      ++completion;
+      generated.push_back(t);
       if (detok) {
         auto piece = detok->Push(t);
         text += stops.Push(piece.ok() ? *piece : std::string());
@@ -422,39 +403,152 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     return sink.Write(out);
   };
 
-  if (!emit({prefilled.first_token()}, /*first=*/true)) {
-    dctx->TryCancel();
-    reader->Finish();
-    release();
-    return CancelledError("client went away");
-  }
-  pb::DecodeResponse dresp;
-  while (!stops.stopped() && reader->Read(&dresp)) {
-    std::vector<int32_t> tokens(dresp.token_ids().begin(), dresp.token_ids().end());
-    if (!tokens.empty() && !emit(tokens, false)) {
-      dctx->TryCancel();
-      break;
+  // 2-3, once per decode worker the request runs on. Migration (as Dynamo does it): when the
+  // decode worker fails mid-stream (UNAVAILABLE: killed, connection lost, drained past its grace
+  // period), the prompt + the tokens so far except the last are prefilled on another pair and
+  // the new Decode call starts from the last token sent, so the client's stream goes on with no
+  // token lost or repeated; max_tokens and the stop strings' hold-back count across the move.
+  int migrations = 0;
+  for (;;) {
+    // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker. A
+    // worker that is full (RESOURCE_EXHAUSTED: nothing done) or unreachable is skipped for the
+    // next one. (A worker that died mid-shipment leaves pages in the reservation: the next
+    // worker's shipment is then refused and the attempt fails, releasing everything.)
+    std::vector<int32_t> context = ids;
+    if (!generated.empty()) context.insert(context.end(), generated.begin(), generated.end() - 1);
+    pb::PrefillResponse prefilled;
+    grpc::Status s;
+    {
+      auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(context.size()));
+      if (prefillers.empty()) {
+        release(5);
+        return UnavailableError("no prefill workers are configured");
+      }
+      InflightGuard prefill_guard{prefill_, prefillers.front().address, static_cast<int64_t>(context.size())};
+      pb::PrefillRequest pr;
+      pr.set_request_id(req->request_id());
+      pr.mutable_token_ids()->Add(context.begin(), context.end());
+      *pr.mutable_sampling() = sampling;
+      pr.set_sequence_id(reserved.sequence_id());
+      pr.set_decode_transport_address(reserved.transport_address());
+      pr.set_reservation_token(reserved.reservation_token());
+      pr.set_build_index(budget != 0);
+      for (size_t i = 0; i < prefillers.size(); ++i) {
+        const WorkerInfo& prefiller = prefillers[i];
+        if (i > 0) {  // move the in-flight claim to this worker
+          prefill_->AddInflight(prefill_guard.address, -prefill_guard.n);
+          prefill_->AddInflight(prefiller.address, prefill_guard.n);
+          prefill_guard.address = prefiller.address;
+        }
+        auto c = ctx.WorkerContext();
+        s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
+        if (s.ok()) break;
+        s = grpc::Status(s.error_code(), "prefill on " + prefiller.address + " failed: " + s.error_message());
+        const bool next = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                          s.error_code() == grpc::StatusCode::UNAVAILABLE;
+        if (!next || ctx.cancelled()) break;
+      }
     }
-    if (dresp.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
-      finish = dresp.finish_reason();
-      pages_fetched = dresp.pages_fetched();
-      retrieval_seconds = dresp.retrieval_seconds();
+    grpc::Status ds;  // the outcome of this attempt's decode call
+    if (!s.ok()) {
+      release(5);
+      // The first prefill's failure is the request's (nothing was sent yet). During a migration
+      // the target decode worker may be what failed: try another one.
+      if (generated.empty() || s.error_code() != grpc::StatusCode::UNAVAILABLE || ctx.cancelled()) {
+        return cluster::FromGrpc(s);
+      }
+      ds = s;
+    } else {
+      if (generated.empty()) {
+        first_prefill = prefilled;
+        metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
+        waiting.Reset();
+        running.Hold(metrics_->running);
+        if (!emit({prefilled.first_token()}, /*first=*/true)) {
+          release(5);
+          return CancelledError("client went away");
+        }
+      } else if (sampling.temperature() == 0 && prefilled.first_token() != generated.back()) {
+        // Greedy: the re-prefill recomputed the last token sent; a different one means logits
+        // that differ in rounding between the two paths (a near tie). The stream keeps the sent one.
+        ICE_LOG(WARNING) << "request " << req->request_id() << ": migration re-prefill predicts token "
+                         << prefilled.first_token() << " where " << generated.back() << " was sent";
+      }
+      // 3. Decode stream from the last token sent.
+      const int sent = static_cast<int>(generated.size());
+      auto dctx = ctx.WorkerContext();
+      pb::DecodeRequest dr;
+      dr.set_sequence_id(reserved.sequence_id());
+      dr.set_reservation_token(reserved.reservation_token());
+      dr.set_first_token(generated.back());
+      *dr.mutable_sampling() = sampling;
+      dr.set_max_tokens(req->max_tokens() - (sent - 1));
+      dr.mutable_stop_token_ids()->CopyFrom(req->stop_token_ids());
+      dr.set_ignore_eos(req->ignore_eos());
+      dr.set_kv_wait_seconds(config_.router.kv_transfer_timeout_seconds);
+      dr.set_sampler_draws_done(sent - 1);  // tokens 2..sent were drawn on decode workers
+      auto reader = decoder.decode->Decode(dctx.get(), dr);
+      pb::DecodeResponse dresp;
+      bool client_gone = false;
+      while (!stops.stopped() && reader->Read(&dresp)) {
+        std::vector<int32_t> tokens(dresp.token_ids().begin(), dresp.token_ids().end());
+        if (!tokens.empty() && !emit(tokens, false)) {
+          dctx->TryCancel();
+          client_gone = true;
+          break;
+        }
+        if (dresp.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
+          finish = dresp.finish_reason();
+          pages_fetched += dresp.pages_fetched();
+          retrieval_seconds += dresp.retrieval_seconds();
+        }
+      }
+      if (stops.stopped()) {
+        dctx->TryCancel();
+        finish = pb::FINISH_REASON_STOP;
+      }
+      ds = reader->Finish();
+      if (stops.stopped() || ds.ok()) break;
+      // A Decode that failed before it took the reservation over (refused parameters, KV that
+      // never arrived, a worker that went away) must not leave it held until it expires.
+      release(migrations < config_.router.max_migrations ? 1 : 5);
+      if (client_gone || ctx.cancelled()) return CancelledError("request cancelled by the client");
+      ds = grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message());
+      // The stream may have ended by a token rule before the failure reached us (the finish
+      // response lost): then there is nothing to continue.
+      const model::FinishReason done = token_rules.After(generated.back(), static_cast<int>(generated.size()),
+                                                         static_cast<int64_t>(ids.size() + generated.size()));
+      if (done != model::FinishReason::kNone) {
+        finish = done == model::FinishReason::kStop ? pb::FINISH_REASON_EOS : pb::FINISH_REASON_LENGTH;
+        break;
+      }
+      if (ds.error_code() != grpc::StatusCode::UNAVAILABLE) return cluster::FromGrpc(ds);
     }
-  }
-  if (stops.stopped()) {
-    dctx->TryCancel();
-    finish = pb::FINISH_REASON_STOP;
-  }
-  grpc::Status ds = reader->Finish();
-  // A Decode that failed before it took the reservation over (refused parameters, KV that
-  // never arrived, a worker that went away) must not leave it held until it expires. Release
-  // of a sequence that has already ended is a no-op on the worker.
-  if (!ds.ok()) release();
-  if (!stops.stopped() && !ds.ok()) {
-    if (ctx.cancelled()) return CancelledError("request cancelled by the client");
-    return cluster::FromGrpc(grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message()));
+    // Migrate: a new reservation on another decode worker for prompt + tokens so far.
+    if (migrations >= config_.router.max_migrations) {
+      return UnavailableError(ds.error_message() + "; gave up after " + std::to_string(migrations) +
+                              " migrations (router.max_migrations) with " + std::to_string(generated.size()) +
+                              " tokens sent");
+    }
+    lost.push_back(decoder.address);
+    decode_->AddInflight(decode_guard.address, -decode_guard.n);
+    decode_guard.n = 0;
+    reserve_prompt = static_cast<int>(ids.size() + generated.size() - 1);
+    reserve_max = req->max_tokens() - static_cast<int>(generated.size() - 1);
+    if (Status again = admit(); !again.ok()) {
+      if (ctx.cancelled()) return CancelledError("request cancelled by the client");
+      return UnavailableError(ds.error_message() + "; no other decode worker could continue the stream after " +
+                              std::to_string(generated.size()) + " tokens: " + again.message());
+    }
+    decode_guard.address = decoder.address;
+    decode_guard.n = 1;
+    ++migrations;
+    metrics_->migrations.Increment();
+    ICE_LOG(INFO) << "request " << req->request_id() << ": migrated to decode worker " << decoder.address
+                  << " after " << generated.size() << " tokens (" << ds.error_message() << ")";
   }
   if (finish == pb::FINISH_REASON_UNSPECIFIED) finish = pb::FINISH_REASON_LENGTH;
+  const int completion = static_cast<int>(generated.size());
 
   pb::GenerateResponse last;
   if (detok && !stops.stopped()) {
@@ -476,11 +570,11 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   t->set_tpot_seconds(completion > 1 ? std::chrono::duration<double>(last_at - first_at).count() / (completion - 1)
                                      : 0.0);
   t->set_e2e_seconds(e2e);
-  t->set_prefill_queue_seconds(prefilled.queue_seconds());
-  t->set_prefill_compute_seconds(prefilled.compute_seconds());
-  t->set_tree_build_seconds(prefilled.tree_build_seconds());
-  t->set_transfer_seconds(prefilled.transfer_seconds());
-  t->set_transfer_bytes(prefilled.transfer_bytes());
+  t->set_prefill_queue_seconds(first_prefill.queue_seconds());
+  t->set_prefill_compute_seconds(first_prefill.compute_seconds());
+  t->set_tree_build_seconds(first_prefill.tree_build_seconds());
+  t->set_transfer_seconds(first_prefill.transfer_seconds());
+  t->set_transfer_bytes(first_prefill.transfer_bytes());
   t->set_pages_fetched(pages_fetched);
   t->set_retrieval_seconds(retrieval_seconds);
   sink.Write(last);

@@ -120,6 +120,12 @@ class RequestPath {
   // maps to no GenerateRequest), so that every refused request is in icecache_request_errors_total.
   void CountRefused(const Status& status);
 
+  // Draining (SIGTERM): from now on Generate refuses new requests with UNAVAILABLE; requests in
+  // progress carry on.
+  void StopAdmitting() { draining_ = true; }
+  // Requests in Generate now.
+  int active_streams() const { return streams_.load(); }
+
   const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const model::ModelConfig& model_config() const { return model_config_; }
   const cluster::ClusterConfig& config() const { return config_; }
@@ -138,6 +144,7 @@ class RequestPath {
   AdmissionQueue* const admission_;
   std::unique_ptr<Metrics> metrics_;
   std::atomic<int> streams_{0};  // requests in progress (limit: router.max_streams)
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace icecache::router

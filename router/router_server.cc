@@ -57,6 +57,7 @@ struct RouterServer::Impl {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HttpServer> http;
   std::atomic<bool> serving{false};  // the health state, for the HTTP /health too
+  std::atomic<bool> draining{false};
   std::string host;
   int port = 0;
   int metrics_port = 0;
@@ -115,7 +116,7 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
   }
   Impl* raw = impl.get();
   auto update_health = [raw] {
-    bool serving = raw->prefill->AnyHealthy() && raw->decode->AnyHealthy();
+    bool serving = !raw->draining && raw->prefill->AnyHealthy() && raw->decode->AnyHealthy();
     raw->serving = serving;
     if (auto* h = raw->server->GetHealthCheckService()) {
       h->SetServingStatus(serving);
@@ -150,6 +151,26 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
 }
 
 RouterServer::~RouterServer() { Shutdown(); }
+
+bool RouterServer::Drain(double seconds) {
+  impl_->draining = true;
+  impl_->serving = false;
+  impl_->path->StopAdmitting();
+  if (auto* h = impl_->server->GetHealthCheckService()) {
+    h->SetServingStatus(false);
+    h->SetServingStatus("icecache.v1.Generation", false);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->path->active_streams() > 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ICE_LOG(WARNING) << "drain: " << impl_->path->active_streams() << " streams still running after " << seconds
+                       << " s; stopping anyway";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 void RouterServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {

@@ -36,6 +36,10 @@ class RouterServer {
   // Requests waiting in the admission queue for a decode worker with room now.
   int queued_requests() const;
   void Wait();
+  // Graceful stop, step one (SIGTERM): reports NOT_SERVING (gRPC health and HTTP /health), refuses
+  // new requests with UNAVAILABLE and waits up to `seconds` for the streams in progress to end.
+  // Returns true when none is left. Shutdown() must still follow.
+  bool Drain(double seconds);
   void Shutdown();
 
  private:

@@ -225,7 +225,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
                                          "stats_refresh_seconds", "request_timeout_seconds",
                                          "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
                                          "max_streams", "http_port", "http_threads",
-                                         "api_keys", "tls_cert_file", "tls_key_file"}));
+                                         "api_keys", "tls_cert_file", "tls_key_file", "max_migrations",
+                                         "drain_seconds"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -241,6 +242,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("http_port", &c.router.http_port, 0, 65535));
   ICE_RETURN_IF_ERROR(router.Number("http_threads", &c.router.http_threads, 1, 1 << 16));
   ICE_RETURN_IF_ERROR(router.StringList("api_keys", &c.router.api_keys));
+  ICE_RETURN_IF_ERROR(router.Number("max_migrations", &c.router.max_migrations, 0, 64));
+  ICE_RETURN_IF_ERROR(router.Number("drain_seconds", &c.router.drain_seconds, 0.0, 86400.0));
   for (const auto& k : c.router.api_keys) {
     if (k.empty() || k.find_first_of(" \t\r\n") != std::string::npos) {
       return InvalidArgumentError(origin + ": router.api_keys: a key must be non-empty and hold no whitespace");
@@ -257,7 +260,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   MapReader prefill = top.Sub("prefill");
   ICE_RETURN_IF_ERROR(prefill.CheckShape(
       {"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "max_queued_requests",
-       "health_stall_seconds", "device"}));
+       "health_stall_seconds", "device", "drain_seconds"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
@@ -266,6 +269,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(prefill.Number("max_queued_requests", &c.prefill.max_queued_requests, 1, 1 << 24));
   ICE_RETURN_IF_ERROR(prefill.Number("health_stall_seconds", &c.prefill.health_stall_seconds, 0.001, 86400.0));
   ICE_RETURN_IF_ERROR(prefill.String("device", &c.prefill.device));
+  ICE_RETURN_IF_ERROR(prefill.Number("drain_seconds", &c.prefill.drain_seconds, 0.0, 86400.0));
   if (auto d = kernels::ParseDevice(c.prefill.device); !d.ok()) {
     return InvalidArgumentError(origin + ": prefill.device: " + d.status().message());
   }
@@ -446,6 +450,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << c.router.api_keys;
   out << YAML::Key << "tls_cert_file" << YAML::Value << c.router.tls_cert_file;
   out << YAML::Key << "tls_key_file" << YAML::Value << c.router.tls_key_file;
+  out << YAML::Key << "max_migrations" << YAML::Value << c.router.max_migrations;
+  out << YAML::Key << "drain_seconds" << YAML::Value << c.router.drain_seconds;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;
@@ -455,7 +461,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "overlap_tree_build" << YAML::Value << c.prefill.overlap_tree_build;
   out << YAML::Key << "max_queued_requests" << YAML::Value << c.prefill.max_queued_requests;
   out << YAML::Key << "health_stall_seconds" << YAML::Value << c.prefill.health_stall_seconds;
-  out << YAML::Key << "device" << YAML::Value << c.prefill.device << YAML::EndMap;
+  out << YAML::Key << "device" << YAML::Value << c.prefill.device;
+  out << YAML::Key << "drain_seconds" << YAML::Value << c.prefill.drain_seconds << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;

@@ -106,6 +106,13 @@ struct RouterSection {
   std::string tls_cert_file;
   std::string tls_key_file;
   bool tls_enabled() const { return !tls_cert_file.empty(); }
+  // A decode worker that fails mid-stream (UNAVAILABLE: killed, gone, drained past its grace
+  // period): the request is re-prefilled (prompt + tokens so far) on another prefill/decode pair
+  // and the stream continues, at most this many times per request (0 = end with UNAVAILABLE).
+  int max_migrations = 3;
+  // SIGTERM: report NOT_SERVING, refuse new requests with UNAVAILABLE and let streams in progress
+  // finish for up to this long, then stop.
+  double drain_seconds = 30;
 };
 
 struct PrefillSection {
@@ -124,6 +131,9 @@ struct PrefillSection {
   double health_stall_seconds = 120;
   // Execution device (kernels::ParseDevice): auto (a GPU when one is present), cpu, cuda or cuda:N.
   std::string device = "auto";
+  // SIGTERM: report NOT_SERVING, refuse queued and new prompts with UNAVAILABLE (the router tries
+  // another prefill worker), finish the batch in progress for up to this long, then stop.
+  double drain_seconds = 30;
 };
 
 struct DecodeSection {
@@ -140,8 +150,9 @@ struct DecodeSection {
   // long (a stuck forward pass or a wedged thread).
   double health_stall_seconds = 30;
   // SIGTERM: stop admitting, report NOT_SERVING, let running sequences finish for up to this
-  // long, then stop (`icecache cluster` sends SIGKILL 10 s after SIGTERM).
-  double drain_seconds = 5;
+  // long, then end the rest with UNAVAILABLE (routers migrate them) and stop. `icecache cluster`
+  // and the Helm chart wait the longest drain_seconds + 10 s before SIGKILL.
+  double drain_seconds = 30;
 };
 
 struct UcxSection {

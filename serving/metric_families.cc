@@ -79,7 +79,9 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const prometheus::Labels& 
                  .Name("icecache_request_errors_total")
                  .Help("Failed requests by gRPC status code")
                  .Labels(p)
-                 .Register(r)) {}
+                 .Register(r)),
+      migrations(Counter(r, p, "icecache_request_migrations_total",
+                         "Streams moved to another prefill/decode pair after their decode worker failed")) {}
 
 PrefillMetrics::PrefillMetrics(prometheus::Registry& r, const prometheus::Labels& p)
     : prompt_tokens(Counter(r, p, "icecache_prefill_tokens_total", "Prompt tokens prefilled by this worker")),

@@ -53,6 +53,9 @@ struct RouterMetrics {
   prometheus::Counter& generation_tokens;  // icecache_generation_tokens_total
   prometheus::Family<prometheus::Counter>& success;  // icecache_request_success_total{finished_reason}
   prometheus::Family<prometheus::Counter>& errors;   // icecache_request_errors_total{code}
+  // icecache_request_migrations_total: streams moved to another prefill/decode pair after their
+  // decode worker failed mid-stream (one per move; a request may move more than once).
+  prometheus::Counter& migrations;
 };
 
 struct PrefillMetrics {

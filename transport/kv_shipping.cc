@@ -36,7 +36,7 @@ std::string DTypeLabel(uint32_t d) {
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
                                    std::string_view token, const kvstore::SequenceWire& wire,
                                    const kvstore::PagePool& pool, size_t max_segment_bytes,
-                                   Clock::time_point deadline) {
+                                   Clock::time_point deadline, bool notice_sent) {
   if (token.size() != kKvTokenBytes) {
     return InvalidArgumentError("reservation token has " + std::to_string(token.size()) + " bytes, expected " +
                                 std::to_string(kKvTokenBytes));
@@ -60,12 +60,19 @@ StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer
     s += k;
   }
   ICE_RETURN_IF_ERROR(transport.Send(peer, id, segments, deadline));
-  ICE_RETURN_IF_ERROR(transport.Finish(peer, id, static_cast<uint32_t>(segments.size()), deadline));
+  ICE_RETURN_IF_ERROR(transport.Finish(peer, id, static_cast<uint32_t>(segments.size() + (notice_sent ? 1 : 0)),
+                                       deadline));
   KvShipStats st;
   st.segments = static_cast<int64_t>(segments.size());
   st.pages = static_cast<int64_t>(wire.pages.size());
   st.bytes = static_cast<int64_t>(first.size() + wire.pages.size() * page_bytes);
   return st;
+}
+
+Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_t id, Clock::time_point deadline) {
+  static const uint8_t kByte = 1;
+  const Segment notice{kPrefillStartedSegment, &kByte, 1};
+  return transport.Send(peer, id, std::span<const Segment>(&notice, 1), deadline);
 }
 
 ScatterSink KvReceiver::Sink() {
@@ -74,6 +81,11 @@ ScatterSink KvReceiver::Sink() {
 
 StatusOr<std::vector<Destination>> KvReceiver::Receive(uint32_t index, size_t bytes) {
   const size_t page_bytes = pool_->page_bytes();
+  if (index == kPrefillStartedSegment) {
+    if (bytes != 1 || prefill_started_ns() != 0) return InvalidArgumentError("bad or repeated prefill start notice");
+    prefill_started_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+    return std::vector<Destination>{{&notice_, 1}};
+  }
   if (index == 0) {
     if (!metadata_.empty()) return InvalidArgumentError("sequence metadata sent twice");
     if (bytes < sizeof(KvShipHeader)) {

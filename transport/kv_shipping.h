@@ -7,7 +7,10 @@
 //                  SequenceCache metadata (SequenceWire::metadata);
 //   segment 1 + s  a run of k >= 1 pages: wire pages s .. s+k-1 (SequenceWire::pages order),
 //                  k * page_bytes bytes, the pages back to back.
-//   Finish         the number of segments sent (1 + runs).
+//   Finish         the number of segments sent (1 + runs, + 1 with the start notice).
+//   segment kPrefillStartedSegment (optional, first): one byte, sent when the prefill of the
+//                  sequence starts (SendPrefillStarted); the receiver's reservation clock starts
+//                  then (decode_worker/decode_engine.h).
 // The sender makes a run of pages that are consecutive both in the wire order and in its pool
 // (one contiguous source buffer), up to max_segment_bytes; the receiver allocates a run's pages
 // in its own pool (sorted ascending, so that they are often adjacent) and receives the segment
@@ -21,6 +24,8 @@
 // transfer whose header never arrived (DATA_LOSS); the pages received stay with the receiver
 // until Release. (The sink cannot read the header: it lands zero-copy after the sink returned.)
 #pragma once
+
+#include <atomic>
 
 #include <cstddef>
 #include <cstdint>
@@ -47,10 +52,15 @@ struct KvShipStats {
 // max(max_segment_bytes, one page). Errors are the transport's (see Transport::Send).
 // `token` is the reservation token (kKvTokenBytes bytes; INVALID_ARGUMENT otherwise).
 inline constexpr size_t kKvTokenBytes = 16;
+// `notice_sent`: SendPrefillStarted was sent for this transfer (Finish then counts it).
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
                                    std::string_view token, const kvstore::SequenceWire& wire,
                                    const kvstore::PagePool& pool, size_t max_segment_bytes,
-                                   Clock::time_point deadline);
+                                   Clock::time_point deadline, bool notice_sent = false);
+
+// The start notice: tells the receiver of transfer `id` that its prefill has started.
+inline constexpr uint32_t kPrefillStartedSegment = 0xFFFFFFFFu;
+Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_t id, Clock::time_point deadline);
 
 // The receiving half of one transfer into `pool` (not owned, must outlive this).
 // Thread safety: Sink()'s function runs on the transport's progress thread while the transfer is
@@ -75,6 +85,9 @@ class KvReceiver {
   // Frees the pages received and not imported.
   void Release();
 
+  // When the start notice arrived (Clock's epoch count; 0 = not yet). Any thread, any time.
+  int64_t prefill_started_ns() const { return prefill_started_ns_.load(std::memory_order_acquire); }
+
  private:
   StatusOr<std::vector<Destination>> Receive(uint32_t index, size_t bytes);
 
@@ -82,6 +95,8 @@ class KvReceiver {
   const std::string token_;
   std::vector<uint8_t> metadata_;  // segment 0: header + SequenceCache metadata
   std::vector<int32_t> pages_;     // pages_[s] = pool page holding wire page s, -1: not arrived
+  uint8_t notice_ = 0;             // where the start notice's byte lands
+  std::atomic<int64_t> prefill_started_ns_{0};
 };
 
 }  // namespace icecache::transport

@@ -635,6 +635,66 @@ TEST(ClusterDrain, DrainRefusesNewWorkAndLetsRunningStreamsFinish) {
   ExpectDecodeIdle(*c->decode[0]);
 }
 
+// Router drain (SIGTERM): NOT_SERVING at once, a new request is UNAVAILABLE naming the drain,
+// the stream in progress finishes with all its tokens, then Drain returns.
+TEST(ClusterDrain, RouterDrainRefusesNewRequestsAndFinishesStreams) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  const std::vector<int32_t> prompt = Prompt(20, 4);
+  constexpr int kTokens = 600;
+  std::atomic<int> streamed{0};
+  Result running;
+  std::thread t([&] {
+    RemoteGenerateOptions o;
+    o.prompt_ids = prompt;
+    o.max_tokens = kTokens;
+    o.ignore_eos = true;
+    o.budget_pages = 0;
+    running = Generate(c->router->address(), o, &streamed);
+  });
+  ASSERT_TRUE(WaitFor([&] { return streamed > 0; }, 60));
+  bool drained = false;
+  std::thread drain([&] { drained = c->router->Drain(60); });
+  ASSERT_TRUE(WaitFor([&] { return !router::CheckHealth(c->router->address(), "", 5).ok(); }, 10));
+  RemoteGenerateOptions late;
+  late.prompt_ids = Prompt(8, 5);
+  late.max_tokens = 4;
+  Result refused = Generate(c->router->address(), late);
+  const bool was_running = streamed < kTokens;
+  drain.join();
+  t.join();
+  EXPECT_EQ(refused.status.code(), StatusCode::kUnavailable) << refused.status.ToString();
+  EXPECT_NE(refused.status.message().find("draining"), std::string::npos) << refused.status.ToString();
+  EXPECT_TRUE(was_running) << "the stream ended before the drain began: the test proves nothing";
+  EXPECT_TRUE(drained);
+  ASSERT_TRUE(running.status.ok()) << running.status.ToString();
+  EXPECT_EQ(running.tokens, SingleProcessGreedy(::testing::TempDir() + "/icecache_cluster_model_failure", prompt,
+                                                kTokens));
+}
+
+// Prefill drain: the drained worker reports NOT_SERVING and refuses prompts with UNAVAILABLE, so
+// the router sends every request to the other prefill worker and all of them complete.
+TEST(ClusterDrain, DrainedPrefillWorkerIsSkippedByTheRouter) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 2, 1, "tcp,sm,self");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->prefill[0]->Drain(5));  // nothing running: returns at once
+  EXPECT_TRUE(WaitFor([&] { return !router::CheckHealth(c->prefill[0]->address(), "", 5).ok(); }, 10));
+  const auto before = c->prefill[1]->engine_stats().completed;
+  for (int i = 0; i < 6; ++i) {
+    RemoteGenerateOptions o;
+    o.prompt_ids = Prompt(10 + i, 30 + i);
+    o.max_tokens = 3;
+    o.ignore_eos = true;
+    o.router = c->router->address();
+    Result r = Generate(c->router->address(), o);
+    EXPECT_TRUE(r.status.ok()) << i << ": " << r.status.ToString();
+    EXPECT_EQ(r.tokens.size(), 3u);
+  }
+  EXPECT_EQ(c->prefill[1]->engine_stats().completed - before, 6);
+  EXPECT_EQ(c->prefill[0]->engine_stats().completed, 0);
+  ExpectDecodeIdle(*c->decode[0]);
+}
+
 // Health follows the engine loops' heartbeats: with a stall limit below the loops' idle wake-up
 // (200 ms) idle workers read as stalled (NOT_SERVING, Stats UNAVAILABLE, so the router is not
 // SERVING either); with the defaults they serve. (A real stall cannot be produced on demand; this checks the wiring both ways.)

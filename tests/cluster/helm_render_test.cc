@@ -5,6 +5,8 @@
 // the templates make of it. Skipped when the renderer could not run (no Go / no apt).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -77,6 +79,29 @@ TEST_P(HelmRender, EveryIcecacheContainerGetsTheEnvironment) {
     ++n;
   }
   EXPECT_EQ(n, 3u) << "one per router, prefill and decode container";
+}
+
+// Each Deployment gives its pods drain_seconds + 10 s between SIGTERM and SIGKILL, so a drain
+// (stop admitting, finish streams) runs to its end.
+TEST_P(HelmRender, TerminationGraceCoversTheDrain) {
+  const std::string path = std::string(ICECACHE_BINARY_DIR) + "/helm-render/" + GetParam() + "/rendered.yaml";
+  std::string text;
+  if (!ReadFile(path, &text)) GTEST_SKIP() << path << " is missing (see ConfigMapLoadsInTheConfigParser)";
+  auto c = LoadClusterConfig(RenderedConfig(GetParam()));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // Deployments render in template order: decode.yaml, prefill.yaml, router.yaml.
+  const double drains[] = {c->decode.drain_seconds, c->prefill.drain_seconds, c->router.drain_seconds};
+  const std::string key = "terminationGracePeriodSeconds: ";
+  size_t at = 0;
+  int found = 0;
+  for (double d : drains) {
+    at = text.find(key, at);
+    ASSERT_NE(at, std::string::npos) << "Deployment " << found << " has no terminationGracePeriodSeconds";
+    at += key.size();
+    EXPECT_EQ(std::atoi(text.c_str() + at), static_cast<int>(std::ceil(d)) + 10) << "Deployment " << found;
+    ++found;
+  }
+  EXPECT_EQ(text.find(key, at), std::string::npos) << "more than three Deployments";
 }
 
 INSTANTIATE_TEST_SUITE_P(ValuesSets, HelmRender, ::testing::Values("default", "gpu", "init"),

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <thread>
 
 #include "decode_worker/decode_engine.h"
 #include "model/model.h"
@@ -133,6 +135,57 @@ TEST_F(TransportFaultTest, SlowPeerStillDelivers) {
   while ((*stream)->Next(&u, 10s) && !u.done) {
   }
   EXPECT_TRUE(u.done && u.status.ok()) << u.status.ToString();
+  ExpectIdle();
+}
+
+// Polls `done` every 20 ms for up to `seconds`.
+bool WaitFor(const std::function<bool()>& done, double seconds) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  while (!done()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// The reservation clock starts when its prefill starts: a reservation whose prefill has not
+// begun outlives the 1 s reservation timeout (it waits up to its prefill_wait); once the prefill
+// worker's start notice has arrived, the timeout runs, and a reservation nobody decodes is
+// dropped with all its pages.
+TEST_F(TransportFaultTest, ReservationClockStartsWhenItsPrefillStarts) {
+  decode_.reset();
+  decode::DecodeEngineOptions d;
+  d.pool_pages = 2000;
+  d.reservation_timeout_seconds = 1;
+  decode_ = decode::DecodeEngine::Create(model_.get(), decode_faults_.get(), d).value();
+  auto a = decode_->Reserve(40, 4, 0, /*prefill_wait_seconds=*/120).value();
+  std::this_thread::sleep_for(2500ms);  // the reaper runs every second
+  EXPECT_EQ(decode_->stats().active_sequences, 1) << "expired before its prefill started";
+  ASSERT_TRUE(Prefill(a, 40).ok());  // sends the start notice, then the KV; no Decode follows
+  EXPECT_TRUE(WaitFor([&] { return decode_->stats().active_sequences == 0; }, 30))
+      << "a prefilled reservation nobody decodes must expire reservation_timeout_seconds after its prefill started";
+  ExpectIdle();
+}
+
+// Without a start notice the reservation waits its prefill_wait, then goes.
+TEST_F(TransportFaultTest, ReservationWithoutPrefillExpiresAfterItsPrefillWait) {
+  auto a = decode_->Reserve(40, 4, 0, /*prefill_wait_seconds=*/0.3);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(WaitFor([&] { return decode_->stats().active_sequences == 0; }, 30));
+  ExpectIdle();
+  EXPECT_EQ(decode_->Release(a->id, a->token).code(), StatusCode::kNotFound);
+}
+
+// Draining: prompts after StopAdmitting are refused with UNAVAILABLE (the router tries another
+// prefill worker) and nothing is shipped.
+TEST_F(TransportFaultTest, DrainingPrefillEngineRefusesPromptsWithUnavailable) {
+  auto a = decode_->Reserve(40, 4, 0).value();
+  prefill_->StopAdmitting();
+  auto r = Prefill(a, 40);
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("draining"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(decode_->stats().used_pages, 0);
+  EXPECT_TRUE(decode_->Release(a.id, a.token).ok());
   ExpectIdle();
 }
 

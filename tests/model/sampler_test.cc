@@ -56,6 +56,28 @@ TEST(Sampler, SeededRunsAreReproducibleAndSeedsDiffer) {
   EXPECT_NE(draw(p), draw(q));
 }
 
+// A sequence continued elsewhere (migration) skips the draws its earlier tokens used: the
+// continuation equals the uninterrupted run's tail; without the skip it does not.
+TEST(Sampler, SkipDrawsContinuesTheSameRandomStream) {
+  auto logits = RandomLogits(500, 9);
+  SamplingParams p;
+  p.temperature = 1.f;
+  p.seed = 77;
+  Sampler whole(p, kHost);
+  std::vector<int32_t> all;
+  for (int i = 0; i < 80; ++i) all.push_back(*whole.Sample(logits, {}));
+  Sampler resumed(p, kHost);
+  resumed.SkipDraws(30);
+  Sampler fresh(p, kHost);
+  std::vector<int32_t> tail, unskipped;
+  for (int i = 0; i < 50; ++i) {
+    tail.push_back(*resumed.Sample(logits, {}));
+    unskipped.push_back(*fresh.Sample(logits, {}));
+  }
+  EXPECT_EQ(tail, std::vector<int32_t>(all.begin() + 30, all.end()));
+  EXPECT_NE(unskipped, tail);
+}
+
 // Empirical frequencies of temperature/top-k/top-p sampling against the exact distribution.
 TEST(Sampler, DistributionMatchesTopKTopP) {
   std::vector<float> logits = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f};

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,11 +66,14 @@ pid_t Spawn(const std::string& binary, const std::vector<std::string>& args) {
   return pid;
 }
 
-void StopAll(std::vector<Child>& children) {
+// SIGTERM to every child (each drains for its *.drain_seconds), SIGKILL to those still there after
+// `grace_seconds`.
+void StopAll(std::vector<Child>& children, double grace_seconds) {
   for (auto& c : children) {
     if (c.pid > 0) kill(c.pid, SIGTERM);
   }
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto until = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(grace_seconds));
   for (auto& c : children) {
     while (c.pid > 0) {
       int status = 0;
@@ -288,7 +292,10 @@ int RunCluster(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(serving ? 200 : 50));
   }
-  StopAll(children);
+  // The longest drain of any child, plus time to stop after it (the chart's
+  // terminationGracePeriodSeconds follows the same rule).
+  StopAll(children, std::max({parsed->router.drain_seconds, parsed->prefill.drain_seconds,
+                              parsed->decode.drain_seconds}) + 10);
   return exit_code;
 }
 

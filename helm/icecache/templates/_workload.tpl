@@ -40,7 +40,9 @@ spec:
       {{- with include "icecache.scheduling" (dict "root" $root "component" $component) | trim }}
       {{- . | nindent 6 }}
       {{- end }}
-      terminationGracePeriodSeconds: {{ $c.terminationGracePeriodSeconds | default 30 }}
+      {{- /* The process drains for config.<component>.drain_seconds after SIGTERM (default 30). */}}
+      {{- $drain := (index $root.Values.config $component).drain_seconds | default 30 }}
+      terminationGracePeriodSeconds: {{ $c.terminationGracePeriodSeconds | default (add (ceil $drain | int) 10) }}
       {{- with include "icecache.modelInitContainer" $root | trim }}
       {{- . | nindent 6 }}
       {{- end }}

@@ -1,0 +1,361 @@
+// `icecache-bench soak`: a bounded chaos run of a cluster of real processes on loopback. This
+// program is the supervisor: it starts icecache-router, 2 icecache-prefill and 2 icecache-decode
+// (found next to itself), kill -9s a decode or a prefill worker every --kill-every seconds and
+// starts it again on the same port, while --clients threads stream greedy requests (budget full)
+// of random lengths, a share of them cancelled by the client mid-stream. Every request is then
+// accounted for against the uninterrupted greedy reference of its prompt (taken before the first
+// kill): completed with exactly the reference tokens, cancelled by the client, or ended with a clear
+// error (a non-empty message) after a prefix of the reference. Wrong, lost or duplicated tokens,
+// a success without a final response, pools not back to zero or router fds/threads growing make
+// the exit code 1.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/workload.h"
+#include "client/client.h"
+#include "kernels/dtype.h"
+#include "model/random_checkpoint.h"
+
+namespace icecache::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Child {
+  std::string binary, name, address;
+  std::vector<std::string> args;
+  pid_t pid = -1;
+};
+
+pid_t SpawnChild(const Child& c, const std::string& log) {
+  std::vector<std::string> all = {c.binary};
+  all.insert(all.end(), c.args.begin(), c.args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// Sum over the lines of metric `name` (any labels); -1 when absent.
+double Metric(int port, const std::string& name) {
+  const std::string text = HttpGet(port, "/metrics");
+  double sum = -1;
+  size_t at = 0;
+  while ((at = text.find(name, at)) != std::string::npos) {
+    const size_t after = at + name.size();
+    if ((at == 0 || text[at - 1] == '\n') && after < text.size() && (text[after] == '{' || text[after] == ' ')) {
+      const size_t end = text.find('\n', after);
+      const std::string line = text.substr(after, end - after);
+      sum = std::max(sum, 0.0) + std::atof(line.substr(line.rfind(' ') + 1).c_str());
+    }
+    at = after;
+  }
+  return sum;
+}
+
+int CountEntries(const std::string& dir) {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++n;
+  return n;
+}
+
+struct Counts {
+  int64_t completed = 0;       // OK with exactly the reference tokens
+  int64_t cancelled = 0;       // cancelled by the client, prefix of the reference
+  int64_t clear_errors = 0;    // a non-OK status with a message, prefix of the reference
+  int64_t wrong_tokens = 0;    // a token differs from the reference
+  int64_t lost_or_dup = 0;     // OK with more or fewer tokens than asked
+  int64_t no_final = 0;        // OK without a final response
+  int64_t tokens = 0;
+  std::map<std::string, int64_t> error_codes;
+};
+
+int RunSoak(int argc, char** argv) {
+  double seconds = 60, kill_every = 8;
+  int clients = 6, max_tokens = 300, prompts = 8;
+  double cancel_share = 0.15;
+  int port = 0;
+  std::string model;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--seconds") seconds = std::atof(next());
+    else if (a == "--clients") clients = std::atoi(next());
+    else if (a == "--kill-every") kill_every = std::atof(next());
+    else if (a == "--max-tokens") max_tokens = std::atoi(next());
+    else if (a == "--cancel-share") cancel_share = std::atof(next());
+    else if (a == "--port") port = std::atoi(next());
+    else if (a == "--model") model = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: icecache-bench soak [--seconds S (60)] [--clients C (6)] [--kill-every S (8)]\n"
+                   "         [--max-tokens N (300)] [--cancel-share F (0.15)] [--port BASE (52300)] [--model DIR]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (port == 0) port = 52300;
+  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
+  const std::string work = fs::temp_directory_path() / ("icecache-soak-" + std::to_string(getpid()));
+  fs::create_directories(work);
+  if (model.empty()) {
+    model = work + "/model";
+    model::RandomModelSpec spec;
+    spec.hidden = 256;
+    spec.layers = 6;
+    spec.heads = 4;
+    spec.kv_heads = 2;
+    spec.vocab = 320;
+    spec.max_position = 4096;
+    spec.dtype = kernels::DType::kF32;
+    spec.seed = 11;
+    if (Status s = model::WriteRandomCheckpoint(model, spec); !s.ok()) {
+      std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  const std::vector<std::string> common = {"--model", model, "--set", "cache.kv_dtype=f32", "--set", "cache.page_size=4",
+                                           "--set", "ucx.net_devices=lo", "--set", "ucx.transfer_timeout_seconds=10"};
+  std::vector<Child> children;
+  auto add = [&](const std::string& binary, const std::string& name, int p, std::vector<std::string> extra) {
+    Child c;
+    c.binary = (bin / binary).string();
+    c.name = name;
+    c.address = "127.0.0.1:" + std::to_string(p);
+    c.args = {"--listen", c.address};
+    c.args.insert(c.args.end(), common.begin(), common.end());
+    c.args.insert(c.args.end(), extra.begin(), extra.end());
+    children.push_back(c);
+  };
+  add("icecache-prefill", "prefill0", port + 1, {"--set", "prefill.threads=1"});
+  add("icecache-prefill", "prefill1", port + 2, {"--set", "prefill.threads=1"});
+  add("icecache-decode", "decode0", port + 3, {"--set", "decode.threads=1", "--set", "decode.pool_pages=30000",
+                                              "--metrics-port", std::to_string(port + 11)});
+  add("icecache-decode", "decode1", port + 4, {"--set", "decode.threads=1", "--set", "decode.pool_pages=30000",
+                                              "--metrics-port", std::to_string(port + 12)});
+  const int router_metrics = port + 10;
+  add("icecache-router", "router", port,
+      {"--metrics-port", std::to_string(router_metrics), "--set",
+       "router.prefill.addresses=" + children[0].address + "," + children[1].address, "--set",
+       "router.decode.addresses=" + children[2].address + "," + children[3].address, "--set",
+       "router.stats_refresh_seconds=0.1"});
+  for (auto& c : children) c.pid = SpawnChild(c, work + "/" + c.name + ".log");
+  const std::string router = children.back().address;
+  const pid_t router_pid = children.back().pid;
+  auto stop_all = [&] {
+    for (auto& c : children) {
+      if (c.pid > 0) kill(c.pid, SIGKILL);
+    }
+    for (auto& c : children) {
+      if (c.pid > 0) waitpid(c.pid, nullptr, 0);
+    }
+  };
+  bool healthy = false;
+  for (int i = 0; i < 600 && !healthy; ++i) {
+    healthy = router::CheckHealth(router, "", 1).ok();
+    if (!healthy) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!healthy) {
+    std::fprintf(stderr, "soak: the cluster did not become healthy (logs in %s)\n", work.c_str());
+    stop_all();
+    return 1;
+  }
+
+  auto prompt_of = [](int p) {
+    std::vector<int32_t> ids;
+    for (int k = 0; k < 6 + 5 * p; ++k) ids.push_back((13 + 29 * k + 11 * p) % 300 + 1);
+    return ids;
+  };
+  auto request = [&](int p, int n) {
+    router::RemoteGenerateOptions o;
+    o.router = router;
+    o.prompt_ids = prompt_of(p);
+    o.max_tokens = n;
+    o.ignore_eos = true;
+    o.budget_pages = 0;
+    o.timeout_seconds = 300;
+    return o;
+  };
+  // References: each prompt once, uninterrupted, at the longest length (greedy: every shorter
+  // request's tokens are a prefix).
+  std::vector<std::vector<int32_t>> reference(prompts);
+  for (int p = 0; p < prompts; ++p) {
+    Status s = router::RunRemoteGenerate(request(p, max_tokens), [&](const router::RemoteChunk& c) {
+      reference[p].insert(reference[p].end(), c.token_ids.begin(), c.token_ids.end());
+      return true;
+    });
+    if (!s.ok() || static_cast<int>(reference[p].size()) != max_tokens) {
+      std::fprintf(stderr, "soak: reference run failed: %s\n", s.ToString().c_str());
+      stop_all();
+      return 1;
+    }
+  }
+  const int fds_before = CountEntries("/proc/" + std::to_string(router_pid) + "/fd");
+  const int threads_before = CountEntries("/proc/" + std::to_string(router_pid) + "/task");
+
+  std::mutex mu;
+  Counts counts;
+  std::atomic<bool> stop{false};
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < clients; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(1000 + t);
+      while (Clock::now() < end) {
+        const int p = static_cast<int>(rng() % prompts);
+        const int n = 16 + static_cast<int>(rng() % (max_tokens - 15));
+        const bool cancel = std::uniform_real_distribution<double>(0, 1)(rng) < cancel_share;
+        const size_t cancel_at = 1 + rng() % n;
+        std::vector<int32_t> got;
+        bool final_seen = false;
+        Status s = router::RunRemoteGenerate(request(p, n), [&](const router::RemoteChunk& c) {
+          got.insert(got.end(), c.token_ids.begin(), c.token_ids.end());
+          final_seen = final_seen || c.last;
+          return !(cancel && got.size() >= cancel_at);
+        });
+        const bool prefix = got.size() <= reference[p].size() && std::equal(got.begin(), got.end(), reference[p].begin());
+        std::lock_guard<std::mutex> lock(mu);
+        counts.tokens += static_cast<int64_t>(got.size());
+        if (!prefix) {
+          ++counts.wrong_tokens;
+        } else if (s.ok() && !final_seen) {
+          ++counts.no_final;
+        } else if (s.ok()) {
+          if (static_cast<int>(got.size()) == n) {
+            ++counts.completed;
+          } else {
+            ++counts.lost_or_dup;
+          }
+        } else if (s.code() == StatusCode::kCancelled && cancel) {
+          ++counts.cancelled;
+        } else if (!s.message().empty()) {
+          ++counts.clear_errors;
+          ++counts.error_codes[std::string(StatusCodeName(s.code()))];
+        } else {
+          ++counts.no_final;
+        }
+      }
+    });
+  }
+  // The chaos: alternately a decode and a prefill worker, kill -9, then started again.
+  int kills_decode = 0, kills_prefill = 0;
+  std::thread killer([&] {
+    const int order[] = {2, 0, 3, 1};  // decode0, prefill0, decode1, prefill1
+    for (int k = 0; !stop; ++k) {
+      const auto at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kill_every));
+      while (!stop && Clock::now() < at) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (stop || Clock::now() >= end) break;
+      Child& c = children[order[k % 4]];
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      (order[k % 4] >= 2 ? kills_decode : kills_prefill)++;
+      std::fprintf(stderr, "soak: kill -9 %s\n", c.name.c_str());
+      c.pid = SpawnChild(c, work + "/" + c.name + ".log");
+    }
+  });
+  for (auto& th : threads) th.join();
+  stop = true;
+  killer.join();
+
+  // Afterwards: pools back to zero, nothing running at the router, fds and threads bounded.
+  auto settled = [&](int metrics_port, const std::string& name) {
+    double v = -1;
+    for (int i = 0; i < 100; ++i) {
+      v = Metric(metrics_port, name);
+      if (v == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return v;
+  };
+  const double usage0 = settled(port + 11, "icecache_kv_cache_usage_ratio");
+  const double usage1 = settled(port + 12, "icecache_kv_cache_usage_ratio");
+  const double running = settled(router_metrics, "icecache_requests_running");
+  const double migrations = Metric(router_metrics, "icecache_request_migrations_total");
+  const int fds_after = CountEntries("/proc/" + std::to_string(router_pid) + "/fd");
+  const int threads_after = CountEntries("/proc/" + std::to_string(router_pid) + "/task");
+  const bool serving = router::CheckHealth(router, "", 5).ok();
+  stop_all();
+
+  const int64_t total = counts.completed + counts.cancelled + counts.clear_errors + counts.wrong_tokens +
+                        counts.lost_or_dup + counts.no_final;
+  std::printf("soak: %.0f s, %d clients, max_tokens %d, kill -9 every %.0f s (%d decode, %d prefill kills)\n", seconds,
+              clients, max_tokens, kill_every, kills_decode, kills_prefill);
+  std::printf("| requests | completed = reference | cancelled by client | clear errors | wrong tokens | lost/dup "
+              "| no final status | migrations | tokens |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %lld | %lld | %lld | %lld | %lld | %lld | %lld | %.0f | %lld |\n", static_cast<long long>(total),
+              static_cast<long long>(counts.completed), static_cast<long long>(counts.cancelled),
+              static_cast<long long>(counts.clear_errors), static_cast<long long>(counts.wrong_tokens),
+              static_cast<long long>(counts.lost_or_dup), static_cast<long long>(counts.no_final), migrations,
+              static_cast<long long>(counts.tokens));
+  for (auto& [code, n] : counts.error_codes) std::printf("soak: errors %s: %lld\n", code.c_str(), static_cast<long long>(n));
+  std::printf("soak: decode pools usage after: %g, %g; router requests running: %g; router fds %d -> %d, threads %d -> %d; "
+              "router %s\n",
+              usage0, usage1, running, fds_before, fds_after, threads_before, threads_after,
+              serving ? "SERVING" : "NOT serving");
+  const bool ok = counts.wrong_tokens == 0 && counts.lost_or_dup == 0 && counts.no_final == 0 && usage0 == 0 &&
+                  usage1 == 0 && running == 0 && serving && counts.completed > 0 && fds_after <= fds_before + 16 &&
+                  threads_after <= threads_before + 16;
+  if (ok) {
+    std::error_code ignored;
+    fs::remove_all(work, ignored);
+  } else {
+    std::printf("soak: FAILED (logs in %s)\n", work.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+ICE_BENCH_WORKLOAD("soak", "chaos on real processes: kill -9 workers mid-stream, every request accounted for", RunSoak);
+
+}  // namespace icecache::bench
