@@ -304,7 +304,10 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
   }
   Status st = RunLayers(backend, total);
   backend.EndStep(st.ok());
-  if (!st.ok() && comm_ != nullptr) comm_->Abort();  // the other ranks may wait in a collective
+  if (!st.ok() && comm_ != nullptr) {
+    comm_->Abort();  // the other ranks may wait in a collective
+    aborted_group_ = true;
+  }
   ICE_RETURN_IF_ERROR(st);
 
   // Final norm and lm_head on the rows that need logits.

@@ -227,5 +227,50 @@ TEST(TpGroup, BadTokenFailsCleanlyAndGroupStaysUsable) {
   EXPECT_EQ((*g)->Forward({&in, 1}, other, LogitsMode::kLastToken).code(), StatusCode::kInvalidArgument);
 }
 
+// A rank backend whose attention fails at layer 1 (after the first all-reduces of the step).
+class FailingAttention final : public AttentionBackend {
+ public:
+  explicit FailingAttention(std::unique_ptr<AttentionBackend> inner) : inner_(std::move(inner)) {}
+  const AttentionShape& shape() const override { return inner_->shape(); }
+  kernels::Device device() const override { return inner_->device(); }
+  Status AddSequence(SequenceId id) override { return inner_->AddSequence(id); }
+  Status RemoveSequence(SequenceId id) override { return inner_->RemoveSequence(id); }
+  bool HasSequence(SequenceId id) const override { return inner_->HasSequence(id); }
+  StatusOr<int> SequenceLength(SequenceId id) const override { return inner_->SequenceLength(id); }
+  Status BeginStep(std::span<const StepSegment> segments) override { return inner_->BeginStep(segments); }
+  Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override {
+    if (layer == 1) return InternalError("injected attention failure at layer 1");
+    return inner_->Attend(layer, q, k, v, out);
+  }
+  void EndStep(bool commit) override { inner_->EndStep(commit); }
+
+ private:
+  std::unique_ptr<AttentionBackend> inner_;
+};
+
+// A failure inside the layers of one rank aborts the group: the step fails on the calling thread
+// (no rank is left waiting), usable() turns false and every later step is FAILED_PRECONDITION at
+// once (what a serving worker turns into NOT_SERVING).
+TEST(TpGroup, FailureInsideTheLayersAbortsTheGroup) {
+  auto g = TpGroup::Load(FixtureDir("llama_gqa_f32"), {.size = 2, .devices = {}, .device = {kernels::Backend::kCpu, 0}});
+  ASSERT_TRUE(g.ok());
+  std::vector<std::unique_ptr<AttentionBackend>> ranks;
+  ranks.push_back(std::make_unique<DenseKvCache>((*g)->rank(0).attention_shape(), DenseKvCacheOptions{}));
+  ranks.push_back(std::make_unique<FailingAttention>(
+      std::make_unique<DenseKvCache>((*g)->rank(1).attention_shape(), DenseKvCacheOptions{})));
+  auto cache = (*g)->WrapBackends(std::move(ranks));
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  ASSERT_TRUE((*cache)->AddSequence(1).ok());
+  EXPECT_TRUE((*g)->usable());
+  const int32_t tokens[] = {1, 2, 3};
+  SequenceInput in{1, tokens};
+  Status st = (*g)->Forward({&in, 1}, **cache, LogitsMode::kLastToken);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE((*g)->usable());
+  st = (*g)->Forward({&in, 1}, **cache, LogitsMode::kLastToken);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("aborted"), std::string::npos) << st.ToString();
+}
+
 }  // namespace
 }  // namespace icecache::model
