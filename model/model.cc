@@ -60,7 +60,10 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const Model
   std::string gguf_path;
   ICE_ASSIGN_OR_RETURN(bool is_gguf, ResolveGgufPath(dir, &gguf_path));
   if (is_gguf) {
-    ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path));
+    GgufLoadOptions go;  // a rank dequantises only its slices
+    go.tp_rank = options.tensor_parallel.rank;
+    go.tp_size = options.tensor_parallel.size;
+    ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path, go));
     m->config_ = std::move(parts.config);
     m->checkpoint_ = std::move(parts.checkpoint);
     m->tokenizer_ = std::move(parts.tokenizer);

@@ -128,6 +128,34 @@ TEST_P(TensorParallel, SameGreedyTokensAndLogitsAsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel, ::testing::ValuesIn(Cases()));
 
+// GGUF files, whose ranks dequantise only their slices (model/gguf_model.h): TP = 2 gives TP = 1's
+// greedy tokens and logits within kLogitTol (tiny_llama: every quantisation type, permuted q/k;
+// tiny_qwen3: q/k norms).
+class TensorParallelGguf : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelGguf, SameGreedyTokensAndLogitsAsOneRank) {
+  const std::string path = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/gguf/" + GetParam();
+  const GreedyRun want = RunSingle(path);
+  ASSERT_EQ(want.tokens.size(), static_cast<size_t>(kDecodeSteps));
+  auto g = TpGroup::Load(path, {.size = 2, .devices = {}, .device = {kernels::Backend::kCpu, 0}});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto cache = (*g)->NewDenseKvCache({});
+  const GreedyRun got = Greedy(**g, *cache);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  float worst = 0;
+  for (size_t s = 0; s < want.logits.size(); ++s) {
+    ASSERT_EQ(got.logits[s].size(), want.logits[s].size());
+    for (size_t i = 0; i < want.logits[s].size(); ++i) {
+      worst = std::max(worst, std::fabs(got.logits[s][i] - want.logits[s][i]));
+    }
+  }
+  EXPECT_LE(worst, kLogitTol);
+  std::printf("[ %s TP=2 ] max |logit - TP1 logit| = %.3g\n", GetParam().c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, TensorParallelGguf, ::testing::Values("tiny_llama.gguf", "tiny_qwen3.gguf"));
+
 // The Generator over a TpGroup: two prompts at once (prefill and decode in one step), greedy,
 // gives the single-model Generator's tokens.
 TEST(TpGroup, GeneratorMatchesSingleModel) {
