@@ -67,6 +67,7 @@ struct Options {
   std::string dci_preset = "tuned";  // cache.dci_preset of the cluster (reference | tuned | flat)
   double dci_group_fov = 0;          // cache.dci_group_fov (0: the preset's)
   bool tpot_full = true;      // tpot: also run budget full at each context (--no-tpot-full: the sparse budget only)
+  int prefill_tp = 1, decode_tp = 1;  // parallel.tensor_parallel_size of the workers (docs/parallel.md)
 };
 
 std::vector<int> ParseInts(const std::string& s) {
@@ -109,7 +110,9 @@ StatusOr<std::unique_ptr<Cluster>> StartCluster(const Options& o, const std::str
   cfg.prefill.max_batch_tokens = max_context + 1;
   // Full attention reserves every token's page in every (layer, kv head), +25 % for trees.
   cfg.decode.pool_pages = static_cast<int64_t>(o.layers) * o.kv_heads * ((max_context + 4096) / 16 + 8) * 2;
+  cfg.parallel.tensor_parallel_size = o.prefill_tp;
   ICE_ASSIGN_OR_RETURN(c->prefill, prefill::PrefillServer::Start(cfg));
+  cfg.parallel.tensor_parallel_size = o.decode_tp;
   ICE_ASSIGN_OR_RETURN(c->decode, decode::DecodeServer::Start(cfg));
   cfg.router.prefill.addresses = {c->prefill->address()};
   cfg.router.decode.addresses = {c->decode->address()};
@@ -241,6 +244,8 @@ int RunCluster(int argc, char** argv) {
     else if (a == "--no-tpot-full") o.tpot_full = false;
     else if (a == "--dci-preset") o.dci_preset = next();
     else if (a == "--dci-group-fov") o.dci_group_fov = std::atof(next().c_str());
+    else if (a == "--prefill-tp") o.prefill_tp = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--decode-tp") o.decode_tp = std::max(1, std::atoi(next().c_str()));
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench cluster [--parts ttft,tpot,router,ucx] [--ttft-prompts 256,1024]\n"
@@ -248,7 +253,8 @@ int RunCluster(int argc, char** argv) {
                    "       [--heads Q] [--kv-heads KV] [--head-dim D] [--intermediate I]\n"
                    "       [--kv-dtype bf16|f16|f32] [--no-ttft-baseline] [--ttft-repeats N]\n"
                    "       [--dense-layers N] [--budget-pages B] [--router-repeats R] [--no-tpot-full]\n"
-                   "       [--dci-preset reference|tuned|flat] [--dci-group-fov G (0: the preset's)]\n");
+                   "       [--dci-preset reference|tuned|flat] [--dci-group-fov G (0: the preset's)]\n"
+                   "       [--prefill-tp N] [--decode-tp M] (the workers' tensor_parallel_size, CPU ranks)\n");
       return 2;
     }
   }
@@ -271,6 +277,8 @@ int RunCluster(int argc, char** argv) {
   out["dci_preset"] = o.dci_preset;
   out["dci_group_fov"] = o.dci_group_fov;
   out["dense_layers"] = o.dense_layers;
+  out["prefill_tp"] = o.prefill_tp;
+  out["decode_tp"] = o.decode_tp;
 
   if (has("ucx")) {
     auto rx = transport::CreateUcxTransport({o.tls, "lo"});

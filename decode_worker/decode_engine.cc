@@ -78,26 +78,70 @@ struct DecodeEngine::Running {
   std::shared_ptr<TokenStream> stream;
 };
 
-DecodeEngine::DecodeEngine(model::Model* model, transport::Transport* transport, const DecodeEngineOptions& options)
-    : model_(model), transport_(transport), options_(options) {}
+DecodeEngine::DecodeEngine(model::LanguageModel* lm, model::Model* model, model::TpGroup* group,
+                           const model::AttentionShape& shape, transport::Transport* transport,
+                           const DecodeEngineOptions& options)
+    : lm_(lm), model_(model), group_(group), shape_(shape), transport_(transport), options_(options) {}
 
 StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model, transport::Transport* transport,
                                                              const DecodeEngineOptions& options) {
-  std::unique_ptr<DecodeEngine> e(new DecodeEngine(model, transport, options));
+  return Init(std::unique_ptr<DecodeEngine>(
+      new DecodeEngine(model, model, nullptr, model->attention_shape(), transport, options)));
+}
+
+StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::TpGroup* group, transport::Transport* transport,
+                                                             const DecodeEngineOptions& options) {
+  const model::ModelConfig& c = group->config();
+  if (c.num_kv_heads % group->size() != 0) {
+    return UnimplementedError("the decode worker splits kv heads across tensor-parallel ranks: " +
+                              std::to_string(c.num_kv_heads) + " kv heads do not divide into " +
+                              std::to_string(group->size()) + " ranks (replicated kv heads are served by `icecache "
+                              "generate --tensor-parallel` only; use a tensor_parallel_size that divides " +
+                              std::to_string(c.num_kv_heads) + ")");
+  }
+  model::AttentionShape shape = group->rank(0).attention_shape();
+  shape.num_q_heads = c.num_heads;
+  shape.num_kv_heads = c.num_kv_heads;
+  return Init(std::unique_ptr<DecodeEngine>(new DecodeEngine(group, nullptr, group, shape, transport, options)));
+}
+
+StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Init(std::unique_ptr<DecodeEngine> e) {
+  const DecodeEngineOptions& options = e->options_;
   kvstore::PagePoolOptions po;
   po.page_size = options.page_size;
-  po.head_dim = model->attention_shape().head_dim;
+  po.head_dim = e->shape_.head_dim;
   po.dtype = options.kv_dtype;
   po.num_pages = options.pool_pages;
   ICE_ASSIGN_OR_RETURN(e->pool_, kvstore::PagePool::Create(po));
-  const kernels::Device device = model->device();
+  const kernels::Device device = e->lm_->device();
   ICE_ASSIGN_OR_RETURN(e->pool_pinned_, kernels::PinnedHostRegion::Register(device.backend, e->pool_->base(),
                                                                              e->pool_->capacity_bytes()));
   IceCacheBackendOptions bo;
-  bo.device = device;
   bo.device_cache_pages = options.device_cache_pages;
-  ICE_ASSIGN_OR_RETURN(e->backend_, IceCacheBackend::Create(model->attention_shape(), e->pool_.get(), bo));
-  e->device_cache_stats_ = e->backend_->device_cache_stats();
+  if (e->group_ == nullptr) {
+    bo.device = device;
+    ICE_ASSIGN_OR_RETURN(std::unique_ptr<IceCacheBackend> b,
+                         IceCacheBackend::Create(e->model_->attention_shape(), e->pool_.get(), bo));
+    e->ranks_.push_back(b.get());
+    e->backend_ = std::move(b);
+  } else {
+    std::vector<std::unique_ptr<model::AttentionBackend>> ranks;
+    for (int r = 0; r < e->group_->size(); ++r) {
+      const model::Model& m = e->group_->rank(r);
+      bo.device = m.device();
+      ICE_RETURN_IF_ERROR(kernels::UseDevice(bo.device));  // the rank's device buffers on its device
+      auto b = IceCacheBackend::Create(m.attention_shape(), e->pool_.get(), bo);
+      if (!b.ok()) {
+        kernels::UseDevice(device).IgnoreError();
+        return b.status().WithContext("rank " + std::to_string(r));
+      }
+      e->ranks_.push_back(b->get());
+      ranks.push_back(std::move(*b));
+    }
+    ICE_RETURN_IF_ERROR(kernels::UseDevice(device));
+    ICE_ASSIGN_OR_RETURN(e->backend_, e->group_->WrapBackends(std::move(ranks)));
+  }
+  e->device_cache_stats_ = e->CacheStats();
   e->heartbeat_ns_ = Clock::now().time_since_epoch().count();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   e->reaper_ = std::thread([raw = e.get()] { raw->ReaperLoop(); });
@@ -116,7 +160,7 @@ DecodeEngine::~DecodeEngine() {
   thread_.join();
   reaper_.join();
   for (auto& [id, r] : running_) {
-    backend_->RemoveSequence(id).IgnoreError();
+    backend_->RemoveSequence(id).IgnoreError();  // every rank's part
     r->stream->Push(ShutdownUpdate());
   }
   for (auto& r : joining_) {
@@ -131,7 +175,7 @@ DecodeEngine::~DecodeEngine() {
 }
 
 int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const {
-  const auto shape = model_->attention_shape();
+  const auto& shape = shape_;  // every kv head, whichever rank holds it
   const int64_t ps = options_.page_size;
   const int64_t tokens = static_cast<int64_t>(std::max(prompt_tokens, 0)) + std::max(max_tokens, 0);
   // Positional pages for every token, plus slack for partly filled tree leaves (about one extra
@@ -150,6 +194,9 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return UnavailableError("decode worker is shutting down");
   if (draining_) return UnavailableError("decode worker is draining (shutting down): not admitting sequences");
+  if (broken_) {
+    return UnavailableError("decode worker's tensor-parallel group failed inside a step and must be restarted");
+  }
   if (static_cast<int>(reserved_.size()) + decoding_ >= options_.max_sequences) {
     return ResourceExhaustedError("decode worker is at its limit of " + std::to_string(options_.max_sequences) +
                                   " sequences");
@@ -200,7 +247,7 @@ void DecodeEngine::Drop(uint64_t id) {
 
 Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& params) const {
   ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
-  const int vocab = model_->config().vocab_size;
+  const int vocab = lm_->config().vocab_size;
   if (params.first_token < 0 || params.first_token >= vocab) {
     return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
                                 std::to_string(vocab) + ")");
@@ -252,15 +299,15 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   run->cache = std::move(*cache);
   run->budget_pages = r->budget_pages;
   run->params = params;
-  run->sampler = std::make_unique<model::Sampler>(params.sampling, model_->device());
+  run->sampler = std::make_unique<model::Sampler>(params.sampling, lm_->device());
   if (params.sampler_draws_done > 0) run->sampler->SkipDraws(static_cast<uint64_t>(params.sampler_draws_done));
-  std::vector<int32_t> eos = model_->config().eos_ids;  // as the generator: config and tokenizer EOS
-  if (const auto* tok = model_->tokenizer()) {
+  std::vector<int32_t> eos = lm_->config().eos_ids;  // as the generator: config and tokenizer EOS
+  if (const auto* tok = lm_->tokenizer()) {
     const std::vector<int32_t> tok_eos = tok->eos_ids();  // returned by value
     eos.insert(eos.end(), tok_eos.begin(), tok_eos.end());
   }
   run->stops.emplace(params.sampling.stop_ids, eos, params.sampling.ignore_eos, params.sampling.max_tokens,
-                     model_->config().max_position);
+                     lm_->config().max_position);
   run->generated.push_back(params.first_token);
   run->last = params.first_token;
   run->stream = std::make_shared<TokenStream>();
@@ -360,7 +407,11 @@ DecodeEngineStats DecodeEngine::stats() const {
   s.pages_fetched = pages_fetched_;
   s.retrieval_seconds = retrieval_seconds_;
   s.device_cache = device_cache_stats_;
-  s.device_weight_bytes = model_->device_weight_bytes();
+  if (group_ != nullptr) {
+    for (int r = 0; r < group_->size(); ++r) s.device_weight_bytes += group_->rank(r).device_weight_bytes();
+  } else {
+    s.device_weight_bytes = model_->device_weight_bytes();
+  }
   return s;
 }
 
@@ -402,7 +453,7 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
   last.finish = reason;
   last.status = status;
   if (backend_->HasSequence(r.id)) {
-    auto st = backend_->Stats(r.id);
+    auto st = SeqStats(r.id);
     if (st.ok()) {
       last.pages_fetched = st->pages_fetched;
       last.retrieval_seconds = st->retrieval_seconds;
@@ -446,7 +497,7 @@ void DecodeEngine::Loop() {
     }
     for (auto& r : joining) {
       uint64_t id = r->id;
-      Status imported = backend_->Import(id, std::move(r->cache), r->budget_pages);
+      Status imported = Import(id, std::move(r->cache), r->budget_pages);
       if (!imported.ok()) {
         Finish(*r, model::FinishReason::kNone, imported);
         continue;
@@ -472,7 +523,7 @@ void DecodeEngine::Loop() {
 }
 
 Status DecodeEngine::CheckStepInput(const Running& r) const {
-  const auto& c = model_->config();
+  const auto& c = lm_->config();
   if (r.last < 0 || r.last >= c.vocab_size) {
     return InvalidArgumentError("input token " + std::to_string(r.last) + " of sequence " + std::to_string(r.id) +
                                 " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
@@ -503,19 +554,31 @@ void DecodeEngine::Step() {
     inputs.push_back({id, std::span<const int32_t>(&r->last, 1)});
     order.push_back(r.get());
   }
-  Status st = model_->Forward(inputs, *backend_, model::LogitsMode::kLastToken);
+  std::vector<double> collective;
+  if (group_ != nullptr && group_->size() > 1 && options_.collective_observer) {
+    for (int k = 0; k < group_->size(); ++k) collective.push_back(group_->collective_seconds(k));
+  }
+  Status st = lm_->Forward(inputs, *backend_, model::LogitsMode::kLastToken);
+  if (!st.ok() && group_ != nullptr && !group_->usable() && !broken_.exchange(true)) {
+    ICE_LOG(ERROR) << "decode: the tensor-parallel group failed inside a step (" << st.ToString()
+                   << "); failing every sequence, not admitting more (restart the worker)";
+  }
+  if (!collective.empty()) {
+    for (int k = 0; k < group_->size(); ++k) collective[k] = group_->collective_seconds(k) - collective[k];
+    options_.collective_observer(collective);
+  }
   std::vector<uint64_t> finished;
-  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  const size_t vocab = static_cast<size_t>(lm_->config().vocab_size);
   int64_t produced = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     Running& r = *order[i];
-    Status seq_status = st.ok() ? backend_->SequenceError(r.id) : st;
+    Status seq_status = st.ok() ? SeqError(r.id) : st;
     if (!seq_status.ok()) {
       Finish(r, model::FinishReason::kNone, seq_status);
       finished.push_back(r.id);
       continue;
     }
-    auto token = r.sampler->Sample(std::span<const float>(model_->logits() + i * vocab, vocab), r.generated);
+    auto token = r.sampler->Sample(std::span<const float>(lm_->logits() + i * vocab, vocab), r.generated);
     if (!token.ok()) {
       Finish(r, model::FinishReason::kNone, token.status());
       finished.push_back(r.id);
@@ -538,7 +601,54 @@ void DecodeEngine::Step() {
   for (uint64_t id : finished) running_.erase(id);
   std::lock_guard<std::mutex> lock(mu_);
   tokens_generated_ += produced;
-  device_cache_stats_ = backend_->device_cache_stats();
+  device_cache_stats_ = CacheStats();
+}
+
+Status DecodeEngine::Import(uint64_t id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages) {
+  if (ranks_.size() == 1) return ranks_[0]->Import(id, std::move(cache), budget_pages);
+  if (cache != nullptr && cache->options().num_kv_heads != shape_.num_kv_heads) {
+    return InvalidArgumentError("shipped KV cache has " + std::to_string(cache->options().num_kv_heads) +
+                                " kv heads; the model has " + std::to_string(shape_.num_kv_heads));
+  }
+  ICE_ASSIGN_OR_RETURN(auto parts, kvstore::SequenceCache::SplitByHead(std::move(cache), static_cast<int>(ranks_.size())));
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Status st = ranks_[r]->Import(id, std::move(parts[r]), budget_pages);
+    if (!st.ok()) {
+      for (size_t j = 0; j < r; ++j) ranks_[j]->RemoveSequence(id).IgnoreError();
+      return st.WithContext("tensor-parallel rank " + std::to_string(r));
+    }  // the parts not imported free their pages as `parts` goes
+  }
+  return Status::Ok();
+}
+
+StatusOr<SequenceKvStats> DecodeEngine::SeqStats(uint64_t id) const {
+  SequenceKvStats total;
+  for (const IceCacheBackend* b : ranks_) {
+    ICE_ASSIGN_OR_RETURN(SequenceKvStats s, b->Stats(id));
+    total.pages_fetched += s.pages_fetched;  // pages of every head, as with one rank
+    total.retrieval_seconds = std::max(total.retrieval_seconds, s.retrieval_seconds);  // ranks select at once
+  }
+  return total;
+}
+
+Status DecodeEngine::SeqError(uint64_t id) const {
+  for (const IceCacheBackend* b : ranks_) {
+    if (Status s = b->SequenceError(id); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+DevicePageCacheStats DecodeEngine::CacheStats() const {
+  DevicePageCacheStats total;
+  for (const IceCacheBackend* b : ranks_) {
+    const DevicePageCacheStats s = b->device_cache_stats();
+    total.hits += s.hits;
+    total.misses += s.misses;
+    total.h2d_bytes += s.h2d_bytes;
+    total.slots += s.slots;
+    total.bytes += s.bytes;
+  }
+  return total;
 }
 
 }  // namespace icecache::decode

@@ -19,16 +19,26 @@
 // Threads: the engine thread runs forward passes only; it never waits on the transport. A reaper
 // thread expires reservations; Start() waits for KV on the caller's thread.
 //
+// Tensor parallelism (docs/parallel.md): over a model::TpGroup the engine runs one
+// IceCacheBackend per rank, each of the rank's kv heads, all in the one host page pool. A shipped
+// sequence arrives whole (every kv head, one transfer, whatever the prefill worker's TP size) and
+// is split by head at import (kvstore::SequenceCache::SplitByHead: pages and trees move to the
+// rank that owns the heads, nothing is copied), so each rank selects, reads and attends over its
+// own heads' pages with no communication beyond the model's all-reduces. Needs num_kv_heads
+// divisible by the group size (replicated kv heads are refused at Create).
+//
 // Thread safety: all public methods may be called from any thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -39,6 +49,7 @@
 #include "model/generator.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "model/tensor_parallel.h"
 #include "transport/transport.h"
 
 namespace icecache::decode {
@@ -50,7 +61,10 @@ struct DecodeEngineOptions {
   double reservation_timeout_seconds = 120;
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
   kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
-  int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions); 0 = none (CPU only)
+  int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions), per rank; 0 = none (CPU only)
+  // Called on the engine thread after each decode step with the seconds every rank spent in
+  // collectives during it ([ranks]; only with a TpGroup of more than one rank). May be empty.
+  std::function<void(std::span<const double>)> collective_observer;
 };
 
 // What Reserve hands out: the sequence id (random, never 0) and its secret token (16 random
@@ -113,6 +127,10 @@ class DecodeEngine {
   // here (options.kv_dtype pages of options.page_size tokens).
   static StatusOr<std::unique_ptr<DecodeEngine>> Create(model::Model* model, transport::Transport* transport,
                                                         const DecodeEngineOptions& options);
+  // The same over the ranks of a tensor-parallel group (not owned, must outlive the engine).
+  // UNIMPLEMENTED when the group's size does not divide num_kv_heads (replicated kv heads).
+  static StatusOr<std::unique_ptr<DecodeEngine>> Create(model::TpGroup* group, transport::Transport* transport,
+                                                        const DecodeEngineOptions& options);
   ~DecodeEngine();
 
   // Admits a sequence. budget_pages: 0 = full attention, else the sparse page budget.
@@ -143,6 +161,11 @@ class DecodeEngine {
   // Decode call that presented the token). Its stream (if started) ends with CANCELLED.
   void Cancel(uint64_t id);
 
+  // True once a failure inside a step aborted the tensor-parallel group (TpGroup::usable): the
+  // step's sequences failed, Reserve answers UNAVAILABLE and the worker must be restarted (its
+  // health turns NOT_SERVING). Never true with one Model.
+  bool broken() const { return broken_.load(); }
+
   // Draining: from now on Reserve answers UNAVAILABLE; live sequences carry on.
   void StopAdmitting();
   // End of a drain's grace period: every live sequence (reserved, receiving, joining or decoding)
@@ -160,7 +183,14 @@ class DecodeEngine {
  private:
   struct Reservation;
   struct Running;
-  DecodeEngine(model::Model* model, transport::Transport* transport, const DecodeEngineOptions& options);
+  DecodeEngine(model::LanguageModel* lm, model::Model* model, model::TpGroup* group, const model::AttentionShape& shape,
+               transport::Transport* transport, const DecodeEngineOptions& options);
+  static StatusOr<std::unique_ptr<DecodeEngine>> Init(std::unique_ptr<DecodeEngine> e);
+  // The rank backends as one sequence store: Import splits a whole-model cache by head.
+  Status Import(uint64_t id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages);
+  StatusOr<SequenceKvStats> SeqStats(uint64_t id) const;
+  Status SeqError(uint64_t id) const;
+  DevicePageCacheStats CacheStats() const;
   void Loop();
   void Step();
   void Finish(Running& r, model::FinishReason reason, const Status& status);
@@ -174,12 +204,18 @@ class DecodeEngine {
   void ExpireReservations();
   void ReaperLoop();  // expires reservations once a second, off the engine thread
 
-  model::Model* const model_;
+  model::LanguageModel* const lm_;     // the model or the group
+  model::Model* const model_;          // null with a TpGroup
+  model::TpGroup* const group_;        // null with one Model
+  const model::AttentionShape shape_;  // the whole model's (all heads)
   transport::Transport* const transport_;
   const DecodeEngineOptions options_;
   std::unique_ptr<kvstore::PagePool> pool_;
   kernels::PinnedHostRegion pool_pinned_;     // the pool page-locked for the device's copies
-  std::unique_ptr<IceCacheBackend> backend_;  // engine thread only
+  // Engine thread only: the backend Forward runs on (an IceCacheBackend, or a TpKvCache over one
+  // per rank) and the rank backends inside it.
+  std::unique_ptr<model::AttentionBackend> backend_;
+  std::vector<IceCacheBackend*> ranks_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -198,6 +234,7 @@ class DecodeEngine {
   bool stop_ = false;                                          // guarded by mu_
   bool draining_ = false;                                      // guarded by mu_
   std::atomic<int64_t> heartbeat_ns_{0};  // steady clock of the loop's last iteration
+  std::atomic<bool> broken_{false};       // the TpGroup was aborted (set by the engine thread)
 
   std::map<uint64_t, std::unique_ptr<Running>> running_;  // engine thread only
   std::thread thread_;

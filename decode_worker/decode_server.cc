@@ -144,6 +144,9 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     if (Stalled(*engine_, config_.decode.health_stall_seconds)) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode engine loop is stalled");
     }
+    if (engine_->broken()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker's tensor-parallel group failed; restart it");
+    }
     DecodeEngineStats s = engine_->stats();
     resp->set_total_pages(s.total_pages);
     resp->set_free_pages(s.total_pages - s.committed_pages);
@@ -166,7 +169,10 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
 
 struct DecodeServer::Impl {
   cluster::ClusterConfig config;
-  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Model> model;    // tensor_parallel_size 1
+  std::unique_ptr<model::TpGroup> group;  // tensor_parallel_size > 1
+  model::LanguageModel* lm = nullptr;     // whichever of the two runs
+  std::unique_ptr<cluster::CollectiveMetrics> collective;  // tensor parallelism only
   std::unique_ptr<transport::Transport> transport;
   std::unique_ptr<DecodeEngine> engine;
   std::unique_ptr<DecodeServiceImpl> service;
@@ -182,7 +188,8 @@ struct DecodeServer::Impl {
   std::thread metrics_thread;
 
   void UpdateHealth() {
-    const bool serving = !draining && !stop && !Stalled(*engine, config.decode.health_stall_seconds);
+    const bool serving =
+        !draining && !stop && !engine->broken() && !Stalled(*engine, config.decode.health_stall_seconds);
     if (auto* h = server->GetHealthCheckService()) {
       h->SetServingStatus(serving);
       h->SetServingStatus("icecache.v1.DecodeWorker", serving);
@@ -215,16 +222,19 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
-  if (config.parallel.tensor_parallel_size != 1) {
-    // The sharded model runs in `icecache generate --tensor-parallel N` (model/tensor_parallel.h);
-    // the worker's engine does not drive rank groups yet (docs/parallel.md).
-    return UnimplementedError("parallel.tensor_parallel_size " + std::to_string(config.parallel.tensor_parallel_size) +
-                              ": the decode worker runs one rank only (set 1; tensor parallelism runs in "
-                              "`icecache generate --tensor-parallel N`)");
+  const int tp = config.parallel.tensor_parallel_size;
+  ICE_ASSIGN_OR_RETURN(const kernels::Device device, kernels::ParseDevice(config.decode.device));
+  ICE_ASSIGN_OR_RETURN(const std::vector<kernels::Device> devices,
+                       cluster::RankDevices(config.decode.devices, tp, "decode"));
+  if (tp > 1 || !devices.empty()) {
+    ICE_ASSIGN_OR_RETURN(impl->group, model::TpGroup::Load(config.model.dir, {tp, devices, device}));
+    impl->lm = impl->group.get();
+  } else {
+    model::ModelLoadOptions lo;
+    lo.device = device;
+    ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
+    impl->lm = impl->model.get();
   }
-  model::ModelLoadOptions lo;
-  ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.decode.device));
-  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{
                            config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
@@ -236,18 +246,25 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   eo.reservation_timeout_seconds = std::max(60.0, 4 * config.ucx.transfer_timeout_seconds);
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   eo.device_cache_pages = static_cast<int>(config.cache.device_cache_pages);
-  if (eo.device_cache_pages == 0 && !kernels::MemoryIsHost(impl->model->device().backend)) {
+  if (eo.device_cache_pages == 0 && !kernels::MemoryIsHost(impl->lm->device().backend)) {
     eo.device_cache_pages = static_cast<int>(std::min<int64_t>(config.decode.pool_pages, 65536));
   }
-  ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
-  impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->model->config());
+  impl->registry = std::make_shared<prometheus::Registry>();
+  if (impl->group) {
+    impl->collective = std::make_unique<cluster::CollectiveMetrics>(
+        *impl->registry, cluster::ProcessLabels("decode", cluster::ServedModelName(config.model.name, config.model.dir)));
+    eo.collective_observer = [m = impl->collective.get()](std::span<const double> seconds) { m->ObserveStep(seconds); };
+    ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->group.get(), impl->transport.get(), eo));
+  } else {
+    ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));
+  }
+  impl->service = std::make_unique<DecodeServiceImpl>(impl->engine.get(), config, impl->lm->config());
   ICE_ASSIGN_OR_RETURN(auto credentials, cluster::InternalServerCredentials(config.internal_tls));
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.decode.listen, {impl->service.get()},
                                                           {"icecache.v1.DecodeWorker"}, &impl->port,
                                                           config.limits.max_message_bytes, credentials));
   int unused_port = 0;
   ICE_RETURN_IF_ERROR(cluster::SplitHostPort(config.decode.listen, &impl->host, &unused_port));
-  impl->registry = std::make_shared<prometheus::Registry>();
   impl->metrics = std::make_unique<Metrics>(
       *impl->registry, cluster::ProcessLabels("decode", cluster::ServedModelName(config.model.name, config.model.dir)));
   if (config.decode.metrics_port > 0) {
@@ -266,7 +283,11 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
     }
   });
   ICE_LOG(INFO) << "decode worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
-                << " on " << kernels::DeviceName(impl->model->device()) << ", " << config.decode.pool_pages
+                << " on " << kernels::DeviceName(impl->lm->device())
+                << (impl->group ? " and " + std::to_string(impl->group->size() - 1) + " more tensor-parallel ranks over " +
+                                      std::string(impl->group->communicator_name())
+                                : std::string())
+                << ", " << config.decode.pool_pages
                 << " host pages, " << eo.device_cache_pages << " device cache pages, "
                 << (config.internal_tls.enabled() ? "mutual TLS" : "plaintext internal plane") << ")";
   return std::unique_ptr<DecodeServer>(new DecodeServer(std::move(impl)));

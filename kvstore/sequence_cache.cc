@@ -38,6 +38,39 @@ StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Create(const SequenceCac
   return std::unique_ptr<SequenceCache>(new SequenceCache(o, pool));
 }
 
+StatusOr<std::vector<std::unique_ptr<SequenceCache>>> SequenceCache::SplitByHead(std::unique_ptr<SequenceCache> whole,
+                                                                                  int parts) {
+  if (whole == nullptr) return InvalidArgumentError("SequenceCache::SplitByHead: no cache");
+  const int kv = whole->options_.num_kv_heads;
+  if (parts < 1 || kv % parts != 0) {
+    return InvalidArgumentError("SequenceCache::SplitByHead: " + std::to_string(kv) + " kv heads do not split into " +
+                                std::to_string(parts) + " equal parts");
+  }
+  if (whole->broken_) return FailedPreconditionError("SequenceCache::SplitByHead: the cache is broken");
+  if (whole->build_n_ >= 0) return FailedPreconditionError("SequenceCache::SplitByHead: a layered build is in progress");
+  std::vector<std::unique_ptr<SequenceCache>> out;
+  if (parts == 1) {
+    out.push_back(std::move(whole));
+    return out;
+  }
+  const int per = kv / parts;
+  for (int p = 0; p < parts; ++p) {
+    SequenceCacheOptions o = whole->options_;
+    o.num_kv_heads = per;
+    std::unique_ptr<SequenceCache> c(new SequenceCache(o, whole->pool_));
+    c->n_ = whole->n_;
+    c->sink_tokens_ = whole->sink_tokens_;
+    c->window_start_ = whole->window_start_;
+    c->built_layers_ = whole->built_layers_;
+    for (int l = 0; l < o.num_layers; ++l) {
+      for (int h = 0; h < per; ++h) std::swap(c->Head(l, h), whole->Head(l, p * per + h));  // leaves whole's empty
+    }
+    out.push_back(std::move(c));
+  }
+  whole->Release();  // holds no pages any more: only resets the counters
+  return out;
+}
+
 int SequenceCache::LeaderOf(int layer) const {
   if (IsDense(layer)) return layer;
   const int rel = layer - options_.dense_layers;

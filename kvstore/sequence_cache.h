@@ -149,6 +149,15 @@ class SequenceCache {
   static StatusOr<std::unique_ptr<SequenceCache>> Deserialize(const uint8_t* metadata, size_t size, const int32_t* pages,
                                                               size_t num_pages, PagePool* pool);
 
+  // Splits a sequence by kv head into `parts` caches of num_kv_heads / parts heads each: part p
+  // holds global heads [p * heads, (p + 1) * heads) as its heads 0.., in the same pool, with the
+  // same tokens, options and trees (a tensor-parallel rank's heads, docs/parallel.md). The pages
+  // and trees move into the parts; nothing is copied, and `whole` ends empty. INVALID_ARGUMENT
+  // when parts does not divide num_kv_heads (or is < 1); FAILED_PRECONDITION for a broken cache
+  // or one in the middle of a layered build (nothing moves then).
+  static StatusOr<std::vector<std::unique_ptr<SequenceCache>>> SplitByHead(std::unique_ptr<SequenceCache> whole,
+                                                                           int parts);
+
  private:
   struct HeadState {
     std::vector<int32_t> sink, window, dense;

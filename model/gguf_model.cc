@@ -1,7 +1,9 @@
 #include "model/gguf_model.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #if ICECACHE_HAVE_TOKENIZER
+#include "model/shard_plan.h"
 #include "model/tokenizer/gguf_vocab.h"
 #endif
 
@@ -91,7 +94,37 @@ std::string HfName(const std::string& name) {
 struct Owner {
   std::shared_ptr<const GgufFile> file;
   std::vector<std::vector<uint8_t>> buffers;
+  std::vector<std::shared_ptr<void>> regions;  // lazily zeroed (anonymous mappings): sliced tensors
 };
+
+// `bytes` of anonymous memory: reads as zeros, costs memory only where written.
+StatusOr<std::shared_ptr<void>> ZeroPages(size_t bytes) {
+  const size_t len = std::max<size_t>(bytes, 1);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return ResourceExhaustedError("cannot map " + std::to_string(bytes) + " bytes for a weight");
+  return std::shared_ptr<void>(p, [len](void* q) { munmap(q, len); });
+}
+
+// The part of a 2-D weight one tensor-parallel rank reads (Model::BindWeights): rows
+// [first, first + count) (column-parallel) or those columns (row-parallel); count 0: all of it.
+struct RankSlice {
+  bool columns = false;
+  int64_t first = 0, count = 0;
+};
+
+RankSlice SliceOf(const std::string& hf, const ShardPlan& sp, const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  auto ends = [&](const char* suffix) {
+    const std::string s = suffix;
+    return hf.size() > s.size() && hf.compare(hf.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends("self_attn.q_proj.weight")) return {false, sp.q_head0 * d, sp.q_heads * d};
+  if (ends("self_attn.k_proj.weight") || ends("self_attn.v_proj.weight")) return {false, sp.kv_head0 * d, sp.kv_heads * d};
+  if (ends("self_attn.o_proj.weight")) return {true, sp.q_head0 * d, sp.q_heads * d};
+  if (ends("mlp.gate_proj.weight") || ends("mlp.up_proj.weight")) return {false, sp.inter0, sp.inter};
+  if (ends("mlp.down_proj.weight")) return {true, sp.inter0, sp.inter};
+  return {};
+}
 
 kernels::DType PlainDType(GgmlType t) {
   return t == GgmlType::kF16    ? kernels::DType::kF16
@@ -190,6 +223,7 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
                                                      const GgufLoadOptions& options) {
   const GgufContents& g = file->contents();
   ICE_ASSIGN_OR_RETURN(const ArchInfo* arch, FindArch(g));
+  ICE_ASSIGN_OR_RETURN(const ShardPlan plan, PlanShard(config, options.tp_rank, options.tp_size));
   auto owner = std::make_shared<Owner>();
   owner->file = file;
   owner->buffers.reserve(g.tensors.size());
@@ -247,6 +281,40 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
       continue;
     }
     const int64_t n = t.numel();
+    const RankSlice slice = options.tp_size > 1 && t.ne.size() == 2 ? SliceOf(hf, plan, config) : RankSlice{};
+    if (slice.count > 0) {
+      info.dtype = options.quantized_dtype;
+      info.end = static_cast<uint64_t>(n) * kernels::DTypeSize(info.dtype);
+      ICE_ASSIGN_OR_RETURN(std::shared_ptr<void> region, ZeroPages(info.end));
+      uint8_t* out = static_cast<uint8_t*>(region.get());
+      const size_t esz = kernels::DTypeSize(info.dtype);
+      const int64_t cols = t.ne[0];
+      const size_t row_bytes = t.bytes / static_cast<size_t>(rows);
+      if (!slice.columns) {
+        const int64_t count = slice.count * cols;
+        f32.resize(static_cast<size_t>(count));
+        DequantizeGgml(t.type, src + slice.first * row_bytes, count, f32.data());
+        kernels::ConvertFromF32(info.dtype, f32.data(), out + slice.first * cols * esz, static_cast<size_t>(count));
+      } else {
+        const int64_t bv = GgmlBlockValues(t.type), bb = GgmlBlockBytes(t.type);
+        const bool aligned = slice.first % bv == 0 && slice.count % bv == 0;
+        f32.resize(static_cast<size_t>(aligned ? slice.count : cols));
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* row = src + r * row_bytes;
+          if (aligned) {
+            DequantizeGgml(t.type, row + slice.first / bv * bb, slice.count, f32.data());
+          } else {
+            DequantizeGgml(t.type, row, cols, f32.data());
+          }
+          kernels::ConvertFromF32(info.dtype, f32.data() + (aligned ? 0 : slice.first),
+                                  out + (r * cols + slice.first) * esz, static_cast<size_t>(slice.count));
+        }
+      }
+      owner->regions.push_back(std::move(region));
+      infos.push_back(info);
+      data.push_back(out);
+      continue;
+    }
     f32.resize(static_cast<size_t>(n));
     DequantizeGgml(t.type, src, n, f32.data());
     info.dtype = options.quantized_dtype;

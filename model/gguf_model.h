@@ -33,6 +33,15 @@ namespace icecache::model {
 
 struct GgufLoadOptions {
   kernels::DType quantized_dtype = kernels::DType::kBF16;  // kBF16, kF16 or kF32
+  // Tensor parallelism (model/shard_plan.h): with tp_size > 1 the quantised tensors a rank slices
+  // (q/k/v_proj, gate/up_proj: its rows; o_proj, down_proj: its columns) are dequantised only in
+  // rank tp_rank's part. They keep their full shape, in a lazily zeroed buffer whose other rows or
+  // columns are never written (so they cost no memory and read as 0): only Model::Load of that
+  // rank may use such a checkpoint. A row-parallel slice whose columns do not start and end on
+  // the format's block boundaries dequantises whole rows and keeps its columns. Errors of
+  // PlanShard for counts that do not divide.
+  int tp_rank = 0;
+  int tp_size = 1;
 };
 
 // The ModelConfig of a parsed GGUF file. Errors start with the file name.

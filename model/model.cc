@@ -60,7 +60,10 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const Model
   std::string gguf_path;
   ICE_ASSIGN_OR_RETURN(bool is_gguf, ResolveGgufPath(dir, &gguf_path));
   if (is_gguf) {
-    ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path));
+    GgufLoadOptions go;  // a rank dequantises only its slices
+    go.tp_rank = options.tensor_parallel.rank;
+    go.tp_size = options.tensor_parallel.size;
+    ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path, go));
     m->config_ = std::move(parts.config);
     m->checkpoint_ = std::move(parts.checkpoint);
     m->tokenizer_ = std::move(parts.tokenizer);
@@ -304,7 +307,10 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
   }
   Status st = RunLayers(backend, total);
   backend.EndStep(st.ok());
-  if (!st.ok() && comm_ != nullptr) comm_->Abort();  // the other ranks may wait in a collective
+  if (!st.ok() && comm_ != nullptr) {
+    comm_->Abort();  // the other ranks may wait in a collective
+    aborted_group_ = true;
+  }
   ICE_RETURN_IF_ERROR(st);
 
   // Final norm and lm_head on the rows that need logits.

@@ -112,6 +112,10 @@ Status TpGroup::Forward(std::span<const SequenceInput> inputs, AttentionBackend&
     return InvalidArgumentError("a tensor-parallel model runs on a TpKvCache of its own group (TpGroup::NewDenseKvCache or WrapBackends)");
   }
   const int n = size();
+  if (!usable()) {
+    return FailedPreconditionError("the tensor-parallel group was aborted by a failure inside an earlier step; "
+                                   "load it again (restart the worker)");
+  }
   if (n > 1) {
     std::lock_guard<std::mutex> lock(mu_);
     inputs_ = inputs;
@@ -132,6 +136,13 @@ Status TpGroup::Forward(std::span<const SequenceInput> inputs, AttentionBackend&
     if (!results_[r].ok()) return results_[r];
   }
   return Status::Ok();
+}
+
+bool TpGroup::usable() const {
+  for (const auto& m : ranks_) {
+    if (m->aborted_group()) return false;
+  }
+  return true;
 }
 
 Status TpKvCache::AddSequence(SequenceId id) {

@@ -75,6 +75,11 @@ class TpGroup final : public LanguageModel {
   const float* logits() const override { return ranks_[0]->logits(); }
   int logits_rows() const { return ranks_[0]->logits_rows(); }
 
+  // False once a failure inside a step's layers aborted the ranks' communicators: every later
+  // Forward is FAILED_PRECONDITION at once (a serving worker must be restarted). Errors agreed
+  // before the layers (a bad token id, a full cache) leave the group usable.
+  bool usable() const;
+
   // Seconds rank r spent in collectives so far (Model::collective_seconds).
   double collective_seconds(int r) const { return ranks_[r]->collective_seconds(); }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 
 #include "common/logging.h"
@@ -35,7 +36,9 @@ struct PrefillEngine::Pending {
 // layer and the captured K/V it reads.
 struct PrefillEngine::SeqBuild {
   std::shared_ptr<Pending> p;
-  std::shared_ptr<CapturedKv> kv;
+  std::shared_ptr<CapturedKv> kv;  // the whole model's heads (with a TpGroup: gathered from rank_kv)
+  std::vector<std::shared_ptr<CapturedKv>> rank_kv;  // TpGroup: [rank] each rank's own heads
+  std::unique_ptr<std::atomic<int>[]> rank_ready;    // TpGroup: [rank] layers the rank completed
   int64_t n = 0;
   std::unique_ptr<kvstore::PagePool> pool;
   std::atomic<int> ready_layers{0};  // layers whose K/V is complete (set by the forward pass)
@@ -48,8 +51,28 @@ struct PrefillEngine::SeqBuild {
   Clock::time_point build_end;  // guarded by time_mu
 };
 
+namespace {
+model::AttentionShape WholeShape(const model::TpGroup& g) {
+  model::AttentionShape s = g.rank(0).attention_shape();
+  s.num_q_heads = g.config().num_heads;
+  s.num_kv_heads = g.config().num_kv_heads;
+  return s;
+}
+}  // namespace
+
 PrefillEngine::PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options)
-    : model_(model), transport_(transport), options_(options), ship_pool_(std::max(1, options.ship_threads)) {
+    : PrefillEngine(model, nullptr, model->attention_shape(), transport, options) {}
+
+PrefillEngine::PrefillEngine(model::TpGroup* group, transport::Transport* transport, const PrefillEngineOptions& options)
+    : PrefillEngine(group, group, WholeShape(*group), transport, options) {}
+
+PrefillEngine::PrefillEngine(model::LanguageModel* lm, model::TpGroup* group, const model::AttentionShape& shape,
+                             transport::Transport* transport, const PrefillEngineOptions& options)
+    : lm_(lm), group_(group), shape_(shape), transport_(transport), options_(options),
+      ship_pool_(std::max(1, options.ship_threads)) {
+  if (group_ != nullptr) {
+    for (int r = 0; r < group_->size(); ++r) rank_kv_head0_.push_back(group_->rank(r).shard().kv_head0);
+  }
   Beat();
   thread_ = std::thread([this] { EngineLoop(); });
 }
@@ -102,17 +125,17 @@ PrefillEngineStats PrefillEngine::stats() const {
 
 StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
   if (job.tokens.empty()) return InvalidArgumentError("prompt is empty");
-  const int vocab = model_->config().vocab_size;
+  const int vocab = lm_->config().vocab_size;
   for (size_t i = 0; i < job.tokens.size(); ++i) {
     if (job.tokens[i] < 0 || job.tokens[i] >= vocab) {
       return InvalidArgumentError("token id " + std::to_string(job.tokens[i]) + " at prompt position " +
                                   std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
-  if (static_cast<int64_t>(job.tokens.size()) >= model_->config().max_position) {
+  if (static_cast<int64_t>(job.tokens.size()) >= lm_->config().max_position) {
     return InvalidArgumentError("prompt of " + std::to_string(job.tokens.size()) +
                                 " tokens does not fit the model's context of " +
-                                std::to_string(model_->config().max_position));
+                                std::to_string(lm_->config().max_position));
   }
   auto p = std::make_shared<Pending>();
   p->job = std::move(job);
@@ -122,6 +145,9 @@ StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob job) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return UnavailableError("prefill worker is shutting down");
     if (draining_) return UnavailableError("prefill worker is draining (shutting down): not admitting prompts");
+    if (broken_) {
+      return UnavailableError("prefill worker's tensor-parallel group failed inside a step and must be restarted");
+    }
     if (static_cast<int>(queue_.size()) >= options_.max_queued_requests) {
       return ResourceExhaustedError("prefill worker has " + std::to_string(queue_.size()) +
                                     " prompts queued (prefill.max_queued_requests)");
@@ -164,7 +190,7 @@ void PrefillEngine::EngineLoop() {
 }
 
 StatusOr<std::shared_ptr<PrefillEngine::SeqBuild>> PrefillEngine::NewSeqBuild(const std::shared_ptr<Pending>& p) {
-  const auto shape = model_->attention_shape();
+  const auto& shape = shape_;
   auto b = std::make_shared<SeqBuild>();
   b->p = p;
   b->n = static_cast<int64_t>(p->job.tokens.size());
@@ -203,11 +229,12 @@ void PrefillEngine::BuildReadyLayers(SeqBuild& b) {
   }
   if (end == first) return;
   std::vector<const float*> k, v;
+  const auto t0 = Clock::now();
   for (int l = first; l < end; ++l) {
+    if (!b.rank_kv.empty()) GatherLayer(b, l);
     k.push_back(b.kv->k[l].data());
     v.push_back(b.kv->v[l].data());
   }
-  const auto t0 = Clock::now();
   b.status = cache.BuildLayers(first, end - first, k.data(), v.data());
   const auto t1 = Clock::now();
   std::lock_guard<std::mutex> time_lock(b.time_mu);
@@ -215,23 +242,76 @@ void PrefillEngine::BuildReadyLayers(SeqBuild& b) {
   b.build_seconds += Seconds(t0, t1);
 }
 
+void PrefillEngine::GatherLayer(SeqBuild& b, int layer) const {
+  const size_t hd = static_cast<size_t>(shape_.head_dim);
+  const size_t kv = static_cast<size_t>(shape_.num_kv_heads);
+  const size_t n = static_cast<size_t>(b.n);
+  std::vector<float>& k = b.kv->k[layer];
+  std::vector<float>& v = b.kv->v[layer];
+  k.resize(n * kv * hd);
+  v.resize(k.size());
+  for (size_t r = 0; r < b.rank_kv.size(); ++r) {
+    const size_t h0 = static_cast<size_t>(rank_kv_head0_[r]);
+    const size_t nh = static_cast<size_t>(group_->rank(static_cast<int>(r)).attention_shape().num_kv_heads);
+    if (r > 0 && h0 == static_cast<size_t>(rank_kv_head0_[r - 1])) continue;  // a replicated head, taken once
+    const float* rk = b.rank_kv[r]->k[layer].data();
+    const float* rv = b.rank_kv[r]->v[layer].data();
+    for (size_t t = 0; t < n; ++t) {
+      std::memcpy(k.data() + (t * kv + h0) * hd, rk + t * nh * hd, nh * hd * sizeof(float));
+      std::memcpy(v.data() + (t * kv + h0) * hd, rv + t * nh * hd, nh * hd * sizeof(float));
+    }
+  }
+}
+
 void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   const auto start = Clock::now();
-  const int num_layers = model_->attention_shape().num_layers;
+  const int num_layers = shape_.num_layers;
+  const int ranks = group_ != nullptr ? group_->size() : 1;
   std::vector<std::shared_ptr<SeqBuild>> builds(batch.size());
-  // Runs on this thread inside the forward pass: hands the finished layer to a ship thread.
-  auto on_layer = [&](model::SequenceId id, int layer) {
+  // Runs inside the forward pass (on rank `rank`'s thread; `builds` is not resized meanwhile):
+  // once every rank has completed `layer`, hands the finished layers to a ship thread.
+  auto on_layer = [&](int rank, model::SequenceId id, int layer) {
     Beat();
     std::shared_ptr<SeqBuild> b = builds[id];
     if (!b) return;
-    b->ready_layers = layer + 1;
-    // EndsGroup reads only the cache's options, which never change.
-    if (b->cache->EndsGroup(layer)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
+    int ready = layer + 1;
+    if (ranks > 1) {
+      b->rank_ready[rank].store(layer + 1);
+      for (int r = 0; r < ranks; ++r) ready = std::min(ready, b->rank_ready[r].load());
+    }
+    int seen = b->ready_layers.load();
+    while (seen < ready && !b->ready_layers.compare_exchange_weak(seen, ready)) {
+    }
+    // EndsGroup reads only the cache's options, which never change. Two ranks may both see the
+    // layer complete: BuildReadyLayers builds each layer once.
+    if (ready > 0 && b->cache->EndsGroup(ready - 1)) ship_pool_.Submit([this, b] { BuildReadyLayers(*b); });
   };
   // The listener also keeps the heartbeat going through a long forward pass (with
   // overlap_tree_build off the engine beats only between batches).
-  CaptureBackend backend(model_->attention_shape(), model_->device(),
-                         options_.overlap_tree_build ? CaptureBackend::LayerListener(on_layer) : nullptr);
+  std::vector<CaptureBackend*> captures;  // [rank]
+  std::unique_ptr<model::AttentionBackend> backend;
+  std::vector<std::unique_ptr<model::AttentionBackend>> rank_backends;
+  for (int r = 0; r < ranks; ++r) {
+    const model::AttentionShape shape = group_ != nullptr ? group_->rank(r).attention_shape() : shape_;
+    const kernels::Device device = group_ != nullptr ? group_->rank(r).device() : lm_->device();
+    auto c = std::make_unique<CaptureBackend>(
+        shape, device,
+        options_.overlap_tree_build
+            ? CaptureBackend::LayerListener([&on_layer, r](model::SequenceId id, int layer) { on_layer(r, id, layer); })
+            : nullptr);
+    captures.push_back(c.get());
+    rank_backends.push_back(std::move(c));
+  }
+  if (group_ != nullptr) {
+    auto wrapped = group_->WrapBackends(std::move(rank_backends));
+    if (!wrapped.ok()) {  // of the ranks' shapes and devices by construction
+      for (auto& p : batch) p->done.set_value(wrapped.status());
+      return;
+    }
+    backend = std::move(*wrapped);
+  } else {
+    backend = std::move(rank_backends[0]);
+  }
   // The decode worker's reservation clock starts now (docs/cluster.md): announce each prefill,
   // off this thread (a dead peer must not stall the forward pass).
   const auto notice_deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -245,8 +325,8 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
   }
   std::vector<model::SequenceInput> inputs;
   for (size_t i = 0; i < batch.size(); ++i) {
-    backend.AddSequence(i).IgnoreError();
-    backend.ExpectLength(i, static_cast<int>(batch[i]->job.tokens.size())).IgnoreError();
+    backend->AddSequence(i).IgnoreError();
+    for (CaptureBackend* c : captures) c->ExpectLength(i, static_cast<int>(batch[i]->job.tokens.size())).IgnoreError();
     inputs.push_back({static_cast<model::SequenceId>(i), batch[i]->job.tokens});
     // A sequence whose build cannot start (no memory for its pool) is answered now; it stays in
     // the batch (its prompt must outlive the forward pass) and is skipped afterwards.
@@ -255,18 +335,38 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
       batch[i]->done.set_value(b.status());
       continue;
     }
-    (*b)->kv = backend.kv(i);
+    if (group_ == nullptr) {
+      (*b)->kv = captures[0]->kv(i);
+    } else {
+      (*b)->kv = std::make_shared<CapturedKv>();
+      (*b)->kv->k.resize(num_layers);
+      (*b)->kv->v.resize(num_layers);
+      for (CaptureBackend* c : captures) (*b)->rank_kv.push_back(c->kv(i));
+      (*b)->rank_ready = std::make_unique<std::atomic<int>[]>(ranks);
+    }
     builds[i] = std::move(*b);
   }
-  Status st = model_->Forward(inputs, backend, model::LogitsMode::kLastToken);
+  std::vector<double> collective_before;
+  if (group_ != nullptr) {
+    for (int r = 0; r < ranks; ++r) collective_before.push_back(group_->collective_seconds(r));
+  }
+  Status st = lm_->Forward(inputs, *backend, model::LogitsMode::kLastToken);
   const auto computed = Clock::now();
+  if (!st.ok() && group_ != nullptr && !group_->usable() && !broken_.exchange(true)) {
+    ICE_LOG(ERROR) << "prefill: the tensor-parallel group failed inside a forward pass (" << st.ToString()
+                   << "); refusing further prompts (restart the worker)";
+  }
+  if (group_ != nullptr && ranks > 1 && options_.collective_observer) {
+    for (int r = 0; r < ranks; ++r) collective_before[r] = group_->collective_seconds(r) - collective_before[r];
+    options_.collective_observer(collective_before);
+  }
   int64_t batch_tokens = 0;
   for (auto& in : inputs) batch_tokens += static_cast<int64_t>(in.tokens.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued_tokens_ -= batch_tokens;
   }
-  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  const size_t vocab = static_cast<size_t>(lm_->config().vocab_size);
   for (size_t i = 0; i < batch.size(); ++i) {
     auto& p = batch[i];
     if (!builds[i]) continue;
@@ -274,8 +374,8 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
       p->done.set_value(st);
       continue;
     }
-    model::Sampler sampler(p->job.sampling, model_->device());
-    auto token = sampler.Sample(std::span<const float>(model_->logits() + i * vocab, vocab), p->job.tokens);
+    model::Sampler sampler(p->job.sampling, lm_->device());
+    auto token = sampler.Sample(std::span<const float>(lm_->logits() + i * vocab, vocab), p->job.tokens);
     if (!token.ok()) {
       p->done.set_value(token.status());
       continue;

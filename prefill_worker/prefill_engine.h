@@ -15,6 +15,14 @@
 // consecutive in the wire order and in the per-sequence build pool travel as one segment of at
 // most max_segment_bytes).
 //
+// Tensor parallelism (docs/parallel.md): with a model::TpGroup each rank's forward pass captures
+// the K/V of its own kv heads (a CaptureBackend per rank, on the rank's device); a layer is ready
+// once every rank has produced it, and the ship threads then gather the ranks' heads into the
+// whole model's [n, num_kv_heads, head_dim] layout (global head order, a replicated kv head taken
+// once) before building it. The sequence's cache, wire form and transfer are those of one rank
+// of the whole model: one transfer per request, whatever the TP size on either side (the decode
+// worker splits it by head, kvstore::SequenceCache::SplitByHead).
+//
 // Thread safety: Run() may be called from many threads at once (one per RPC).
 #pragma once
 
@@ -26,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +45,7 @@
 #include "kvstore/dci_tree.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "model/tensor_parallel.h"
 #include "transport/transport.h"
 
 namespace icecache::prefill {
@@ -55,6 +65,9 @@ struct PrefillEngineOptions {
   bool overlap_tree_build = true;                  // build layer l while layer l+1 computes
   size_t max_segment_bytes = 4 << 20;              // largest run of pages in one segment
   int max_queued_requests = 256;  // Run refuses more queued prompts with RESOURCE_EXHAUSTED
+  // Called on the engine thread after each forward pass with the seconds every rank spent in
+  // collectives during it ([ranks]; only with a TpGroup of more than one rank). May be empty.
+  std::function<void(std::span<const double>)> collective_observer;
 };
 
 struct PrefillJob {
@@ -96,6 +109,8 @@ class PrefillEngine {
  public:
   // `model` and `transport` are not owned and must outlive the engine.
   PrefillEngine(model::Model* model, transport::Transport* transport, const PrefillEngineOptions& options);
+  // The same over the ranks of a tensor-parallel group (not owned, must outlive the engine).
+  PrefillEngine(model::TpGroup* group, transport::Transport* transport, const PrefillEngineOptions& options);
   ~PrefillEngine();  // fails queued jobs with UNAVAILABLE, finishes running ones, joins
   PrefillEngine(const PrefillEngine&) = delete;
   PrefillEngine& operator=(const PrefillEngine&) = delete;
@@ -117,6 +132,10 @@ class PrefillEngine {
   std::chrono::steady_clock::time_point last_heartbeat() const;
   int64_t completed() const;
   PrefillEngineStats stats() const;
+  // True once a failure inside a forward pass aborted the tensor-parallel group
+  // (TpGroup::usable): that batch failed, Run answers UNAVAILABLE and the worker must be
+  // restarted (its health turns NOT_SERVING). Never true with one Model.
+  bool broken() const { return broken_.load(); }
 
  private:
   struct Pending;
@@ -129,7 +148,16 @@ class PrefillEngine {
   void BuildReadyLayers(SeqBuild& b);
   void FinishAndShip(const std::shared_ptr<SeqBuild>& b);
 
-  model::Model* const model_;
+  PrefillEngine(model::LanguageModel* lm, model::TpGroup* group, const model::AttentionShape& shape,
+                transport::Transport* transport, const PrefillEngineOptions& options);
+  // Tensor parallelism: copies layer `layer` of every rank's captured K/V into b.kv (whole-model
+  // head order). REQUIRES every rank has completed the layer.
+  void GatherLayer(SeqBuild& b, int layer) const;
+
+  model::LanguageModel* const lm_;
+  model::TpGroup* const group_;        // null: one Model
+  const model::AttentionShape shape_;  // the whole model's (all heads)
+  std::vector<int> rank_kv_head0_;     // [ranks] first global kv head of each rank (TpGroup only)
   transport::Transport* const transport_;
   const PrefillEngineOptions options_;
   ThreadPool ship_pool_;
@@ -142,6 +170,7 @@ class PrefillEngine {
   bool stop_ = false;                           // guarded by mu_
   bool draining_ = false;                       // guarded by mu_
   std::atomic<int64_t> heartbeat_ns_{0};        // steady clock of the last sign of life
+  std::atomic<bool> broken_{false};             // the TpGroup was aborted (set by the engine thread)
   void Beat() { heartbeat_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
   std::thread thread_;
 };

@@ -34,7 +34,7 @@ bool Stalled(const PrefillEngine& engine, double stall_seconds) {
 
 class PrefillServiceImpl final : public pb::PrefillWorker::Service {
  public:
-  PrefillServiceImpl(PrefillEngine* engine, const model::Model* model, Metrics* metrics, const std::string& model_dir,
+  PrefillServiceImpl(PrefillEngine* engine, const model::LanguageModel* model, Metrics* metrics, const std::string& model_dir,
                      double stall_seconds)
       : engine_(engine), model_(model), metrics_(metrics), model_dir_(model_dir), stall_seconds_(stall_seconds) {}
 
@@ -94,6 +94,9 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill engine shows no sign of life");
     }
     if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker is draining");
+    if (engine_->broken()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker's tensor-parallel group failed; restart it");
+    }
     resp->set_queued_prompt_tokens(engine_->queued_tokens());
     resp->set_model_name(model_dir_);
     resp->set_vocab_size(model_->config().vocab_size);
@@ -102,7 +105,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
 
  private:
   PrefillEngine* engine_;
-  const model::Model* model_;
+  const model::LanguageModel* model_;
   Metrics* metrics_;
   std::string model_dir_;
   double stall_seconds_;
@@ -115,11 +118,14 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
 }  // namespace
 
 struct PrefillServer::Impl {
-  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Model> model;    // tensor_parallel_size 1
+  std::unique_ptr<model::TpGroup> group;  // tensor_parallel_size > 1
+  model::LanguageModel* lm = nullptr;     // whichever of the two runs
   std::unique_ptr<transport::Transport> transport;
   std::unique_ptr<PrefillEngine> engine;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<cluster::CollectiveMetrics> collective;  // tensor parallelism only
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<PrefillServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
@@ -133,7 +139,7 @@ struct PrefillServer::Impl {
   std::thread health_thread;
 
   void UpdateHealth(bool stopping) {
-    const bool serving = !stopping && !service->draining_.load() && !Stalled(*engine, stall_seconds);
+    const bool serving = !stopping && !service->draining_.load() && !engine->broken() && !Stalled(*engine, stall_seconds);
     if (auto* h = server->GetHealthCheckService()) {
       h->SetServingStatus(serving);
       h->SetServingStatus("icecache.v1.PrefillWorker", serving);
@@ -156,16 +162,19 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   // A config built in code skips the YAML parser's range checks: refuse bad tree parameters at
   // start (before loading the model) rather than on every request.
   ICE_RETURN_IF_ERROR(kvstore::ValidateDciParams(eo.dci).WithContext("cache.dci_*"));
-  if (config.parallel.tensor_parallel_size != 1) {
-    // The sharded model runs in `icecache generate --tensor-parallel N` (model/tensor_parallel.h);
-    // the worker's engine does not drive rank groups yet (docs/parallel.md).
-    return UnimplementedError("parallel.tensor_parallel_size " + std::to_string(config.parallel.tensor_parallel_size) +
-                              ": the prefill worker runs one rank only (set 1; tensor parallelism runs in "
-                              "`icecache generate --tensor-parallel N`)");
+  const int tp = config.parallel.tensor_parallel_size;
+  ICE_ASSIGN_OR_RETURN(const kernels::Device device, kernels::ParseDevice(config.prefill.device));
+  ICE_ASSIGN_OR_RETURN(const std::vector<kernels::Device> devices,
+                       cluster::RankDevices(config.prefill.devices, tp, "prefill"));
+  if (tp > 1 || !devices.empty()) {
+    ICE_ASSIGN_OR_RETURN(impl->group, model::TpGroup::Load(config.model.dir, {tp, devices, device}));
+    impl->lm = impl->group.get();
+  } else {
+    model::ModelLoadOptions lo;
+    lo.device = device;
+    ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
+    impl->lm = impl->model.get();
   }
-  model::ModelLoadOptions lo;
-  ICE_ASSIGN_OR_RETURN(lo.device, kernels::ParseDevice(config.prefill.device));
-  ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{
                            config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
@@ -181,11 +190,17 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   eo.overlap_tree_build = config.prefill.overlap_tree_build;
   eo.max_segment_bytes = static_cast<size_t>(config.ucx.max_segment_bytes);
   eo.max_queued_requests = config.prefill.max_queued_requests;
-  impl->engine = std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
   impl->registry = std::make_shared<prometheus::Registry>();
+  if (impl->group) {
+    impl->collective = std::make_unique<cluster::CollectiveMetrics>(
+        *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
+    eo.collective_observer = [m = impl->collective.get()](std::span<const double> seconds) { m->ObserveStep(seconds); };
+  }
+  impl->engine = impl->group ? std::make_unique<PrefillEngine>(impl->group.get(), impl->transport.get(), eo)
+                             : std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
   impl->metrics = std::make_unique<Metrics>(
       *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
-  impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->model.get(), impl->metrics.get(),
+  impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->lm, impl->metrics.get(),
                                                        config.model.dir, config.prefill.health_stall_seconds);
   ICE_ASSIGN_OR_RETURN(auto credentials, cluster::InternalServerCredentials(config.internal_tls));
   ICE_ASSIGN_OR_RETURN(impl->server, cluster::StartServer(config.prefill.listen, {impl->service.get()},
@@ -206,6 +221,9 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
     }
   });
   ICE_LOG(INFO) << "prefill worker serving on " << impl->host << ":" << impl->port << " (model " << config.model.dir
+                << ", " << (impl->group ? std::to_string(impl->group->size()) + " tensor-parallel ranks over " +
+                                              std::string(impl->group->communicator_name())
+                                        : std::string("1 rank"))
                 << (config.internal_tls.enabled() ? ", mutual TLS" : ", plaintext internal plane") << ")";
   return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));
 }

@@ -260,7 +260,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   MapReader prefill = top.Sub("prefill");
   ICE_RETURN_IF_ERROR(prefill.CheckShape(
       {"listen", "metrics_port", "threads", "max_batch_tokens", "overlap_tree_build", "max_queued_requests",
-       "health_stall_seconds", "device", "drain_seconds"}));
+       "health_stall_seconds", "device", "drain_seconds", "devices"}));
   ICE_RETURN_IF_ERROR(ReadAddress(prefill, "listen", &c.prefill.listen, origin, "prefill"));
   ICE_RETURN_IF_ERROR(prefill.Number("metrics_port", &c.prefill.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(prefill.Number("threads", &c.prefill.threads, 0, 4096));
@@ -273,10 +273,11 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   if (auto d = kernels::ParseDevice(c.prefill.device); !d.ok()) {
     return InvalidArgumentError(origin + ": prefill.device: " + d.status().message());
   }
+  ICE_RETURN_IF_ERROR(prefill.StringList("devices", &c.prefill.devices));
 
   MapReader decode = top.Sub("decode");
   ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences",
-                                         "health_stall_seconds", "drain_seconds", "device"}));
+                                         "health_stall_seconds", "drain_seconds", "device", "devices"}));
   ICE_RETURN_IF_ERROR(ReadAddress(decode, "listen", &c.decode.listen, origin, "decode"));
   ICE_RETURN_IF_ERROR(decode.Number("metrics_port", &c.decode.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(decode.Number("threads", &c.decode.threads, 0, 4096));
@@ -288,6 +289,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   if (auto d = kernels::ParseDevice(c.decode.device); !d.ok()) {
     return InvalidArgumentError(origin + ": decode.device: " + d.status().message());
   }
+  ICE_RETURN_IF_ERROR(decode.StringList("devices", &c.decode.devices));
 
   MapReader ucx = top.Sub("ucx");
   ICE_RETURN_IF_ERROR(ucx.CheckShape(
@@ -462,7 +464,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_queued_requests" << YAML::Value << c.prefill.max_queued_requests;
   out << YAML::Key << "health_stall_seconds" << YAML::Value << c.prefill.health_stall_seconds;
   out << YAML::Key << "device" << YAML::Value << c.prefill.device;
-  out << YAML::Key << "drain_seconds" << YAML::Value << c.prefill.drain_seconds << YAML::EndMap;
+  out << YAML::Key << "drain_seconds" << YAML::Value << c.prefill.drain_seconds;
+  out << YAML::Key << "devices" << YAML::Value << YAML::Flow << c.prefill.devices << YAML::EndMap;
   out << YAML::Key << "decode" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.decode.listen;
   out << YAML::Key << "metrics_port" << YAML::Value << c.decode.metrics_port;
@@ -471,7 +474,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences;
   out << YAML::Key << "health_stall_seconds" << YAML::Value << c.decode.health_stall_seconds;
   out << YAML::Key << "drain_seconds" << YAML::Value << c.decode.drain_seconds;
-  out << YAML::Key << "device" << YAML::Value << c.decode.device << YAML::EndMap;
+  out << YAML::Key << "device" << YAML::Value << c.decode.device;
+  out << YAML::Key << "devices" << YAML::Value << YAML::Flow << c.decode.devices << YAML::EndMap;
   out << YAML::Key << "ucx" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tls" << YAML::Value << c.ucx.tls;
   out << YAML::Key << "net_devices" << YAML::Value << c.ucx.net_devices;
@@ -492,6 +496,23 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+StatusOr<std::vector<kernels::Device>> RankDevices(const std::vector<std::string>& devices, int tensor_parallel_size,
+                                                   const std::string& role) {
+  std::vector<kernels::Device> out;
+  if (devices.empty()) return out;
+  if (static_cast<int>(devices.size()) != tensor_parallel_size) {
+    return InvalidArgumentError(role + ".devices lists " + std::to_string(devices.size()) +
+                                " devices for parallel.tensor_parallel_size " + std::to_string(tensor_parallel_size) +
+                                " (one per rank, or leave it empty)");
+  }
+  for (const auto& d : devices) {
+    auto parsed = kernels::ParseDevice(d);
+    if (!parsed.ok()) return InvalidArgumentError(role + ".devices: " + parsed.status().message());
+    out.push_back(*parsed);
+  }
+  return out;
 }
 
 }  // namespace icecache::cluster

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "kvstore/dci_tree.h"
 
 namespace icecache::cluster {
@@ -134,6 +135,10 @@ struct PrefillSection {
   // SIGTERM: report NOT_SERVING, refuse queued and new prompts with UNAVAILABLE (the router tries
   // another prefill worker), finish the batch in progress for up to this long, then stop.
   double drain_seconds = 30;
+  // Tensor parallelism: one device per rank (parallel.tensor_parallel_size of them, e.g.
+  // [cuda:2, cuda:3]); empty: every rank on the CPU when `device` is the CPU, else ranks on
+  // consecutive GPUs from `device`'s.
+  std::vector<std::string> devices;
 };
 
 struct DecodeSection {
@@ -146,6 +151,7 @@ struct DecodeSection {
   int64_t pool_pages = 262144;
   int max_sequences = 64;  // sequences admitted at once: reserved, receiving or decoding
   std::string device = "auto";  // as prefill.device
+  std::vector<std::string> devices;  // as prefill.devices
   // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine loop has not come round for this
   // long (a stuck forward pass or a wedged thread).
   double health_stall_seconds = 30;
@@ -171,7 +177,7 @@ struct UcxSection {
 // Tensor parallelism inside a worker (docs/parallel.md). Each worker process reads it (set it per
 // process with --set parallel.tensor_parallel_size=N).
 struct ParallelSection {
-  int tensor_parallel_size = 1;  // ranks per worker; > 1 is not served by the workers yet (refused at start)
+  int tensor_parallel_size = 1;  // ranks per worker process (threads; CPU or one GPU each)
 };
 
 // Mutual TLS on the internal plane (router -> prefill and decode workers). With the three files set,
@@ -219,5 +225,12 @@ StatusOr<ClusterConfig> ConfigFromCommandLine(int argc, char** argv, const std::
 
 // Renders the config as YAML (all keys, defaults included).
 std::string ClusterConfigToYaml(const ClusterConfig& config);
+
+// A worker's per-rank devices (prefill.devices / decode.devices, `role` names the section in
+// errors): empty when `devices` is empty (the ranks follow the section's `device`), else the
+// parsed list. INVALID_ARGUMENT for a list whose length is not tensor_parallel_size or an
+// entry that is not a device.
+StatusOr<std::vector<kernels::Device>> RankDevices(const std::vector<std::string>& devices, int tensor_parallel_size,
+                                                   const std::string& role);
 
 }  // namespace icecache::cluster

@@ -111,4 +111,22 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r, const prometheus::Labels& 
       cache_misses(Counter(r, p, "icecache_device_page_cache_misses_total", "Selected KV pages copied host to device")),
       h2d_bytes(Counter(r, p, "icecache_h2d_bytes_total", "KV bytes copied host to device")) {}
 
+CollectiveMetrics::CollectiveMetrics(prometheus::Registry& r, const prometheus::Labels& p)
+    : seconds(prometheus::BuildHistogram()
+                  .Name("icecache_collective_seconds")
+                  .Help("Seconds a tensor-parallel rank spent in collectives per forward step")
+                  .Labels(p)
+                  .Register(r)),
+      process_(p) {}
+
+void CollectiveMetrics::ObserveStep(std::span<const double> s) {
+  // A step of one rank's collectives is far below the request latencies: 10 us .. 10 s.
+  static const std::vector<double> kBuckets = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1, 3, 10};
+  std::lock_guard<std::mutex> lock(mu_);
+  while (ranks_.size() < s.size()) {
+    ranks_.push_back(&seconds.Add({{"rank", std::to_string(ranks_.size())}}, kBuckets));
+  }
+  for (size_t r = 0; r < s.size(); ++r) ranks_[r]->Observe(s[r]);
+}
+
 }  // namespace icecache::cluster

@@ -19,6 +19,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,23 @@ struct DecodeMetrics {
   prometheus::Counter& cache_hits;        // icecache_device_page_cache_hits_total
   prometheus::Counter& cache_misses;      // icecache_device_page_cache_misses_total
   prometheus::Counter& h2d_bytes;         // icecache_h2d_bytes_total
+};
+
+// Tensor parallelism (docs/parallel.md), in the prefill and the decode workers that run more than
+// one rank: the one family both worker components export (their own steps, told apart by
+// `component`, so no sum counts a step twice).
+struct CollectiveMetrics {
+  CollectiveMetrics(prometheus::Registry& r, const prometheus::Labels& process);
+  // icecache_collective_seconds{rank}: per forward step, the seconds each rank spent in
+  // collectives (all-reduces, including waiting for the other ranks).
+  prometheus::Family<prometheus::Histogram>& seconds;
+  // One sample per rank: seconds[r] for rank r.
+  void ObserveStep(std::span<const double> seconds);
+
+ private:
+  prometheus::Labels process_;
+  std::vector<prometheus::Histogram*> ranks_;  // created on first use, per rank
+  std::mutex mu_;                              // guards ranks_
 };
 
 }  // namespace icecache::cluster

@@ -245,6 +245,36 @@ TEST(ClusterConfig, ParallelSection) {
   }
 }
 
+// Per-rank devices of a tensor-parallel worker: a YAML list or a comma list on the command line,
+// kept through the YAML round trip; RankDevices checks the count against the TP size and parses.
+TEST(ClusterConfig, RankDevicesPerWorker) {
+  auto c = ParseClusterConfig("parallel: {tensor_parallel_size: 2}\ndecode: {devices: [cuda:2, cuda:3]}", "t.yaml",
+                              {"prefill.devices=cpu,cpu"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->decode.devices, (std::vector<std::string>{"cuda:2", "cuda:3"}));
+  EXPECT_EQ(c->prefill.devices, (std::vector<std::string>{"cpu", "cpu"}));
+  auto again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->decode.devices, c->decode.devices);
+  EXPECT_TRUE(ParseClusterConfig("", "t.yaml")->decode.devices.empty());
+
+  auto d = RankDevices(c->decode.devices, 2, "decode");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(*d, (std::vector<kernels::Device>{{kernels::Backend::kCuda, 2}, {kernels::Backend::kCuda, 3}}));
+  auto none = RankDevices({}, 4, "decode");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());  // the ranks follow decode.device
+  auto count = RankDevices(c->decode.devices, 4, "decode");
+  EXPECT_EQ(count.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(count.status().message().find("decode.devices lists 2 devices for parallel.tensor_parallel_size 4"),
+            std::string::npos)
+      << count.status().ToString();
+  auto bad = RankDevices({"cuda:0", "tpu"}, 2, "prefill");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("prefill.devices"), std::string::npos) << bad.status().ToString();
+  EXPECT_FALSE(ParseClusterConfig("decode: {devices: {a: 1}}", "t.yaml").ok());
+}
+
 TEST(ClusterConfig, ExampleConfigIsValid) {
   auto c = LoadClusterConfig(std::string(ICECACHE_SOURCE_DIR) + "/config/cluster.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
 
 #include "serving/cluster_config.h"
 
@@ -102,6 +105,40 @@ TEST_P(HelmRender, TerminationGraceCoversTheDrain) {
     ++found;
   }
   EXPECT_EQ(text.find(key, at), std::string::npos) << "more than three Deployments";
+}
+
+// Tensor parallelism: a worker pod requests gpus x tensorParallel GPUs and its process is told its
+// rank count on the command line (the ConfigMap is shared by both worker components).
+TEST_P(HelmRender, WorkersRequestGpusPerRankAndGetTheirTensorParallelSize) {
+  const std::string set = GetParam();
+  const std::string path = std::string(ICECACHE_BINARY_DIR) + "/helm-render/" + set + "/rendered.yaml";
+  std::string text;
+  if (!ReadFile(path, &text)) GTEST_SKIP() << path << " is missing (see ConfigMapLoadsInTheConfigParser)";
+  // ci/gpu-values.yaml: decode tensorParallel 2, gpus 1; the default values: 1 and 1; init: gpus 0.
+  const int decode_tp = set == "gpu" ? 2 : 1;
+  const int gpus = set == "init" ? 0 : 1;
+  int workers = 0;
+  for (const YAML::Node& doc : YAML::LoadAll(text)) {
+    if (!doc.IsMap() || doc["kind"].as<std::string>("") != "Deployment") continue;
+    const std::string component = doc["metadata"]["labels"]["app.kubernetes.io/component"].as<std::string>("");
+    if (component != "prefill" && component != "decode") continue;
+    ++workers;
+    const int tp = component == "decode" ? decode_tp : 1;
+    const YAML::Node c = doc["spec"]["template"]["spec"]["containers"][0];
+    std::vector<std::string> command;
+    for (const auto& a : c["command"]) command.push_back(a.as<std::string>());
+    const std::vector<std::string> want = {"icecache-" + component, "--config", "/etc/icecache/cluster.yaml", "--set",
+                                           "parallel.tensor_parallel_size=" + std::to_string(tp)};
+    EXPECT_EQ(command, want) << component;
+    const YAML::Node gpu = c["resources"]["limits"]["nvidia.com/gpu"];
+    if (gpus == 0) {
+      EXPECT_FALSE(gpu.IsDefined()) << component;
+    } else {
+      ASSERT_TRUE(gpu.IsDefined()) << component;
+      EXPECT_EQ(gpu.as<int>(), gpus * tp) << component;
+    }
+  }
+  EXPECT_EQ(workers, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(ValuesSets, HelmRender, ::testing::Values("default", "gpu", "init"),

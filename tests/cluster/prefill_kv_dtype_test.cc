@@ -112,16 +112,45 @@ TEST(ClusterKvDtype, OldScheduleGivesTheSameTokens) {
   (*slow_prefill)->Shutdown();
 }
 
-// parallel.tensor_parallel_size > 1 is refused by both workers at start, with the way to run it.
-TEST(ClusterConfigChecks, WorkersRefuseTensorParallelism) {
+// parallel.tensor_parallel_size > 1 starts both workers over a TpGroup (docs/parallel.md; served
+// end to end in tensor_parallel_cluster_test.cc); what they cannot serve is refused at start with
+// the counts named: a device list of another length, and (decode) kv heads that would have to be
+// replicated.
+TEST(ClusterConfigChecks, WorkersStartTensorParallelAndRefuseWhatTheyCannotServe) {
   cluster::ClusterConfig cfg;
-  cfg.model.dir = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/models/llama_gqa_f32";
+  cfg.model.dir = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/models/llama_gqa_f32";  // 2 kv heads
+  cfg.prefill.listen = cfg.decode.listen = "127.0.0.1:0";
+  cfg.prefill.device = cfg.decode.device = "cpu";
+  cfg.ucx.net_devices = "lo";
   cfg.parallel.tensor_parallel_size = 2;
   auto decode = decode::DecodeServer::Start(cfg);
-  ASSERT_EQ(decode.status().code(), StatusCode::kUnimplemented) << decode.status().ToString();
-  EXPECT_NE(decode.status().message().find("--tensor-parallel"), std::string::npos) << decode.status().ToString();
+  ASSERT_TRUE(decode.ok()) << decode.status().ToString();
   auto prefill = prefill::PrefillServer::Start(cfg);
-  ASSERT_EQ(prefill.status().code(), StatusCode::kUnimplemented) << prefill.status().ToString();
+  ASSERT_TRUE(prefill.ok()) << prefill.status().ToString();
+  (*prefill)->Shutdown();
+  (*decode)->Shutdown();
+
+  cluster::ClusterConfig devices = cfg;
+  devices.decode.devices = {"cpu", "cpu", "cpu"};
+  auto bad = decode::DecodeServer::Start(devices);
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("decode.devices lists 3 devices"), std::string::npos) << bad.status().ToString();
+  devices.prefill.devices = {"cpu"};
+  auto bad_prefill = prefill::PrefillServer::Start(devices);
+  ASSERT_EQ(bad_prefill.status().code(), StatusCode::kInvalidArgument) << bad_prefill.status().ToString();
+  EXPECT_NE(bad_prefill.status().message().find("prefill.devices"), std::string::npos);
+
+  cluster::ClusterConfig replicated = cfg;
+  replicated.parallel.tensor_parallel_size = 4;  // 4 q heads over 2 kv heads: each kv head on 2 ranks
+  auto refused = decode::DecodeServer::Start(replicated);
+  ASSERT_EQ(refused.status().code(), StatusCode::kUnimplemented) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("2 kv heads do not divide into 4 ranks"), std::string::npos)
+      << refused.status().ToString();
+  cluster::ClusterConfig three = cfg;
+  three.parallel.tensor_parallel_size = 3;
+  auto indivisible = prefill::PrefillServer::Start(three);
+  ASSERT_EQ(indivisible.status().code(), StatusCode::kInvalidArgument) << indivisible.status().ToString();
+  EXPECT_NE(indivisible.status().message().find("tensor_parallel_size 3"), std::string::npos);
 }
 
 TEST(ClusterKvDtype, DecodeWorkerRefusesPagesOfAnotherDtype) {

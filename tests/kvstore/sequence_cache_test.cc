@@ -209,6 +209,82 @@ TEST(SequenceCacheTest, SerializeRoundTripIntoAnotherPool) {
   EXPECT_EQ(dst->used_pages(), 37);
 }
 
+// The heads [first, first + count) of m as a ModelKv of their own.
+ModelKv HeadsOf(const ModelKv& m, int first, int count) {
+  ModelKv out{m.layers, count, m.dim, m.n, {}, {}, {}, {}};
+  for (int l = 0; l < m.layers; ++l) {
+    out.k.emplace_back();
+    out.v.emplace_back();
+    for (int64_t t = 0; t < m.n; ++t) {
+      out.k[l].insert(out.k[l].end(), m.K(l, t, first), m.K(l, t, first) + count * m.dim);
+      out.v[l].insert(out.v[l].end(), m.V(l, t, first), m.V(l, t, first) + count * m.dim);
+    }
+  }
+  for (int l = 0; l < m.layers; ++l) {
+    out.kp.push_back(out.k[l].data());
+    out.vp.push_back(out.v[l].data());
+  }
+  return out;
+}
+
+// A tensor-parallel decode rank's part of a shipped sequence: splitting by head gives, per part,
+// the cache that building those heads alone gives (same structure, same selections, same pages'
+// contents), moves every page (none copied or lost) and keeps decoding the same way.
+TEST(SequenceCacheTest, SplitByHeadEqualsBuildingEachPartsHeads) {
+  const int layers = 5, nkv = 4, dim = 16, nq = 2, parts = 2;
+  auto pool = MakePool(dim, 8000);
+  ModelKv m = RandomKv(layers, nkv, dim, 1300, 21);
+  SequenceCacheOptions o = Opts(layers, nkv);
+  o.ice_group = 3;
+  auto whole = SequenceCache::Create(o, pool.get()).value();
+  ASSERT_TRUE(whole->Build(m.kp.data(), m.vp.data(), 1200).ok());
+  AppendRange(whole.get(), m, 1200, 1230);
+  const int64_t held = whole->pages_held();
+  const int64_t used = pool->used_pages();
+
+  EXPECT_EQ(SequenceCache::SplitByHead(nullptr, 2).status().code(), StatusCode::kInvalidArgument);
+  auto odd = SequenceCache::Create(Opts(layers, 3), pool.get()).value();
+  auto refused = SequenceCache::SplitByHead(std::move(odd), 2);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("3 kv heads do not split into 2"), std::string::npos);
+
+  auto split = SequenceCache::SplitByHead(std::move(whole), parts);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_EQ(split->size(), static_cast<size_t>(parts));
+  EXPECT_EQ(pool->used_pages(), used);  // moved, not copied
+  int64_t sum = 0;
+  for (int p = 0; p < parts; ++p) {
+    SequenceCache& part = *(*split)[p];
+    sum += part.pages_held();
+    EXPECT_EQ(part.options().num_kv_heads, nkv / parts);
+    EXPECT_EQ(part.num_tokens(), 1230);
+    ModelKv mine = HeadsOf(m, p * (nkv / parts), nkv / parts);
+    SequenceCacheOptions ro = Opts(layers, nkv / parts);
+    ro.ice_group = 3;
+    auto ref = SequenceCache::Create(ro, pool.get()).value();
+    ASSERT_TRUE(ref->Build(mine.kp.data(), mine.vp.data(), 1200).ok());
+    AppendRange(ref.get(), mine, 1200, 1230);
+    EXPECT_EQ(part.Serialize().value().metadata, ref->Serialize().value().metadata) << "part " << p;
+    ExpectAllTokens(part, *pool, mine);
+    AppendRange(&part, mine, 1230, 1300);
+    AppendRange(ref.get(), mine, 1230, 1300);
+    EXPECT_EQ(part.Serialize().value().metadata, ref->Serialize().value().metadata) << "part " << p;
+    std::vector<float> q(nq * dim, 0.25f);
+    Retriever r(RetrievalPolicy{16, RetrievalMode::kSparse});
+    for (int layer = 0; layer < layers; ++layer) {
+      if (part.LeaderOf(layer) != layer) continue;
+      PageSelection a, b;
+      ASSERT_TRUE(r.Select({&part}, layer, q.data(), nq, &a).ok());
+      ASSERT_TRUE(r.Select({ref.get()}, layer, q.data(), nq, &b).ok());
+      EXPECT_EQ(a.tree_leaf, b.tree_leaf);
+      EXPECT_EQ(a.page_valid, b.page_valid);
+    }
+  }
+  EXPECT_EQ(sum, held);  // each part counted before its own appends
+  split->clear();
+  EXPECT_EQ(pool->used_pages(), 0);
+}
+
 TEST(SequenceCacheTest, CorruptWireIsRejectedAndPagesStayWithCaller) {
   const int layers = 3, nkv = 1, dim = 16;
   auto pool = MakePool(dim, 3000);

@@ -19,6 +19,7 @@
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/model_info.h"
+#include "model/shard_plan.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace icecache::model {
@@ -100,6 +101,69 @@ TEST(GgufTest, WeightsMatchThePythonConversion) {
     EXPECT_EQ(a.info->dtype, b.info->dtype) << name;
     ASSERT_EQ(a.info->end - a.info->begin, b.info->end - b.info->begin) << name;
     EXPECT_EQ(std::memcmp(a.data, b.data, a.info->end - a.info->begin), 0) << name;
+  }
+}
+
+// Tensor parallelism: a rank's checkpoint holds, in each quantised weight it slices, exactly the
+// full dequantisation's values in its rows (q/k/v, gate/up) or columns (o, down) and zeros
+// everywhere else (never dequantised, never written); every other tensor is the full one. On
+// tiny_llama (4 q heads, 2 kv heads, intermediate 256, Q4_0..Q8_0 and K-quants): 11 of the 14
+// sliced weights are quantised (blk.0 ffn_down is F16, blk.1 attn_q BF16 and blk.1 attn_v F32,
+// served whole from the file), and
+// the Q4_K/Q5_K/Q6_K o/down weights (blocks of 256) take the whole-row path at 128 columns.
+TEST(GgufTest, TensorParallelRankDequantisesOnlyItsSlices) {
+  auto full = LoadGgufModel(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  const ModelConfig& c = full->config;
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    GgufLoadOptions o;
+    o.tp_rank = rank;
+    o.tp_size = 2;
+    auto part = LoadGgufModel(kDir + "tiny_llama.gguf", o);
+    ASSERT_TRUE(part.ok()) << part.status().ToString();
+    auto plan = PlanShard(c, rank, 2);
+    ASSERT_TRUE(plan.ok());
+    const int64_t d = c.head_dim;
+    int sliced = 0;
+    for (const std::string& name : full->checkpoint->TensorNames()) {
+      TensorView a = *full->checkpoint->Get(name), b = *part->checkpoint->Get(name);
+      ASSERT_EQ(a.info->shape, b.info->shape) << name;
+      ASSERT_EQ(a.info->dtype, b.info->dtype) << name;
+      const size_t bytes = a.info->end - a.info->begin;
+      ASSERT_EQ(bytes, b.info->end - b.info->begin) << name;
+      if (std::memcmp(a.data, b.data, bytes) == 0) continue;  // served whole
+      // Which part this rank reads ([rows, cols] as Model::BindWeights slices them).
+      bool columns = false;
+      int64_t first = 0, count = 0;
+      auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+      if (has("q_proj.weight")) first = plan->q_head0 * d, count = plan->q_heads * d;
+      else if (has("k_proj.weight") || has("v_proj.weight")) first = plan->kv_head0 * d, count = plan->kv_heads * d;
+      else if (has("o_proj.weight")) columns = true, first = plan->q_head0 * d, count = plan->q_heads * d;
+      else if (has("gate_proj.weight") || has("up_proj.weight")) first = plan->inter0, count = plan->inter;
+      else if (has("down_proj.weight")) columns = true, first = plan->inter0, count = plan->inter;
+      ASSERT_GT(count, 0) << name << " differs but is not a sliced weight";
+      ++sliced;
+      const int64_t rows = a.info->shape[0], cols = a.info->shape[1];
+      const size_t esz = kernels::DTypeSize(a.info->dtype);
+      const auto* pa = static_cast<const uint8_t*>(a.data);
+      const auto* pb = static_cast<const uint8_t*>(b.data);
+      int64_t mismatched = 0, nonzero_outside = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t col = 0; col < cols; ++col) {
+          const bool mine = columns ? (col >= first && col < first + count) : (r >= first && r < first + count);
+          const size_t at = static_cast<size_t>(r * cols + col) * esz;
+          if (mine) {
+            mismatched += std::memcmp(pa + at, pb + at, esz) != 0;
+          } else {
+            for (size_t k = 0; k < esz; ++k) nonzero_outside += pb[at + k] != 0;
+          }
+        }
+      }
+      EXPECT_EQ(mismatched, 0) << name;
+      EXPECT_EQ(nonzero_outside, 0) << name;
+    }
+    EXPECT_EQ(sliced, 11);
   }
 }
 

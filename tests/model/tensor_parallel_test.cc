@@ -128,6 +128,34 @@ TEST_P(TensorParallel, SameGreedyTokensAndLogitsAsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel, ::testing::ValuesIn(Cases()));
 
+// GGUF files, whose ranks dequantise only their slices (model/gguf_model.h): TP = 2 gives TP = 1's
+// greedy tokens and logits within kLogitTol (tiny_llama: every quantisation type, permuted q/k;
+// tiny_qwen3: q/k norms).
+class TensorParallelGguf : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelGguf, SameGreedyTokensAndLogitsAsOneRank) {
+  const std::string path = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/gguf/" + GetParam();
+  const GreedyRun want = RunSingle(path);
+  ASSERT_EQ(want.tokens.size(), static_cast<size_t>(kDecodeSteps));
+  auto g = TpGroup::Load(path, {.size = 2, .devices = {}, .device = {kernels::Backend::kCpu, 0}});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto cache = (*g)->NewDenseKvCache({});
+  const GreedyRun got = Greedy(**g, *cache);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  float worst = 0;
+  for (size_t s = 0; s < want.logits.size(); ++s) {
+    ASSERT_EQ(got.logits[s].size(), want.logits[s].size());
+    for (size_t i = 0; i < want.logits[s].size(); ++i) {
+      worst = std::max(worst, std::fabs(got.logits[s][i] - want.logits[s][i]));
+    }
+  }
+  EXPECT_LE(worst, kLogitTol);
+  std::printf("[ %s TP=2 ] max |logit - TP1 logit| = %.3g\n", GetParam().c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, TensorParallelGguf, ::testing::Values("tiny_llama.gguf", "tiny_qwen3.gguf"));
+
 // The Generator over a TpGroup: two prompts at once (prefill and decode in one step), greedy,
 // gives the single-model Generator's tokens.
 TEST(TpGroup, GeneratorMatchesSingleModel) {
@@ -225,6 +253,51 @@ TEST(TpGroup, BadTokenFailsCleanlyAndGroupStaysUsable) {
   // A plain DenseKvCache is not the group's backend.
   DenseKvCache other((*g)->rank(0).attention_shape(), {});
   EXPECT_EQ((*g)->Forward({&in, 1}, other, LogitsMode::kLastToken).code(), StatusCode::kInvalidArgument);
+}
+
+// A rank backend whose attention fails at layer 1 (after the first all-reduces of the step).
+class FailingAttention final : public AttentionBackend {
+ public:
+  explicit FailingAttention(std::unique_ptr<AttentionBackend> inner) : inner_(std::move(inner)) {}
+  const AttentionShape& shape() const override { return inner_->shape(); }
+  kernels::Device device() const override { return inner_->device(); }
+  Status AddSequence(SequenceId id) override { return inner_->AddSequence(id); }
+  Status RemoveSequence(SequenceId id) override { return inner_->RemoveSequence(id); }
+  bool HasSequence(SequenceId id) const override { return inner_->HasSequence(id); }
+  StatusOr<int> SequenceLength(SequenceId id) const override { return inner_->SequenceLength(id); }
+  Status BeginStep(std::span<const StepSegment> segments) override { return inner_->BeginStep(segments); }
+  Status Attend(int layer, const float* q, const float* k, const float* v, float* out) override {
+    if (layer == 1) return InternalError("injected attention failure at layer 1");
+    return inner_->Attend(layer, q, k, v, out);
+  }
+  void EndStep(bool commit) override { inner_->EndStep(commit); }
+
+ private:
+  std::unique_ptr<AttentionBackend> inner_;
+};
+
+// A failure inside the layers of one rank aborts the group: the step fails on the calling thread
+// (no rank is left waiting), usable() turns false and every later step is FAILED_PRECONDITION at
+// once (what a serving worker turns into NOT_SERVING).
+TEST(TpGroup, FailureInsideTheLayersAbortsTheGroup) {
+  auto g = TpGroup::Load(FixtureDir("llama_gqa_f32"), {.size = 2, .devices = {}, .device = {kernels::Backend::kCpu, 0}});
+  ASSERT_TRUE(g.ok());
+  std::vector<std::unique_ptr<AttentionBackend>> ranks;
+  ranks.push_back(std::make_unique<DenseKvCache>((*g)->rank(0).attention_shape(), DenseKvCacheOptions{}));
+  ranks.push_back(std::make_unique<FailingAttention>(
+      std::make_unique<DenseKvCache>((*g)->rank(1).attention_shape(), DenseKvCacheOptions{})));
+  auto cache = (*g)->WrapBackends(std::move(ranks));
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  ASSERT_TRUE((*cache)->AddSequence(1).ok());
+  EXPECT_TRUE((*g)->usable());
+  const int32_t tokens[] = {1, 2, 3};
+  SequenceInput in{1, tokens};
+  Status st = (*g)->Forward({&in, 1}, **cache, LogitsMode::kLastToken);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE((*g)->usable());
+  st = (*g)->Forward({&in, 1}, **cache, LogitsMode::kLastToken);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("aborted"), std::string::npos) << st.ToString();
 }
 
 }  // namespace

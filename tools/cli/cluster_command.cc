@@ -28,6 +28,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: icecache cluster --model DIR --port P [--prefill N] [--decode M] [--config FILE]\n"
     "                        [--metrics-port BASE] [--http-port H] [--api-key KEY] [--device auto|cpu|cuda] [--set SECTION.KEY=VALUE ...] [--once]\n"
+    "                        [--tensor-parallel N] [--prefill-tp N] [--decode-tp N]\n"
     "  Router on 127.0.0.1:P; prefill workers on P+1..P+N, decode workers on P+N+1..P+N+M.\n"
     "  --metrics-port BASE: /metrics of the router on BASE, prefill workers on BASE+1.., decode\n"
     "  workers after them (monitoring/prometheus.yml scrapes 9400-9402).\n"
@@ -37,6 +38,9 @@ constexpr const char* kUsage =
     "  --device: auto (default) puts the workers on the visible GPUs round-robin (prefill workers\n"
     "    first: cuda:0, cuda:1, ...; CUDA_VISIBLE_DEVICES decides what is visible), or all on the\n"
     "    CPU when there is none; cpu forces the CPU; cuda or cuda:N round-robin from N.\n"
+    "  --tensor-parallel N: every worker runs the model split over N ranks (threads of the worker;\n"
+    "    on GPUs N consecutive GPUs per worker, placed as above); --prefill-tp / --decode-tp set it\n"
+    "    per role (parallel.tensor_parallel_size, prefill.devices / decode.devices; docs/parallel.md).\n"
     "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n"
     "  The internal plane (router -> workers) uses mutual TLS: with internal_tls.* in the config those\n"
     "    certificates, otherwise a throwaway CA made for this run (removed on exit);\n"
@@ -111,7 +115,7 @@ Child* Reap(std::vector<Child>& children, std::string* how) {
 
 int RunCluster(int argc, char** argv) {
   std::string model, config;
-  int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0, http_port = 0;
+  int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0, http_port = 0, prefill_tp = 0, decode_tp = 0;
   kernels::Device device;
   bool once = false, insecure_internal = false;
   std::vector<std::string> sets, api_keys;
@@ -127,6 +131,14 @@ int RunCluster(int argc, char** argv) {
       num_prefill = std::atoi(v);
     } else if (a == "--decode" && (v = next())) {
       num_decode = std::atoi(v);
+    } else if ((a == "--tensor-parallel" || a == "--prefill-tp" || a == "--decode-tp") && (v = next())) {
+      const int n = std::atoi(v);
+      if (n < 1 || n > 1024) {
+        std::fprintf(stderr, "icecache cluster: %s %s: the rank count must be in [1, 1024]\n", a.c_str(), v);
+        return 2;
+      }
+      if (a != "--decode-tp") prefill_tp = n;
+      if (a != "--prefill-tp") decode_tp = n;
     } else if (a == "--metrics-port" && (v = next())) {
       metrics_base = std::atoi(v);
     } else if (a == "--http-port" && (v = next())) {
@@ -233,11 +245,33 @@ int RunCluster(int argc, char** argv) {
                  kernels::DeviceName(device).c_str());
     return 1;
   }
-  int worker = 0;
-  auto placed = [&](std::vector<std::string> args, const std::string& what) {
-    const std::string d = gpus > 0 ? "cuda:" + std::to_string((resolved.index + worker) % gpus) : "cpu";
-    ++worker;
-    std::printf("icecache cluster: %s on %s\n", what.c_str(), d.c_str());
+  // With tensor parallelism a worker takes `tp` consecutive GPUs (its ranks' devices).
+  if (prefill_tp == 0) prefill_tp = parsed->parallel.tensor_parallel_size;
+  if (decode_tp == 0) decode_tp = parsed->parallel.tensor_parallel_size;
+  if (gpus > 0 && std::max(prefill_tp, decode_tp) > gpus) {
+    std::fprintf(stderr, "icecache cluster: %d tensor-parallel ranks per worker, but only %d GPUs are visible\n",
+                 std::max(prefill_tp, decode_tp), gpus);
+    return 1;
+  }
+  int gpu = 0;  // next GPU, counted from resolved.index
+  auto placed = [&](std::vector<std::string> args, const std::string& what, const std::string& role, int tp) {
+    std::string d = "cpu", list;
+    if (gpus > 0) {
+      for (int r = 0; r < tp; ++r) {
+        const std::string g = "cuda:" + std::to_string((resolved.index + gpu++) % gpus);
+        if (r == 0) d = g;
+        list += (list.empty() ? "" : ",") + g;
+      }
+    }
+    if (tp > 1) {
+      std::printf("icecache cluster: %s on %s (%d tensor-parallel ranks%s%s)\n", what.c_str(), d.c_str(), tp,
+                  list.empty() ? "" : ": ", list.c_str());
+      args.insert(args.end(), {"--set", "parallel.tensor_parallel_size=" + std::to_string(tp)});
+      if (!list.empty()) args.insert(args.end(), {"--set", role + ".devices=" + list});
+    } else {
+      std::printf("icecache cluster: %s on %s\n", what.c_str(), d.c_str());
+      args.insert(args.end(), {"--set", "parallel.tensor_parallel_size=1"});
+    }
     args.insert(args.end(), {"--device", d});
     return args;
   };
@@ -250,13 +284,13 @@ int RunCluster(int argc, char** argv) {
     std::string listen = "127.0.0.1:" + std::to_string(next_port);
     prefill_list += (prefill_list.empty() ? "" : ",") + listen;
     children.push_back({"prefill worker " + listen,
-                        Spawn((bin / "icecache-prefill").string(), placed(common(listen), "prefill worker " + listen))});
+                        Spawn((bin / "icecache-prefill").string(), placed(common(listen), "prefill worker " + listen, "prefill", prefill_tp))});
   }
   for (int i = 0; i < num_decode; ++i, ++next_port) {
     std::string listen = "127.0.0.1:" + std::to_string(next_port);
     decode_list += (decode_list.empty() ? "" : ",") + listen;
     children.push_back({"decode worker " + listen,
-                        Spawn((bin / "icecache-decode").string(), placed(common(listen), "decode worker " + listen))});
+                        Spawn((bin / "icecache-decode").string(), placed(common(listen), "decode worker " + listen, "decode", decode_tp))});
   }
   std::string router = "127.0.0.1:" + std::to_string(port);
   next_metrics = metrics_base;

@@ -107,15 +107,16 @@ securityContext:
 {{- add $poolMiB (int $m.modelMiB) (int $m.overheadMiB) -}}
 {{- end -}}
 
-{{/* Resources of a worker container: the values' resources, plus nvidia.com/gpu limits from
-     gpus, plus (decode, memory.auto) memory requests and limits from the page-pool formula. */}}
+{{/* Resources of a worker container: the values' resources, plus nvidia.com/gpu limits of gpus x
+     tensorParallel (GPUs per rank x ranks), plus (decode, memory.auto) memory requests and limits
+     from the page-pool formula. */}}
 {{- define "icecache.workerResources" -}}
 {{- $c := index .root.Values .component -}}
 {{- $res := deepCopy ($c.resources | default dict) -}}
 {{- $limits := deepCopy ($res.limits | default dict) -}}
 {{- $requests := deepCopy ($res.requests | default dict) -}}
 {{- if gt (int $c.gpus) 0 }}
-{{- $_ := set $limits "nvidia.com/gpu" (int $c.gpus) }}
+{{- $_ := set $limits "nvidia.com/gpu" (mul (int $c.gpus) (int ($c.tensorParallel | default 1))) }}
 {{- end }}
 {{- if and $c.memory $c.memory.auto }}
 {{- $mem := printf "%sMi" (include (printf "icecache.%sMemoryMiB" .component) .root) }}

@@ -49,7 +49,13 @@ spec:
       containers:
         - name: {{ $component }}
           {{- include "icecache.containerCommon" $root | nindent 10 }}
+          {{- if eq $component "router" }}
           command: ["icecache-{{ $component }}", "--config", "/etc/icecache/cluster.yaml"]
+          {{- else }}
+          {{- /* parallel.tensor_parallel_size per worker component (the ConfigMap is shared) */}}
+          command: ["icecache-{{ $component }}", "--config", "/etc/icecache/cluster.yaml",
+                    "--set", "parallel.tensor_parallel_size={{ int ($c.tensorParallel | default 1) }}"]
+          {{- end }}
           ports:
             - name: grpc
               containerPort: {{ $port }}
