@@ -47,4 +47,28 @@ Status TopLogits(const float* logits, int vocab, int count, float* sorted_logits
   return Status::Ok();
 }
 
+Status CountPenalty(const CountPenaltyParams& p) {
+  for (int i = 0; i < p.count; ++i) {
+    p.logits[p.ids[i]] -= p.frequency * static_cast<float>(p.counts[i]) + p.presence;
+  }
+  return Status::Ok();
+}
+
+Status LogSumExp(const float* logits, int vocab, float* host_out) {
+  float mx = -INFINITY;
+  for (int i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) mx = std::max(mx, logits[i]);
+  }
+  if (!std::isfinite(mx)) {  // all -inf / NaN (-inf), or a +inf logit (+inf)
+    *host_out = mx;
+    return Status::Ok();
+  }
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  }
+  *host_out = static_cast<float>(mx + std::log(sum));
+  return Status::Ok();
+}
+
 }  // namespace icecache::kernels::cpu

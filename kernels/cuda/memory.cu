@@ -117,7 +117,7 @@ const OpTable& CudaOpTable() {
       Backend::kCuda,     Matmul,      RmsNorm,           ApplyRope,     SwiGlu,
       Add,                Embedding,   PrefillAttention,  PagedDecodeAttention,
       StoreKv,            GatherKv,    MergeToken,
-      Argmax,             RepetitionPenalty, TopLogits,   /*host_memory=*/false,
+      Argmax,             RepetitionPenalty, CountPenalty, LogSumExp, TopLogits,   /*host_memory=*/false,
       Alloc,              Free,          CopyToDevice,
       CopyToHost,         CopyOnDevice, CopyPagesToDevice, Synchronize,
       RegisterHost,       UnregisterHost,    DeviceCount,   UseDevice,
