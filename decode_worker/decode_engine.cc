@@ -24,6 +24,8 @@ bool TokenStream::Next(DecodeUpdate* out, std::chrono::milliseconds timeout) {
   while (!out->done && !updates_.empty()) {
     DecodeUpdate& next = updates_.front();
     out->tokens.insert(out->tokens.end(), next.tokens.begin(), next.tokens.end());
+    out->logprobs.insert(out->logprobs.end(), std::make_move_iterator(next.logprobs.begin()),
+                         std::make_move_iterator(next.logprobs.end()));
     out->done = next.done;
     out->finish = next.finish;
     out->status = next.status;
@@ -71,6 +73,7 @@ struct DecodeEngine::Running {
   int budget_pages = 0;
   DecodeParams params;
   std::unique_ptr<model::Sampler> sampler;
+  bool logprobs = false;  // sampling.logprobs >= 0: updates carry each token's logprobs
   std::optional<model::TokenStops> stops;  // the request's finish rules (model/finish_rules.h)
   std::vector<int32_t> generated;  // output tokens so far (first_token included)
   int32_t last = -1;               // next input token
@@ -246,6 +249,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   run->budget_pages = r->budget_pages;
   run->params = params;
   run->sampler = std::make_unique<model::Sampler>(params.sampling, model_->device());
+  run->logprobs = params.sampling.logprobs >= 0;
   std::vector<int32_t> eos = model_->config().eos_ids;  // as the generator: config and tokenizer EOS
   if (const auto* tok = model_->tokenizer()) {
     const std::vector<int32_t> tok_eos = tok->eos_ids();  // returned by value
@@ -478,7 +482,10 @@ void DecodeEngine::Step() {
       finished.push_back(r.id);
       continue;
     }
-    auto token = r.sampler->Sample(std::span<const float>(model_->logits() + i * vocab, vocab), r.generated);
+    // The decode worker's context is the generated tokens (first_token included): the
+    // penalties all count over those.
+    auto token = r.sampler->Sample(std::span<const float>(model_->logits() + i * vocab, vocab), r.generated,
+                                   r.generated.size());
     if (!token.ok()) {
       Finish(r, model::FinishReason::kNone, token.status());
       finished.push_back(r.id);
@@ -489,6 +496,7 @@ void DecodeEngine::Step() {
     ++produced;
     DecodeUpdate update;
     update.tokens.push_back(*token);
+    if (r.logprobs) update.logprobs.push_back(r.sampler->last_logprobs());
     r.stream->Push(std::move(update));
     // The sequence holds its fed tokens plus this one, which has not been fed yet.
     auto len = backend_->SequenceLength(r.id);
