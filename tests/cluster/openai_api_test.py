@@ -390,9 +390,12 @@ class OpenAiApiTest(unittest.TestCase):
         for _ in range(3):
             self.client.completions.create(model=MODEL, prompt="count me", max_tokens=2, **GREEDY)
         with self.assertRaises(openai.BadRequestError):
-            self.client.completions.create(model=MODEL, prompt="count me", n=3)
+            self.client.completions.create(model=MODEL, prompt="count me", n=17)
         self.assertEqual(metric("icecache_request_success_total") - before, 3)
         self.assertEqual(metric("icecache_request_errors_total", 'code="INVALID_ARGUMENT"') - errors_before, 1)
+        # Each choice of n > 1 is a sequence of its own in the metrics (as vLLM's engine counts them).
+        self.client.completions.create(model=MODEL, prompt="count me", max_tokens=2, n=2, **GREEDY)
+        self.assertEqual(metric("icecache_request_success_total") - before, 5)
 
     def test_disconnect_cancels_the_generation(self):
         before = metric("icecache_request_errors_total", 'code="CANCELLED"')
