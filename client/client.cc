@@ -42,6 +42,8 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
   }
   req.set_max_tokens(o.max_tokens);
   req.mutable_sampling()->set_temperature(o.temperature);
+  req.mutable_sampling()->set_presence_penalty(o.presence_penalty);
+  req.mutable_sampling()->set_frequency_penalty(o.frequency_penalty);
   req.mutable_sampling()->set_top_p(o.top_p);
   req.mutable_sampling()->set_top_k(o.top_k);
   req.mutable_sampling()->set_seed(o.seed);

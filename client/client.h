@@ -18,6 +18,8 @@ struct RemoteGenerateOptions {
   std::vector<int32_t> prompt_ids;      // token ids
   int max_tokens = 64;
   float temperature = 0.f;
+  float presence_penalty = 0.f;   // [-2, 2]
+  float frequency_penalty = 0.f;  // [-2, 2]
   float top_p = 1.f;
   int top_k = 0;
   uint64_t seed = 0;                    // 0 = router picks

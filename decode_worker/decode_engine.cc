@@ -24,6 +24,8 @@ bool TokenStream::Next(DecodeUpdate* out, std::chrono::milliseconds timeout) {
   while (!out->done && !updates_.empty()) {
     DecodeUpdate& next = updates_.front();
     out->tokens.insert(out->tokens.end(), next.tokens.begin(), next.tokens.end());
+    out->logprobs.insert(out->logprobs.end(), std::make_move_iterator(next.logprobs.begin()),
+                         std::make_move_iterator(next.logprobs.end()));
     out->done = next.done;
     out->finish = next.finish;
     out->status = next.status;
@@ -72,6 +74,7 @@ struct DecodeEngine::Running {
   int budget_pages = 0;
   DecodeParams params;
   std::unique_ptr<model::Sampler> sampler;
+  bool logprobs = false;  // sampling.logprobs >= 0: updates carry each token's logprobs
   std::optional<model::TokenStops> stops;  // the request's finish rules (model/finish_rules.h)
   std::vector<int32_t> generated;  // output tokens so far (first_token included)
   int32_t last = -1;               // next input token
@@ -301,6 +304,7 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   run->params = params;
   run->sampler = std::make_unique<model::Sampler>(params.sampling, lm_->device());
   if (params.sampler_draws_done > 0) run->sampler->SkipDraws(static_cast<uint64_t>(params.sampler_draws_done));
+  run->logprobs = params.sampling.logprobs >= 0;
   std::vector<int32_t> eos = lm_->config().eos_ids;  // as the generator: config and tokenizer EOS
   if (const auto* tok = lm_->tokenizer()) {
     const std::vector<int32_t> tok_eos = tok->eos_ids();  // returned by value
@@ -578,7 +582,10 @@ void DecodeEngine::Step() {
       finished.push_back(r.id);
       continue;
     }
-    auto token = r.sampler->Sample(std::span<const float>(lm_->logits() + i * vocab, vocab), r.generated);
+    // The decode worker's context is the generated tokens (first_token included): the
+    // penalties all count over those.
+    auto token = r.sampler->Sample(std::span<const float>(lm_->logits() + i * vocab, vocab), r.generated,
+                                   r.generated.size());
     if (!token.ok()) {
       Finish(r, model::FinishReason::kNone, token.status());
       finished.push_back(r.id);
@@ -589,6 +596,7 @@ void DecodeEngine::Step() {
     ++produced;
     DecodeUpdate update;
     update.tokens.push_back(*token);
+    if (r.logprobs) update.logprobs.push_back(r.sampler->last_logprobs());
     r.stream->Push(std::move(update));
     // The sequence holds its fed tokens plus this one, which has not been fed yet.
     auto len = backend_->SequenceLength(r.id);

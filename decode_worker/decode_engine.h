@@ -85,6 +85,7 @@ struct DecodeParams {
 // One update of a sequence's stream. The last one has done == true.
 struct DecodeUpdate {
   std::vector<int32_t> tokens;
+  std::vector<model::TokenLogprobs> logprobs;  // one per token when sampling.logprobs >= 0
   bool done = false;
   model::FinishReason finish = model::FinishReason::kNone;
   Status status;  // non-OK when the sequence failed or was cancelled (done == true)

@@ -33,6 +33,9 @@ model::SamplingParams ToModel(const pb::SamplingParams& s) {
   p.top_k = s.top_k();
   p.top_p = (s.top_p() <= 0.f || s.top_p() > 1.f) ? 1.f : s.top_p();
   if (s.seed() != 0) p.seed = s.seed();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.logprobs = s.logprobs() ? s.top_logprobs() : -1;
   return p;
 }
 
@@ -113,6 +116,12 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
       }
       pb::DecodeResponse resp;
       for (int32_t t : u.tokens) resp.add_token_ids(t);
+      for (const model::TokenLogprobs& l : u.logprobs) {
+        auto* lp = resp.add_logprobs();
+        lp->set_logprob(l.logprob);
+        lp->mutable_top_ids()->Add(l.top_ids.begin(), l.top_ids.end());
+        lp->mutable_top_logprobs()->Add(l.top_logprobs.begin(), l.top_logprobs.end());
+      }
       if (u.done) {
         if (!u.status.ok()) return ToGrpc(u.status);
         switch (u.finish) {

@@ -32,6 +32,9 @@ struct OpTable {
   Status (*merge_token)(const MergeTokenParams&);
   Status (*argmax)(const ArgmaxParams&);
   Status (*repetition_penalty)(const RepetitionPenaltyParams&);
+  Status (*count_penalty)(const CountPenaltyParams&);
+  // log(sum exp(logits[i])) over one row (NaN as -inf), written to host memory.
+  Status (*log_sum_exp)(const float* logits, int vocab, float* host_out);
   // Fills `sorted` ([vocab] capacity, descending by logit) with the top `count` (logit, id) pairs
   // of one row; count = vocab when k <= 0. Host output; logits in the backend's memory.
   Status (*top_logits)(const float* logits, int vocab, int count, float* sorted_logits,

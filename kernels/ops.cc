@@ -2,6 +2,7 @@
 // backend's op table.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,57 @@ Status RepetitionPenalty(const RepetitionPenaltyParams& p, Backend backend) {
     }
   }
   return t->repetition_penalty(p);
+}
+
+Status CountPenalty(const CountPenaltyParams& p, Backend backend) {
+  if (p.vocab <= 0 || p.count < 0) return Invalid("CountPenalty", "vocab > 0 and count >= 0 required");
+  if (!std::isfinite(p.frequency) || !std::isfinite(p.presence)) {
+    return Invalid("CountPenalty", "frequency and presence must be finite numbers");
+  }
+  if (p.count == 0) return Status::Ok();
+  if (p.logits == nullptr || p.ids == nullptr || p.counts == nullptr) {
+    return Invalid("CountPenalty", "null logits, ids or counts");
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  if (t->host_memory) {
+    for (int i = 0; i < p.count; ++i) {
+      if (p.ids[i] < 0 || p.ids[i] >= p.vocab) {
+        return Invalid("CountPenalty", "id " + std::to_string(p.ids[i]) + " outside [0, vocab)");
+      }
+      if (p.counts[i] < 1) return Invalid("CountPenalty", "counts must be >= 1");
+    }
+  }
+  return t->count_penalty(p);
+}
+
+StatusOr<TokenLogprobs> ComputeTokenLogprobs(const TokenLogprobsParams& p, Backend backend) {
+  if (p.logits == nullptr) return Invalid("ComputeTokenLogprobs", "null logits");
+  if (p.vocab <= 0) return Invalid("ComputeTokenLogprobs", "vocab must be > 0");
+  if (p.token < 0 || p.token >= p.vocab) {
+    return Invalid("ComputeTokenLogprobs", "token " + std::to_string(p.token) + " outside [0, vocab)");
+  }
+  if (p.top < 0 || p.top > std::min(p.vocab, kMaxTopLogprobs)) {
+    return Invalid("ComputeTokenLogprobs", "top must be in [0, min(vocab, " + std::to_string(kMaxTopLogprobs) +
+                                               ")], got " + std::to_string(p.top));
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  float lse = 0.f, token_logit = 0.f;
+  ICE_RETURN_IF_ERROR(t->log_sum_exp(p.logits, p.vocab, &lse));
+  ICE_RETURN_IF_ERROR(t->copy_to_host(&token_logit, p.logits + p.token, sizeof(float)));
+  TokenLogprobs out;
+  if (std::isnan(token_logit)) token_logit = -std::numeric_limits<float>::infinity();
+  out.logprob = token_logit - lse;
+  if (p.top > 0) {
+    std::vector<float> top_logits(p.top);
+    out.top_ids.resize(p.top);
+    ICE_RETURN_IF_ERROR(t->top_logits(p.logits, p.vocab, p.top, top_logits.data(), out.top_ids.data()));
+    out.top_logprobs.resize(p.top);
+    for (int i = 0; i < p.top; ++i) {
+      const float l = std::isnan(top_logits[i]) ? -std::numeric_limits<float>::infinity() : top_logits[i];
+      out.top_logprobs[i] = l - lse;
+    }
+  }
+  return out;
 }
 
 Status Argmax(const ArgmaxParams& p, Backend backend) {

@@ -53,4 +53,40 @@ struct RepetitionPenaltyParams {
 };
 Status RepetitionPenalty(const RepetitionPenaltyParams& p, Backend backend = Backend::kCpu);
 
+// OpenAI's frequency and presence penalties, in place on one row: for every i,
+//   logits[ids[i]] -= frequency * counts[i] + presence
+// where counts[i] >= 1 is how often ids[i] occurs among the tokens generated so far (ids absent
+// from the list occur 0 times and are left alone). Applied after the repetition penalty and
+// before temperature, as vLLM does.
+struct CountPenaltyParams {
+  float* logits = nullptr;          // [vocab] one row, in the backend's memory
+  const int32_t* ids = nullptr;     // [count] distinct ids in [0, vocab), in the backend's memory
+  const int32_t* counts = nullptr;  // [count] occurrences (>= 1), in the backend's memory
+  int count = 0;
+  int vocab = 0;
+  float frequency = 0.f;            // finite
+  float presence = 0.f;             // finite
+};
+Status CountPenalty(const CountPenaltyParams& p, Backend backend = Backend::kCpu);
+
+// log_softmax of one row, evaluated at the sampled token and at the `top` largest logits:
+// logprob(j) = logits[j] - log(sum_i exp(logits[i])), summed in double on the CPU and in fp32
+// with a max-shifted tree reduction on CUDA. NaN logits count as -inf. Only 2 + 2 * top values
+// come back to the host (the log-sum-exp, the token's logit, the top (logit, id) pairs).
+struct TokenLogprobsParams {
+  const float* logits = nullptr;  // [vocab] one row, in the backend's memory
+  int vocab = 0;
+  int32_t token = 0;              // in [0, vocab)
+  int top = 0;                    // in [0, min(vocab, kMaxTopLogprobs)]
+};
+inline constexpr int kMaxTopLogprobs = 20;
+
+// Host-side result.
+struct TokenLogprobs {
+  float logprob = 0.f;                 // of `token`; <= 0
+  std::vector<int32_t> top_ids;        // [top] by descending logprob (ties: lower id first)
+  std::vector<float> top_logprobs;     // [top]
+};
+StatusOr<TokenLogprobs> ComputeTokenLogprobs(const TokenLogprobsParams& p, Backend backend = Backend::kCpu);
+
 }  // namespace icecache::kernels

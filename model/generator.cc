@@ -170,12 +170,13 @@ Status Generator::Step(std::vector<GenerationEvent>* events) {
     s.fed += inputs[i].tokens.size();
     if (s.fed < s.tokens.size()) continue;  // prompt chunk: more to feed before sampling
     std::span<const float> row(model_.logits() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-    ICE_ASSIGN_OR_RETURN(int32_t token, s.sampler.Sample(row, s.tokens));
+    ICE_ASSIGN_OR_RETURN(int32_t token, s.sampler.Sample(row, s.tokens, static_cast<size_t>(s.generated)));
     s.tokens.push_back(token);
     ++s.generated;
     GenerationEvent ev;
     ev.id = ids[i];
     ev.token = token;
+    if (s.params.logprobs >= 0) ev.logprobs = s.sampler.last_logprobs();
     ev.finish = s.stops.After(token, s.generated, static_cast<int64_t>(s.tokens.size()));
     EmitText(s, token, &ev);
     if (ev.finish != FinishReason::kNone) finished.push_back(ev.id);

@@ -38,6 +38,7 @@ struct GenerationEvent {
   int32_t token = -1;       // the token sampled this step
   std::string text_delta;   // text made final by this token (tokenizer present; stop strings cut)
   FinishReason finish = FinishReason::kNone;
+  std::optional<TokenLogprobs> logprobs;  // set when the sequence's params.logprobs >= 0
 };
 
 struct GeneratorOptions {

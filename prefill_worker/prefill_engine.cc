@@ -381,6 +381,7 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
       continue;
     }
     p->result.first_token = *token;
+    if (p->job.sampling.logprobs >= 0) p->result.first_logprobs = sampler.last_logprobs();
     p->result.queue_seconds = Seconds(p->enqueued, start);
     p->result.compute_seconds = Seconds(start, computed);
     std::shared_ptr<SeqBuild> b = builds[i];

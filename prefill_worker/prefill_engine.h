@@ -33,6 +33,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -84,6 +85,7 @@ struct PrefillJob {
 
 struct PrefillResult {
   int32_t first_token = -1;
+  std::optional<model::TokenLogprobs> first_logprobs;  // when job.sampling.logprobs >= 0
   double queue_seconds = 0;
   double compute_seconds = 0;     // the batch's forward pass
   // SequenceCache build (pages + trees) not hidden behind the forward pass: from its end to the

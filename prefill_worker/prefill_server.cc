@@ -59,6 +59,9 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     job.sampling.top_k = s.top_k();
     job.sampling.top_p = (s.top_p() <= 0.f || s.top_p() > 1.f) ? 1.f : s.top_p();
     if (s.seed() != 0) job.sampling.seed = s.seed();
+    job.sampling.presence_penalty = s.presence_penalty();
+    job.sampling.frequency_penalty = s.frequency_penalty();
+    job.sampling.logprobs = s.logprobs() ? s.top_logprobs() : -1;
     job.build_index = req->build_index();
     job.peer = req->decode_transport_address();
     job.transfer_id = req->sequence_id();
@@ -77,6 +80,12 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     metrics_->ObservePhase("tree_build_total", r->tree_build_total_seconds);
     metrics_->ObservePhase("transfer", r->transfer_seconds);
     resp->set_first_token(r->first_token);
+    if (r->first_logprobs) {
+      auto* lp = resp->mutable_first_logprob();
+      lp->set_logprob(r->first_logprobs->logprob);
+      lp->mutable_top_ids()->Add(r->first_logprobs->top_ids.begin(), r->first_logprobs->top_ids.end());
+      lp->mutable_top_logprobs()->Add(r->first_logprobs->top_logprobs.begin(), r->first_logprobs->top_logprobs.end());
+    }
     resp->set_queue_seconds(r->queue_seconds);
     resp->set_compute_seconds(r->compute_seconds);
     resp->set_tree_build_seconds(r->tree_build_seconds);

@@ -64,24 +64,48 @@ struct Stream {
   std::thread thread;
 };
 
-// Turns the request path's responses into SSE events, blocking while the queue is full.
+// What the sinks need to know of the request.
+struct ChoiceShape {
+  int n = 1;                 // choices
+  bool logprobs = false;     // sampling.logprobs asked for
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+};
+
+// Turns the request path's responses into SSE events, blocking while the queue is full. With
+// n > 1 the usage chunk comes once every choice has finished: prompt tokens once, completion
+// tokens summed.
 class StreamSink final : public ResponseSink {
  public:
-  StreamSink(Stream* s, OpenAiEndpoint endpoint, std::string id, int64_t created, std::string model, bool usage)
-      : s_(s), endpoint_(endpoint), id_(std::move(id)), created_(created), model_(std::move(model)), usage_(usage) {}
+  StreamSink(Stream* s, OpenAiEndpoint endpoint, std::string id, int64_t created, std::string model, bool usage,
+             ChoiceShape shape)
+      : s_(s), endpoint_(endpoint), id_(std::move(id)), created_(created), model_(std::move(model)), usage_(usage),
+        shape_(shape), first_(shape.n, true), offsets_(shape.n, 0) {}
 
   bool Write(const pb::GenerateResponse& r) override {
     std::vector<std::string> out;
+    const int index = r.index();
+    if (index < 0 || index >= shape_.n) return false;
     OpenAiChoice c;
+    c.index = index;
     c.text = r.text();
     c.finish = r.finish_reason();
-    c.first_chunk = first_;
-    if (first_ || !c.text.empty() || c.finish != pb::FINISH_REASON_UNSPECIFIED) {
+    c.first_chunk = first_[index];
+    c.logprobs = shape_.logprobs;
+    if (shape_.logprobs) {
+      c.token_logprobs = ResolveLogprobs(r, shape_.tokenizer);
+      c.text_offset = offsets_[index];
+      for (const auto& t : c.token_logprobs) offsets_[index] += static_cast<int64_t>(t.sampled.token.size());
+    }
+    if (first_[index] || !c.text.empty() || !c.token_logprobs.empty() || c.finish != pb::FINISH_REASON_UNSPECIFIED) {
       out.push_back(OpenAiChunkEvent(endpoint_, id_, created_, model_, c, usage_));
     }
-    first_ = false;
+    first_[index] = false;
     if (r.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
-      if (usage_) out.push_back(OpenAiUsageChunkEvent(endpoint_, id_, created_, model_, r.usage()));
+      total_.set_prompt_tokens(r.usage().prompt_tokens());
+      total_.set_completion_tokens(total_.completion_tokens() + r.usage().completion_tokens());
+      if (++finished_ == shape_.n && usage_) {
+        out.push_back(OpenAiUsageChunkEvent(endpoint_, id_, created_, model_, total_));
+      }
     }
     std::unique_lock<std::mutex> lock(s_->mu);
     s_->cv.wait(lock, [&] { return s_->events.size() < HttpServer::kMaxQueuedEvents || s_->ctx.cancelled(); });
@@ -99,22 +123,40 @@ class StreamSink final : public ResponseSink {
   const int64_t created_;
   const std::string model_;
   const bool usage_;
-  bool first_ = true;
+  const ChoiceShape shape_;
+  std::vector<bool> first_;        // per choice: no chunk sent yet
+  std::vector<int64_t> offsets_;   // per choice: completions' text_offset so far
+  int finished_ = 0;
+  pb::Usage total_;
 };
 
-// Collects a non-streamed response.
+// Collects a non-streamed response, per choice.
 class CollectSink final : public ResponseSink {
  public:
+  explicit CollectSink(ChoiceShape shape) : shape_(shape), choices(shape.n) {
+    for (int i = 0; i < shape.n; ++i) {
+      choices[i].index = i;
+      choices[i].logprobs = shape.logprobs;
+    }
+  }
   bool Write(const pb::GenerateResponse& r) override {
-    text += r.text();
+    if (r.index() < 0 || r.index() >= shape_.n) return false;
+    OpenAiChoice& c = choices[r.index()];
+    c.text += r.text();
+    if (shape_.logprobs) {
+      auto more = ResolveLogprobs(r, shape_.tokenizer);
+      c.token_logprobs.insert(c.token_logprobs.end(), std::make_move_iterator(more.begin()),
+                              std::make_move_iterator(more.end()));
+    }
     if (r.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
-      finish = r.finish_reason();
-      usage = r.usage();
+      c.finish = r.finish_reason();
+      usage.set_prompt_tokens(r.usage().prompt_tokens());
+      usage.set_completion_tokens(usage.completion_tokens() + r.usage().completion_tokens());
     }
     return true;
   }
-  std::string text;
-  pb::FinishReason finish = pb::FINISH_REASON_UNSPECIFIED;
+  const ChoiceShape shape_;
+  std::vector<OpenAiChoice> choices;
   pb::Usage usage;
 };
 
@@ -155,24 +197,25 @@ void HttpServer::Impl::Generate(OpenAiEndpoint endpoint, const httplib::Request&
   const std::string id = RequestId(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   parsed->request.set_request_id(id);
+  ChoiceShape shape;
+  shape.n = std::max(1, parsed->request.n());
+  shape.logprobs = parsed->request.sampling().logprobs();
+  shape.tokenizer = path->tokenizer();
 
   if (!parsed->stream) {
     CancellableRequestContext ctx(DeadlineFrom(*path), req.get_header_value("Authorization"));
-    CollectSink sink;
+    CollectSink sink(shape);
     Status s = path->Generate(parsed->request, ctx, sink);
     if (!s.ok()) return SendError(res, ApiErrorFromStatus(s));
-    OpenAiChoice c;
-    c.text = std::move(sink.text);
-    c.finish = sink.finish;
-    res.set_content(OpenAiResponseJson(endpoint, id, created, options.model_name, c, sink.usage), kJson);
+    res.set_content(OpenAiResponseJson(endpoint, id, created, options.model_name, sink.choices, sink.usage), kJson);
     return;
   }
 
   auto stream = std::make_shared<Stream>(DeadlineFrom(*path), req.get_header_value("Authorization"));
   Stream* s = stream.get();
   stream->thread = std::thread([this, s, endpoint, id, created, request = std::move(parsed->request),
-                                usage = parsed->include_usage] {
-    StreamSink sink(s, endpoint, id, created, options.model_name, usage);
+                                usage = parsed->include_usage, shape] {
+    StreamSink sink(s, endpoint, id, created, options.model_name, usage, shape);
     Status st = path->Generate(request, s->ctx, sink);
     std::lock_guard<std::mutex> lock(s->mu);
     s->finished = true;

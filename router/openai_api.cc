@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/tokenizer/tokenizer.h"
+#include "router/request_checks.h"
+
 namespace icecache::router {
 namespace {
 
@@ -171,9 +174,6 @@ StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, std::string_
       return bad("echo", "echo is not supported");
     }
     if (const json* suffix = field("suffix"); suffix != nullptr) return bad("suffix", "suffix is not supported");
-    if (const json* best = field("best_of"); best != nullptr && (!IsInt(*best) || best->get<int64_t>() != 1)) {
-      return bad("best_of", "best_of must be 1");
-    }
   }
 
   // Sampling: OpenAI's defaults (temperature 1, top_p 1).
@@ -189,13 +189,15 @@ StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, std::string_
   ICE_RETURN_IF_ERROR(number("top_p", &top_p));
   ICE_RETURN_IF_ERROR(number("presence_penalty", &presence));
   ICE_RETURN_IF_ERROR(number("frequency_penalty", &frequency));
-  if (presence != 0) return bad("presence_penalty", "presence_penalty is not supported (only 0)");
-  if (frequency != 0) return bad("frequency_penalty", "frequency_penalty is not supported (only 0)");
+  if (!(presence >= -2 && presence <= 2)) return bad("presence_penalty", "presence_penalty must be in [-2, 2]");
+  if (!(frequency >= -2 && frequency <= 2)) return bad("frequency_penalty", "frequency_penalty must be in [-2, 2]");
   if (!(temperature >= 0 && temperature <= 2)) return bad("temperature", "temperature must be in [0, 2]");
   if (!(top_p > 0 && top_p <= 1)) return bad("top_p", "top_p must be in (0, 1]");
   auto* sp = r.mutable_sampling();
   sp->set_temperature(static_cast<float>(temperature));
   sp->set_top_p(static_cast<float>(top_p));
+  sp->set_presence_penalty(static_cast<float>(presence));
+  sp->set_frequency_penalty(static_cast<float>(frequency));
   if (const json* v = field("top_k")) {
     if (!IsInt(*v) || v->get<int64_t>() < -1 || v->get<int64_t>() > std::numeric_limits<int32_t>::max()) {
       return bad("top_k", "top_k must be an integer >= -1 (-1 or 0 = off)");
@@ -207,14 +209,44 @@ StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, std::string_
     const uint64_t seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
     sp->set_seed(seed == 0 ? kSeedZero : seed);
   }
-  if (const json* v = field("n"); v != nullptr && (!IsInt(*v) || v->get<int64_t>() != 1)) {
-    return bad("n", "n must be 1 (several choices per request are not supported: send one request each)");
+  int n = 1;
+  if (const json* v = field("n")) {
+    if (!IsInt(*v) || v->get<int64_t>() < 1 || v->get<int64_t>() > kMaxChoices) {
+      return bad("n", "n must be an integer in [1, " + std::to_string(kMaxChoices) + "]");
+    }
+    n = static_cast<int>(v->get<int64_t>());
   }
-  if (const json* v = field("logprobs")) {
-    const bool off = (v->is_boolean() && !v->get<bool>());
-    if (!off) return bad("logprobs", "logprobs are not supported yet");
+  if (const json* best = field("best_of"); !chat && best != nullptr && (!IsInt(*best) || best->get<int64_t>() != n)) {
+    return bad("best_of", "best_of must equal n (icecache returns every sequence it generates)");
   }
-  if (field("top_logprobs") != nullptr) return bad("top_logprobs", "top_logprobs are not supported yet");
+  if (n > 1) r.set_n(n);
+  const std::string max_top = std::to_string(kMaxTopLogprobs);
+  if (chat) {
+    bool want = false;
+    if (const json* v = field("logprobs")) {
+      if (!v->is_boolean()) return bad("logprobs", "logprobs must be true or false (chat); use top_logprobs for the count");
+      want = v->get<bool>();
+    }
+    if (const json* v = field("top_logprobs")) {
+      if (!IsInt(*v) || v->get<int64_t>() < 0 || v->get<int64_t>() > kMaxTopLogprobs) {
+        return bad("top_logprobs", "top_logprobs must be an integer in [0, " + max_top + "]");
+      }
+      if (!want) return bad("top_logprobs", "top_logprobs needs logprobs: true");
+      sp->set_top_logprobs(static_cast<int32_t>(v->get<int64_t>()));
+    }
+    sp->set_logprobs(want);
+  } else {
+    if (const json* v = field("logprobs")) {
+      if (!IsInt(*v) || v->get<int64_t>() < 0 || v->get<int64_t>() > kMaxTopLogprobs) {
+        return bad("logprobs", "logprobs must be an integer in [0, " + max_top + "] (top entries per token)");
+      }
+      sp->set_logprobs(true);
+      sp->set_top_logprobs(static_cast<int32_t>(v->get<int64_t>()));
+    }
+    if (field("top_logprobs") != nullptr) {
+      return bad("top_logprobs", "top_logprobs is a chat field: /v1/completions takes logprobs: <count>");
+    }
+  }
   if (const json* v = field("logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
     return bad("logit_bias", "logit_bias is not supported");
   }
@@ -324,28 +356,114 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 }  // namespace
 
-std::string OpenAiResponseJson(OpenAiEndpoint endpoint, const std::string& id, int64_t created,
-                               const std::string& model, const OpenAiChoice& choice, const pb::Usage& usage) {
-  json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(choice.finish)}};
-  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+namespace {
+
+constexpr float kMinLogprob = -9999.f;
+
+float Finite(float lp) { return std::isfinite(lp) ? lp : kMinLogprob; }
+
+json Bytes(const std::string& b) {
+  json a = json::array();
+  for (unsigned char c : b) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+// The choice's "logprobs": null, or completions' legacy object {tokens, token_logprobs,
+// top_logprobs, text_offset}, or chat's {content: [{token, logprob, bytes, top_logprobs}]}.
+json LogprobsJson(bool chat, const OpenAiChoice& c) {
+  if (!c.logprobs) return nullptr;
   if (chat) {
-    c["message"] = {{"role", "assistant"}, {"content", choice.text}};
-  } else {
-    c["text"] = choice.text;
+    json content = json::array();
+    for (const auto& t : c.token_logprobs) {
+      json top = json::array();
+      for (const auto& e : t.top) {
+        top.push_back({{"token", e.token}, {"logprob", Finite(e.logprob)}, {"bytes", Bytes(e.bytes)}});
+      }
+      content.push_back({{"token", t.sampled.token},
+                         {"logprob", Finite(t.sampled.logprob)},
+                         {"bytes", Bytes(t.sampled.bytes)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  int64_t offset = c.text_offset;
+  for (const auto& t : c.token_logprobs) {
+    tokens.push_back(t.sampled.token);
+    token_logprobs.push_back(Finite(t.sampled.logprob));
+    // As vLLM: the top entries and the sampled token.
+    json top = json::object();
+    // Two ids with the same text (e.g. partial UTF-8 pieces) keep the more likely one's value.
+    for (const auto& e : t.top) {
+      if (!top.contains(e.token)) top[e.token] = Finite(e.logprob);
+    }
+    if (!top.contains(t.sampled.token)) top[t.sampled.token] = Finite(t.sampled.logprob);
+    top_logprobs.push_back(top);
+    text_offset.push_back(offset);
+    offset += static_cast<int64_t>(t.sampled.token.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", text_offset}};
+}
+
+}  // namespace
+
+std::vector<OpenAiTokenLogprob> ResolveLogprobs(const pb::GenerateResponse& r, const tokenizer::Tokenizer* tok) {
+  auto entry = [tok](int32_t id, float logprob) {
+    OpenAiTokenLogprob::Entry e;
+    e.logprob = logprob;
+    const int32_t ids[1] = {id};
+    auto text = tok != nullptr ? tok->Decode(ids) : StatusOr<std::string>(Status(StatusCode::kNotFound, ""));
+    auto bytes = tok != nullptr ? tok->DecodeBytes(ids) : StatusOr<std::string>(Status(StatusCode::kNotFound, ""));
+    if (text.ok() && bytes.ok()) {
+      e.token = std::move(*text);
+      e.bytes = std::move(*bytes);
+    } else {
+      e.token = e.bytes = "token_id:" + std::to_string(id);
+    }
+    return e;
+  };
+  std::vector<OpenAiTokenLogprob> out;
+  const int n = std::min(r.token_ids_size(), r.logprobs_size());
+  for (int i = 0; i < n; ++i) {
+    const pb::TokenLogprob& l = r.logprobs(i);
+    OpenAiTokenLogprob t;
+    t.sampled = entry(r.token_ids(i), l.logprob());
+    for (int k = 0; k < std::min(l.top_ids_size(), l.top_logprobs_size()); ++k) {
+      t.top.push_back(entry(l.top_ids(k), l.top_logprobs(k)));
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::string OpenAiResponseJson(OpenAiEndpoint endpoint, const std::string& id, int64_t created,
+                               const std::string& model, const std::vector<OpenAiChoice>& choices,
+                               const pb::Usage& usage) {
+  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  json list = json::array();
+  for (const OpenAiChoice& choice : choices) {
+    json c = {{"index", choice.index}, {"logprobs", LogprobsJson(chat, choice)}, {"finish_reason", FinishJson(choice.finish)}};
+    if (chat) {
+      c["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    } else {
+      c["text"] = choice.text;
+    }
+    list.push_back(std::move(c));
   }
   json j = {{"id", id},
             {"object", chat ? "chat.completion" : "text_completion"},
             {"created", created},
             {"model", model},
-            {"choices", json::array({c})},
+            {"choices", list},
             {"usage", UsageJson(usage)}};
   return Dump(j);
 }
 
 std::string OpenAiChunkEvent(OpenAiEndpoint endpoint, const std::string& id, int64_t created,
                              const std::string& model, const OpenAiChoice& choice, bool include_usage) {
-  json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(choice.finish)}};
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  json c = {{"index", choice.index}, {"logprobs", LogprobsJson(chat, choice)}, {"finish_reason", FinishJson(choice.finish)}};
   if (chat) {
     json delta = json::object();
     if (choice.first_chunk) delta["role"] = "assistant";

@@ -67,6 +67,21 @@ Status ValidateSampling(const pb::SamplingParams& sp) {
   if (sp.top_k() < 0) {
     return InvalidArgumentError("sampling.top_k = " + std::to_string(sp.top_k()) + ": it must be >= 0 (0 = off)");
   }
+  if (!(sp.presence_penalty() >= -2.f && sp.presence_penalty() <= 2.f)) {
+    return InvalidArgumentError("sampling.presence_penalty = " + std::to_string(sp.presence_penalty()) +
+                                ": it must be in [-2, 2] (0 = off)");
+  }
+  if (!(sp.frequency_penalty() >= -2.f && sp.frequency_penalty() <= 2.f)) {
+    return InvalidArgumentError("sampling.frequency_penalty = " + std::to_string(sp.frequency_penalty()) +
+                                ": it must be in [-2, 2] (0 = off)");
+  }
+  if (sp.top_logprobs() < 0 || sp.top_logprobs() > kMaxTopLogprobs) {
+    return InvalidArgumentError("sampling.top_logprobs = " + std::to_string(sp.top_logprobs()) + ": it must be in [0, " +
+                                std::to_string(kMaxTopLogprobs) + "]");
+  }
+  if (sp.top_logprobs() > 0 && !sp.logprobs()) {
+    return InvalidArgumentError("sampling.top_logprobs needs sampling.logprobs = true");
+  }
   return Status::Ok();
 }
 
@@ -122,6 +137,10 @@ Status CheckRequestBeforeTokenizing(const pb::GenerateRequest& req, const cluste
     return InvalidArgumentError(std::to_string(req.stop_token_ids_size()) +
                                 " stop_token_ids, more than limits.max_stop_token_ids = " +
                                 std::to_string(limits.max_stop_token_ids));
+  }
+  if (req.n() < 0 || req.n() > kMaxChoices) {
+    return InvalidArgumentError("n = " + std::to_string(req.n()) + ": it must be in [1, " + std::to_string(kMaxChoices) +
+                                "] (0 = 1)");
   }
   return ValidateSampling(req.sampling());
 }

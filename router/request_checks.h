@@ -17,14 +17,21 @@ namespace icecache::router {
 // forms, surrogates and code points above U+10FFFF are invalid), or -1 when `text` is valid.
 int64_t FirstInvalidUtf8(std::string_view text);
 
-// temperature finite and >= 0; top_p in [0, 1]; top_k >= 0. NaN and infinities are refused.
+// Most top logprobs per token (OpenAI's limit), and most choices (GenerateRequest.n) per request.
+inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr int kMaxChoices = 16;
+
+// temperature finite and >= 0; top_p in [0, 1]; top_k >= 0; presence_penalty and
+// frequency_penalty in [-2, 2]; top_logprobs in [0, kMaxTopLogprobs], > 0 only with logprobs.
+// NaN and infinities are refused.
 Status ValidateSampling(const v1::SamplingParams& sampling);
 
 // Prompt text: non-empty, <= limits.max_prompt_bytes, valid UTF-8. Messages: at least one, role
 // system, user or assistant, content valid UTF-8, contents together <= limits.max_prompt_bytes,
 // only with a tokenizer. Stop strings: at most
 // limits.max_stop_strings, each non-empty, <= limits.max_stop_string_bytes, valid UTF-8, and only
-// with a tokenizer. Stop token ids: at most limits.max_stop_token_ids. Sampling as above.
+// with a tokenizer. Stop token ids: at most limits.max_stop_token_ids. n in [0, kMaxChoices].
+// Sampling as above.
 Status CheckRequestBeforeTokenizing(const v1::GenerateRequest& req, const cluster::LimitsSection& limits,
                                     bool has_tokenizer);
 

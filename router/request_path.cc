@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "common/logging.h"
 #include "icecache/v1/worker.grpc.pb.h"
@@ -25,6 +26,88 @@ namespace {
 namespace pb = ::icecache::v1;
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void CopyLogprob(const pb::TokenLogprob& from, pb::GenerateResponse* out) { *out->add_logprobs() = from; }
+
+// One choice of a request with n > 1: the parent's deadline, credentials and cancellation, plus
+// its own Cancel (a sibling choice failed). Worker contexts handed out are cancelled by either.
+class ChoiceContext final : public RequestContext {
+ public:
+  explicit ChoiceContext(RequestContext& parent) : parent_(parent) {}
+  void Cancel() {
+    std::vector<std::shared_ptr<grpc::ClientContext>> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      for (auto& w : live_) {
+        if (auto c = w.lock()) live.push_back(std::move(c));
+      }
+    }
+    for (auto& c : live) c->TryCancel();
+  }
+  bool cancelled() const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return true;
+    }
+    return parent_.cancelled();
+  }
+  Clock::time_point deadline() const override { return parent_.deadline(); }
+  std::shared_ptr<grpc::ClientContext> WorkerContext() override {
+    std::shared_ptr<grpc::ClientContext> c;
+    {
+      std::lock_guard<std::mutex> lock(parent_mu_);  // the parent is shared by the choices
+      c = parent_.WorkerContext();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) {
+      c->TryCancel();
+      return c;
+    }
+    std::erase_if(live_, [](const std::weak_ptr<grpc::ClientContext>& w) { return w.expired(); });
+    live_.push_back(c);
+    return c;
+  }
+  std::string authorization() const override { return parent_.authorization(); }
+
+  static std::mutex parent_mu_;
+
+ private:
+  RequestContext& parent_;
+  mutable std::mutex mu_;
+  bool cancelled_ = false;                                // guarded by mu_
+  std::vector<std::weak_ptr<grpc::ClientContext>> live_;  // guarded by mu_
+};
+std::mutex ChoiceContext::parent_mu_;
+
+// Serialises the choices' responses into the one sink, each stamped with its index. Once the
+// sink refuses a write (the client is gone), every later write is refused too.
+class ChoiceSinks {
+ public:
+  explicit ChoiceSinks(ResponseSink& sink) : sink_(sink) {}
+  class One final : public ResponseSink {
+   public:
+    One(ChoiceSinks* all, int index) : all_(all), index_(index) {}
+    bool Write(const pb::GenerateResponse& response) override {
+      pb::GenerateResponse r = response;
+      r.set_index(index_);
+      std::lock_guard<std::mutex> lock(all_->mu_);
+      if (all_->gone_) return false;
+      if (!all_->sink_.Write(r)) all_->gone_ = true;
+      return !all_->gone_;
+    }
+
+   private:
+    ChoiceSinks* const all_;
+    const int index_;
+  };
+
+ private:
+  ResponseSink& sink_;
+  std::mutex mu_;
+  bool gone_ = false;  // guarded by mu_
+};
 
 }  // namespace
 
@@ -147,19 +230,69 @@ Status RequestPath::Generate(const pb::GenerateRequest& request, RequestContext&
     CountRefused(a);
     return a;
   }
-  Status s;
-  if (draining_.load()) {
-    streams_.fetch_add(1);
-    s = UnavailableError("the router is draining (shutting down): send the request to another router");
-  } else if (streams_.fetch_add(1) >= config_.router.max_streams) {
-    s = ResourceExhaustedError("the router serves " + std::to_string(config_.router.max_streams) +
-                               " streams at once (router.max_streams); retry later");
-  } else {
-    s = Serve(request, ctx, sink, arrival);
+  if (request.n() < 0 || request.n() > kMaxChoices) {
+    Status bad = InvalidArgumentError("n = " + std::to_string(request.n()) + ": it must be in [1, " +
+                                      std::to_string(kMaxChoices) + "] (0 = 1)");
+    CountRefused(bad);
+    return bad;
   }
-  streams_.fetch_sub(1);
+  Status s;
+  // Every choice is a stream of its own for router.max_streams (and for admission, in Serve).
+  const int n = std::max(1, request.n());
+  if (draining_.load()) {
+    streams_.fetch_add(n);
+    s = UnavailableError("the router is draining (shutting down): send the request to another router");
+  } else if (streams_.fetch_add(n) + n > config_.router.max_streams) {
+    s = ResourceExhaustedError("the router serves " + std::to_string(config_.router.max_streams) +
+                               " streams at once (router.max_streams)" +
+                               (n > 1 ? std::string(" and this request asks for ") + std::to_string(n) : std::string()) +
+                               "; retry later");
+  } else if (request.n() <= 1) {
+    s = Serve(request, ctx, sink, arrival);
+  } else {
+    s = ServeChoices(request, ctx, sink, arrival);
+  }
+  streams_.fetch_sub(n);
   if (!s.ok()) CountRefused(s);
   return s;
+}
+
+Status RequestPath::ServeChoices(const pb::GenerateRequest& request, RequestContext& ctx, ResponseSink& sink,
+                                 Clock::time_point arrival) {
+  // Refuse a bad request once, before any choice reserves anything.
+  {
+    std::vector<int32_t> ids;
+    ICE_RETURN_IF_ERROR(Validate(request, &ids));
+  }
+  const int n = request.n();
+  ChoiceSinks sinks(sink);
+  std::vector<std::unique_ptr<ChoiceContext>> contexts;
+  std::vector<pb::GenerateRequest> requests(n, request);
+  std::vector<Status> results(n);
+  for (int i = 0; i < n; ++i) {
+    contexts.push_back(std::make_unique<ChoiceContext>(ctx));
+    requests[i].set_n(1);
+    if (!request.request_id().empty()) requests[i].set_request_id(request.request_id() + "-" + std::to_string(i));
+    if (request.sampling().seed() != 0) requests[i].mutable_sampling()->set_seed(request.sampling().seed() + i);
+  }
+  auto run = [&](int i) {
+    ChoiceSinks::One one(&sinks, i);
+    results[i] = Serve(requests[i], *contexts[i], one, arrival);
+    if (!results[i].ok()) {
+      for (auto& c : contexts) c->Cancel();  // one choice failed: the request has failed
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i) threads.emplace_back(run, i);
+  run(0);
+  for (auto& t : threads) t.join();
+  // The first error that is not a sibling's cancellation.
+  const Status* first = nullptr;
+  for (const Status& r : results) {
+    if (r.ok()) continue;
+    if (first == nullptr || (first->code() == StatusCode::kCancelled && r.code() != StatusCode::kCancelled)) first = &r;
+  }
+  return first == nullptr ? Status::Ok() : *first;
 }
 
 void RequestPath::CountRefused(const Status& status) {
@@ -373,18 +506,23 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   GaugeHold running;
   const std::string first_decoder = decoder.address;
 
-  // Sends tokens (and their text); returns false when the client is gone.
-  auto emit = [&](const std::vector<int32_t>& tokens, bool first) -> bool {
+  // Sends tokens (and their text, and their logprobs when asked); returns false when the client
+  // is gone.
+  const bool want_logprobs = sampling.logprobs();
+  auto emit = [&](const std::vector<int32_t>& tokens, const std::vector<const pb::TokenLogprob*>& logprobs,
+                  bool first) -> bool {
     pb::GenerateResponse out;
     if (first) {
       out.set_request_id(req->request_id());
       out.set_decode_worker(first_decoder);
     }
     std::string text;
-    for (int32_t t : tokens) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const int32_t t = tokens[i];
       if (stops.stopped()) break;
       out.add_token_ids(t);
       generated.push_back(t);
+      if (want_logprobs) CopyLogprob(i < logprobs.size() ? *logprobs[i] : pb::TokenLogprob(), &out);
       if (detok) {
         auto piece = detok->Push(t);
         text += stops.Push(piece.ok() ? *piece : std::string());
@@ -464,7 +602,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
         metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
         waiting.Reset();
         running.Hold(metrics_->running);
-        if (!emit({prefilled.first_token()}, /*first=*/true)) {
+        if (!emit({prefilled.first_token()}, {&prefilled.first_logprob()}, /*first=*/true)) {
           release(5);
           return CancelledError("client went away");
         }
@@ -492,7 +630,16 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       bool client_gone = false;
       while (!stops.stopped() && reader->Read(&dresp)) {
         std::vector<int32_t> tokens(dresp.token_ids().begin(), dresp.token_ids().end());
-        if (!tokens.empty() && !emit(tokens, false)) {
+        if (want_logprobs && dresp.logprobs_size() != dresp.token_ids_size()) {
+          dctx->TryCancel();
+          reader->Finish();
+          release(5);
+          return InternalError("decode on " + decoder.address + " sent " + std::to_string(dresp.logprobs_size()) +
+                               " logprobs for " + std::to_string(dresp.token_ids_size()) + " tokens");
+        }
+        std::vector<const pb::TokenLogprob*> logprobs;
+        for (const auto& l : dresp.logprobs()) logprobs.push_back(&l);
+        if (!tokens.empty() && !emit(tokens, logprobs, false)) {
           dctx->TryCancel();
           client_gone = true;
           break;

@@ -87,7 +87,9 @@ class CancellableRequestContext final : public RequestContext {
 };
 
 // Receives a request's responses in order: the first carries the first token, the last one the
-// finish reason, usage and timing. Write returns false when the client is gone (the request is
+// finish reason, usage and timing. With n > 1 each choice's responses come in that order,
+// interleaved with the other choices' (GenerateResponse.index tells them apart), from several
+// threads, one Write at a time. Write returns false when the client is gone (the request is
 // then cancelled on the workers).
 class ResponseSink {
  public:
@@ -135,6 +137,11 @@ class RequestPath {
   Status Validate(const v1::GenerateRequest& req, std::vector<int32_t>* ids) const;
   Status Serve(const v1::GenerateRequest& req, RequestContext& ctx, ResponseSink& sink,
                std::chrono::steady_clock::time_point arrival);
+  // n > 1: n Serve calls at once, one per choice (seed + i; request id "<id>-i"), each
+  // admitted on its own; their responses go to `sink` with their index. The first failing
+  // choice cancels the others and its error is the request's.
+  Status ServeChoices(const v1::GenerateRequest& req, RequestContext& ctx, ResponseSink& sink,
+                      std::chrono::steady_clock::time_point arrival);
 
   const cluster::ClusterConfig config_;
   const model::ModelConfig model_config_;

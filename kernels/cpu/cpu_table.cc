@@ -62,7 +62,7 @@ const OpTable& CpuOpTable() {
       Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
       cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
       cpu::PagedDecodeAttention, cpu::StoreKv, cpu::GatherKv, cpu::MergeToken,
-      cpu::Argmax,          cpu::RepetitionPenalty, cpu::TopLogits,
+      cpu::Argmax,          cpu::RepetitionPenalty, cpu::CountPenalty, cpu::LogSumExp, cpu::TopLogits,
       /*host_memory=*/true, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,
       HostGatherPages,      NoSync,        NoRegister,     NoUnregister,

@@ -29,6 +29,8 @@ Status GatherKv(const GatherKvParams& p);
 Status MergeToken(const MergeTokenParams& p);
 Status Argmax(const ArgmaxParams& p);
 Status RepetitionPenalty(const RepetitionPenaltyParams& p);
+Status CountPenalty(const CountPenaltyParams& p);
+Status LogSumExp(const float* logits, int vocab, float* host_out);
 Status TopLogits(const float* logits, int vocab, int count, float* sorted_logits,
                  int32_t* sorted_ids);
 

@@ -180,7 +180,7 @@ const OpTable& CudaOpTable() {
       Backend::kCuda,     Matmul,      RmsNorm,           ApplyRope,     SwiGlu,
       Add,                Embedding,   PrefillAttention,  PagedDecodeAttention,
       StoreKv,            GatherKv,    MergeToken,
-      Argmax,             RepetitionPenalty, TopLogits,   /*host_memory=*/false,
+      Argmax,             RepetitionPenalty, CountPenalty, LogSumExp, TopLogits,   /*host_memory=*/false,
       Alloc,              Free,          CopyToDevice,
       CopyToHost,         CopyOnDevice, GatherPages,   Synchronize,
       RegisterHost,       UnregisterHost,    DeviceCount,   UseDevice,

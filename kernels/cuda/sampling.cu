@@ -1,4 +1,5 @@
-// Argmax per row, and the sorted top logits of one row (CUB radix sort, stable, descending).
+// Argmax per row, the sorted top logits of one row (CUB radix sort, stable, descending), the
+// frequency / presence penalty and the log-sum-exp of one row.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
@@ -62,6 +63,65 @@ __global__ void PrepareSortKernel(const float* logits, float* keys, int32_t* ids
 
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
 
+__global__ void CountPenaltyKernel(CountPenaltyParams p) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.count; i += gridDim.x * blockDim.x) {
+    p.logits[p.ids[i]] -= p.frequency * static_cast<float>(p.counts[i]) + p.presence;
+  }
+}
+
+// Merges two (max, sum of exp(x - max)) pairs.
+__device__ __forceinline__ void MergeLse(float& m, float& s, float om, float os) {
+  if (om == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = om;
+    s = os;
+    return;
+  }
+  const float nm = fmaxf(m, om);
+  s = s * expf(m - nm) + os * expf(om - nm);
+  m = nm;
+}
+
+constexpr int kLseThreads = 1024;
+
+// One block: every thread keeps an online (max, sum) over its strided elements, then a warp and
+// a block reduction merge them. A +inf logit makes the result +inf.
+__global__ void LogSumExpKernel(const float* logits, int vocab, float* out) {
+  float m = -INFINITY, s = 0.f;
+  bool pos_inf = false;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = logits[i];
+    if (isnan(v) || v == -INFINITY) continue;
+    if (isinf(v)) {
+      pos_inf = true;
+      continue;
+    }
+    MergeLse(m, s, v, 1.f);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const float os = __shfl_xor_sync(0xffffffffu, s, o);
+    MergeLse(m, s, om, os);
+  }
+  pos_inf = __any_sync(0xffffffffu, pos_inf);
+  __shared__ float sm[kLseThreads / 32], ss[kLseThreads / 32];
+  __shared__ int sinf[kLseThreads / 32];
+  if ((threadIdx.x & 31) == 0) {
+    sm[threadIdx.x >> 5] = m;
+    ss[threadIdx.x >> 5] = s;
+    sinf[threadIdx.x >> 5] = pos_inf ? 1 : 0;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    bool any_inf = sinf[0] != 0;
+    for (int w = 1; w < kLseThreads / 32; ++w) {
+      MergeLse(m, s, sm[w], ss[w]);
+      any_inf = any_inf || sinf[w] != 0;
+    }
+    *out = any_inf ? INFINITY : (m == -INFINITY ? -INFINITY : m + logf(s));
+  }
+}
+
 }  // namespace
 
 Status Argmax(const ArgmaxParams& p) {
@@ -93,6 +153,21 @@ Status TopLogits(const float* logits, int vocab, int count, float* sorted_logits
                                            cudaMemcpyDeviceToHost, Stream()));
   ICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sorted_ids, ids_out, sizeof(int32_t) * count,
                                            cudaMemcpyDeviceToHost, Stream()));
+  return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
+}
+
+Status CountPenalty(const CountPenaltyParams& p) {
+  CountPenaltyKernel<<<CeilDiv(p.count, 256), 256, 0, Stream()>>>(p);
+  return LaunchStatus("CountPenaltyKernel");
+}
+
+Status LogSumExp(const float* logits, int vocab, float* host_out) {
+  void* ws = nullptr;
+  ICE_RETURN_IF_ERROR(Workspace(sizeof(float), &ws));
+  float* d_out = static_cast<float*>(ws);
+  LogSumExpKernel<<<1, kLseThreads, 0, Stream()>>>(logits, vocab, d_out);
+  ICE_RETURN_IF_ERROR(LaunchStatus("LogSumExpKernel"));
+  ICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_out, d_out, sizeof(float), cudaMemcpyDeviceToHost, Stream()));
   return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
 }
 

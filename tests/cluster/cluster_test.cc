@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -239,6 +241,98 @@ TEST_F(ClusterTest, BadRequestsGetInvalidArgument) {
   o.budget_pages = -1;
   o.temperature = -1;
   expect_invalid(o, "temperature");
+}
+
+// Penalties, logprobs and n over the gRPC API, against the engine in one process with the same
+// sampling parameters: greedy with full attention is exact (f32 KV), so the tokens must be equal
+// and the logprobs equal within 1e-4 (the same fp32 logits; the bound allows for summation order).
+TEST_F(ClusterTest, PenaltiesLogprobsAndChoicesOverGrpcMatchSingleProcess) {
+  const std::vector<int32_t> prompt = Prompt(9, 7);
+  v1::GenerateRequest req;
+  req.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  req.set_max_tokens(12);
+  req.set_ignore_eos(true);
+  req.mutable_cache()->set_full(true);
+  req.set_n(2);
+  auto* sp = req.mutable_sampling();
+  sp->set_frequency_penalty(0.8f);
+  sp->set_presence_penalty(0.3f);
+  sp->set_logprobs(true);
+  sp->set_top_logprobs(3);
+  auto stub = v1::Generation::NewStub(cluster::MakeChannel(RouterAddress()));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  std::map<int, std::vector<int32_t>> tokens;
+  std::map<int, std::vector<v1::TokenLogprob>> logprobs;
+  std::map<int, int> finished;
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    ASSERT_EQ(r.logprobs_size(), r.token_ids_size());
+    tokens[r.index()].insert(tokens[r.index()].end(), r.token_ids().begin(), r.token_ids().end());
+    logprobs[r.index()].insert(logprobs[r.index()].end(), r.logprobs().begin(), r.logprobs().end());
+    if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      ++finished[r.index()];
+      EXPECT_EQ(r.usage().completion_tokens(), 12);
+    }
+  }
+  grpc::Status st = reader->Finish();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(finished, (std::map<int, int>{{0, 1}, {1, 1}}));
+
+  auto m = model::Model::Load(*dir_);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  model::DenseKvCacheOptions o;
+  o.page_size = 4;
+  model::DenseKvCache cache((*m)->attention_shape(), o);
+  model::Generator gen(**m, cache);
+  model::SamplingParams p;
+  p.max_tokens = 12;
+  p.ignore_eos = true;
+  p.frequency_penalty = 0.8f;
+  p.presence_penalty = 0.3f;
+  p.logprobs = 3;
+  ASSERT_TRUE(gen.Add(prompt, p).ok());
+  std::vector<int32_t> want;
+  std::vector<model::TokenLogprobs> want_lp;
+  while (!gen.idle()) {
+    std::vector<model::GenerationEvent> ev;
+    ASSERT_TRUE(gen.Step(&ev).ok());
+    for (auto& e : ev) {
+      want.push_back(e.token);
+      want_lp.push_back(*e.logprobs);
+    }
+  }
+  // The penalties matter here: without them the greedy run differs.
+  EXPECT_NE(want, SingleProcessGreedy(*dir_, prompt, 12));
+  for (int i : {0, 1}) {
+    ASSERT_EQ(tokens[i], want) << "choice " << i;
+    ASSERT_EQ(logprobs[i].size(), want_lp.size());
+    for (size_t t = 0; t < want_lp.size(); ++t) {
+      EXPECT_NEAR(logprobs[i][t].logprob(), want_lp[t].logprob, 1e-4) << "choice " << i << " token " << t;
+      ASSERT_EQ(logprobs[i][t].top_ids_size(), 3);
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_EQ(logprobs[i][t].top_ids(k), want_lp[t].top_ids[k]);
+        EXPECT_NEAR(logprobs[i][t].top_logprobs(k), want_lp[t].top_logprobs[k], 1e-4);
+      }
+    }
+  }
+  // Out of range: INVALID_ARGUMENT naming the field.
+  for (auto [field, mutate] : std::vector<std::pair<std::string, std::function<void(v1::GenerateRequest&)>>>{
+           {"presence_penalty", [](v1::GenerateRequest& q) { q.mutable_sampling()->set_presence_penalty(2.5f); }},
+           {"frequency_penalty", [](v1::GenerateRequest& q) { q.mutable_sampling()->set_frequency_penalty(-3.f); }},
+           {"top_logprobs", [](v1::GenerateRequest& q) { q.mutable_sampling()->set_top_logprobs(21); }},
+           {"n = 17", [](v1::GenerateRequest& q) { q.set_n(17); }}}) {
+    v1::GenerateRequest bad = req;
+    mutate(bad);
+    grpc::ClientContext c;
+    auto rd = stub->Generate(&c, bad);
+    while (rd->Read(&r)) {
+    }
+    grpc::Status s = rd->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_NE(s.error_message().find(field), std::string::npos) << s.error_message();
+  }
+  EXPECT_TRUE(DecodeWorkersIdle(5));
 }
 
 TEST_F(ClusterTest, EveryServerIsHealthy) {

@@ -2,6 +2,8 @@
 // OpenAI's shapes (the HTTP transport itself is covered by cluster_openai_api_test).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "router/openai_api.h"
@@ -45,6 +47,84 @@ TEST(OpenAiMapping, CompletionFields) {
   EXPECT_EQ(g.stop_token_ids_size(), 2);
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(g.n(), 0);  // n = 1 is the default one choice
+  EXPECT_FALSE(g.sampling().logprobs());
+  EXPECT_EQ(g.sampling().presence_penalty(), 0.f);
+}
+
+TEST(OpenAiMapping, PenaltiesLogprobsAndN) {
+  ApiError err;
+  auto r = Parse(OpenAiEndpoint::kCompletions,
+                 {{"model", "tiny"}, {"prompt", "hi"}, {"presence_penalty", -2}, {"frequency_penalty", 1.5},
+                  {"logprobs", 5}, {"n", 3}, {"best_of", 3}},
+                 &err);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FLOAT_EQ(r->request.sampling().presence_penalty(), -2.f);
+  EXPECT_FLOAT_EQ(r->request.sampling().frequency_penalty(), 1.5f);
+  EXPECT_TRUE(r->request.sampling().logprobs());
+  EXPECT_EQ(r->request.sampling().top_logprobs(), 5);
+  EXPECT_EQ(r->request.n(), 3);
+  r = Parse(OpenAiEndpoint::kCompletions, {{"model", "tiny"}, {"prompt", "hi"}, {"logprobs", 0}}, &err);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->request.sampling().logprobs());
+  EXPECT_EQ(r->request.sampling().top_logprobs(), 0);
+  const json msgs = {{{"role", "user"}, {"content", "x"}}};
+  r = Parse(OpenAiEndpoint::kChatCompletions,
+            {{"model", "tiny"}, {"messages", msgs}, {"logprobs", true}, {"top_logprobs", 20}, {"n", 16}}, &err);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->request.sampling().logprobs());
+  EXPECT_EQ(r->request.sampling().top_logprobs(), 20);
+  EXPECT_EQ(r->request.n(), 16);
+  r = Parse(OpenAiEndpoint::kChatCompletions, {{"model", "tiny"}, {"messages", msgs}, {"logprobs", false}}, &err);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->request.sampling().logprobs());
+}
+
+TEST(OpenAiMapping, LogprobsShapes) {
+  v1::GenerateResponse resp;
+  resp.add_token_ids(7);
+  resp.add_token_ids(9);
+  for (float lp : {-0.5f, -std::numeric_limits<float>::infinity()}) {
+    auto* l = resp.add_logprobs();
+    l->set_logprob(lp);
+    l->add_top_ids(3);
+    l->add_top_logprobs(-0.25f);
+    l->add_top_ids(7);
+    l->add_top_logprobs(-0.5f);
+  }
+  // Without a tokenizer the token strings are "token_id:N".
+  auto lps = ResolveLogprobs(resp, nullptr);
+  ASSERT_EQ(lps.size(), 2u);
+  EXPECT_EQ(lps[0].sampled.token, "token_id:7");
+  ASSERT_EQ(lps[0].top.size(), 2u);
+  EXPECT_EQ(lps[0].top[0].token, "token_id:3");
+  OpenAiChoice c;
+  c.index = 1;
+  c.logprobs = true;
+  c.token_logprobs = lps;
+  c.text_offset = 4;
+  v1::Usage u;
+  json r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kCompletions, "cmpl-1", 10, "tiny", {c}, u));
+  const json& l = r["choices"][0]["logprobs"];
+  EXPECT_EQ(r["choices"][0]["index"], 1);
+  EXPECT_EQ(l["tokens"], json({"token_id:7", "token_id:9"}));
+  EXPECT_FLOAT_EQ(l["token_logprobs"][0].get<float>(), -0.5f);
+  EXPECT_FLOAT_EQ(l["token_logprobs"][1].get<float>(), -9999.f);  // -inf: JSON has no infinity
+  EXPECT_EQ(l["text_offset"], json({4, 4 + 10}));
+  EXPECT_EQ(l["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(l["top_logprobs"][1].size(), 3u);  // the sampled token joins the top entries (as vLLM)
+  r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kChatCompletions, "chatcmpl-1", 10, "tiny", {c}, u));
+  const json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "token_id:7");
+  EXPECT_EQ(content[0]["bytes"].size(), std::string("token_id:7").size());
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "token_id:3");
+  c.logprobs = false;
+  r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kChatCompletions, "chatcmpl-1", 10, "tiny", {c}, u));
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  std::string e = OpenAiChunkEvent(OpenAiEndpoint::kChatCompletions, "chatcmpl-1", 10, "tiny", c, false);
+  EXPECT_EQ(json::parse(e.substr(6))["choices"][0]["index"], 1);
 }
 
 TEST(OpenAiMapping, DefaultsAndPromptForms) {
@@ -104,10 +184,20 @@ TEST(OpenAiMapping, RefusalsNameTheParam) {
       {chat, {{"model", "tiny"}, {"messages", {{{"role", "user"}}}}}, 400, "messages[0].content"},
       {chat, {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}, 400,
        "messages[0].content"},
-      {chat, {{"model", "tiny"}, {"messages", msgs}, {"n", 2}}, 400, "n"},
-      {chat, {{"model", "tiny"}, {"messages", msgs}, {"logprobs", true}}, 400, "logprobs"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"n", 0}}, 400, "n"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"n", 17}}, 400, "n"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"n", 1.5}}, 400, "n"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"logprobs", 3}}, 400, "logprobs"},
       {chat, {{"model", "tiny"}, {"messages", msgs}, {"top_logprobs", 1}}, 400, "top_logprobs"},
-      {chat, {{"model", "tiny"}, {"messages", msgs}, {"frequency_penalty", 1}}, 400, "frequency_penalty"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"logprobs", true}, {"top_logprobs", 21}}, 400, "top_logprobs"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"logprobs", true}, {"top_logprobs", -1}}, 400, "top_logprobs"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"frequency_penalty", 2.5}}, 400, "frequency_penalty"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"presence_penalty", -2.01}}, 400, "presence_penalty"},
+      {chat, {{"model", "tiny"}, {"messages", msgs}, {"presence_penalty", "high"}}, 400, "presence_penalty"},
+      {cmpl, {{"model", "tiny"}, {"prompt", "a"}, {"logprobs", 21}}, 400, "logprobs"},
+      {cmpl, {{"model", "tiny"}, {"prompt", "a"}, {"logprobs", true}}, 400, "logprobs"},
+      {cmpl, {{"model", "tiny"}, {"prompt", "a"}, {"top_logprobs", 2}}, 400, "top_logprobs"},
+      {cmpl, {{"model", "tiny"}, {"prompt", "a"}, {"n", 2}, {"best_of", 3}}, 400, "best_of"},
       {chat, {{"model", "tiny"}, {"messages", msgs}, {"temperature", "hot"}}, 400, "temperature"},
       {chat, {{"model", "tiny"}, {"messages", msgs}, {"temperature", 3}}, 400, "temperature"},
       {chat, {{"model", "tiny"}, {"messages", msgs}, {"top_p", 0}}, 400, "top_p"},
@@ -159,14 +249,14 @@ TEST(OpenAiMapping, ResponseAndChunkShapes) {
   OpenAiChoice c;
   c.text = "hello";
   c.finish = v1::FINISH_REASON_EOS;
-  json r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kChatCompletions, "chatcmpl-1", 10, "tiny", c, u));
+  json r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kChatCompletions, "chatcmpl-1", 10, "tiny", {c}, u));
   EXPECT_EQ(r["object"], "chat.completion");
   EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(r["choices"][0]["message"]["content"], "hello");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["total_tokens"], 7);
   c.finish = v1::FINISH_REASON_LENGTH;
-  r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kCompletions, "cmpl-1", 10, "tiny", c, u));
+  r = json::parse(OpenAiResponseJson(OpenAiEndpoint::kCompletions, "cmpl-1", 10, "tiny", {c}, u));
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], "hello");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");

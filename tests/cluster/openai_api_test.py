@@ -10,6 +10,7 @@ requests count in the router's metrics, and `icecache generate --router --chat`.
 usage: openai_api_test.py BIN_DIR        (exit 77 = skipped: the openai package is missing)
 """
 import json
+import math
 import os
 import random
 import shutil
@@ -282,13 +283,15 @@ class OpenAiApiTest(unittest.TestCase):
         self.assert_error(openai.NotFoundError, 404, "model",
                           lambda: c.completions.create(model="gpt-4", prompt="hi"))
         bad = [
-            ("n", dict(n=2)),
-            ("logprobs", dict(logprobs=True)),
+            ("n", dict(n=17)),
+            ("n", dict(n=0)),
+            ("logprobs", dict(logprobs=3)),
             ("top_logprobs", dict(top_logprobs=2)),
+            ("top_logprobs", dict(logprobs=True, top_logprobs=21)),
             ("temperature", dict(temperature=-1)),
             ("top_p", dict(top_p=1.5)),
-            ("presence_penalty", dict(presence_penalty=0.5)),
-            ("frequency_penalty", dict(frequency_penalty=0.5)),
+            ("presence_penalty", dict(presence_penalty=2.5)),
+            ("frequency_penalty", dict(frequency_penalty=-2.01)),
             ("max_tokens", dict(max_tokens=0)),
             ("budget_pages", dict(extra_body={"budget_pages": "some"})),
         ]
@@ -387,9 +390,12 @@ class OpenAiApiTest(unittest.TestCase):
         for _ in range(3):
             self.client.completions.create(model=MODEL, prompt="count me", max_tokens=2, **GREEDY)
         with self.assertRaises(openai.BadRequestError):
-            self.client.completions.create(model=MODEL, prompt="count me", n=3)
+            self.client.completions.create(model=MODEL, prompt="count me", n=17)
         self.assertEqual(metric("icecache_request_success_total") - before, 3)
         self.assertEqual(metric("icecache_request_errors_total", 'code="INVALID_ARGUMENT"') - errors_before, 1)
+        # Each choice of n > 1 is a sequence of its own in the metrics (as vLLM's engine counts them).
+        self.client.completions.create(model=MODEL, prompt="count me", max_tokens=2, n=2, **GREEDY)
+        self.assertEqual(metric("icecache_request_success_total") - before, 5)
 
     def test_disconnect_cancels_the_generation(self):
         before = metric("icecache_request_errors_total", 'code="CANCELLED"')
@@ -411,6 +417,186 @@ class OpenAiApiTest(unittest.TestCase):
         want = self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
                                                    max_tokens=6, **GREEDY)
         self.assertEqual(out.stdout.rstrip("\n"), want.choices[0].message.content)
+
+    # ---- presence / frequency penalties ------------------------------------------------------
+
+    PENALTY_PROMPT = "a a a a a a"  # this model's greedy continuation repeats tokens
+
+    def penalised_text(self, **kw):
+        r = self.client.completions.create(model=MODEL, prompt=self.PENALTY_PROMPT, max_tokens=64, **GREEDY, **kw)
+        self.assertEqual(r.usage.completion_tokens, 64)
+        return r.choices[0].text
+
+    def cli_ids(self, *flags):
+        """Token ids of `icecache generate --router` (gRPC), 64 greedy tokens."""
+        out = subprocess.run([os.path.join(BIN, "icecache"), "generate", "--router", STATE["router"], "--prompt",
+                              self.PENALTY_PROMPT, "--max-tokens", "64", "--ignore-eos", "--output", "ids", *flags],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return [int(x) for x in out.stdout.replace(",", " ").split()]
+
+    def test_penalties_change_the_output_and_zero_is_no_penalty(self):
+        plain = self.penalised_text()
+        self.assertEqual(self.penalised_text(presence_penalty=0, frequency_penalty=0), plain)
+        freq = self.penalised_text(frequency_penalty=2)
+        self.assertNotEqual(freq, plain)
+        self.assertNotEqual(self.penalised_text(presence_penalty=2), plain)
+        # Streamed: the same text.
+        chunks = list(self.client.completions.create(model=MODEL, prompt=self.PENALTY_PROMPT, max_tokens=64,
+                                                     stream=True, frequency_penalty=2, **GREEDY))
+        self.assertEqual("".join(c.choices[0].text for c in chunks), freq)
+        # Chat carries them too.
+        msgs = [{"role": "user", "content": "Say something."}]
+        a = self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=48, **GREEDY)
+        b = self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=48, presence_penalty=2,
+                                                frequency_penalty=2, **GREEDY)
+        self.assertNotEqual(a.choices[0].message.content, b.choices[0].message.content)
+
+    def test_large_penalty_never_repeats_a_token(self):
+        plain = self.cli_ids()
+        self.assertEqual(len(plain), 64)
+        self.assertLess(len(set(plain)), 64)  # the unpenalised greedy run repeats itself
+        for flag in ("--frequency-penalty", "--presence-penalty"):
+            ids = self.cli_ids(flag, "2")
+            self.assertEqual(len(ids), 64)
+            self.assertEqual(len(set(ids)), 64, "%s 2 repeated a token: %s" % (flag, ids))
+        self.assertEqual(self.cli_ids("--frequency-penalty", "0"), plain)
+        # A negative penalty encourages repeats.
+        self.assertLess(len(set(self.cli_ids("--frequency-penalty", "-2"))), len(set(plain)))
+
+    def test_generate_cli_penalties_over_the_router(self):
+        out = subprocess.run([os.path.join(BIN, "icecache"), "generate", "--router", STATE["router"], "--prompt",
+                              self.PENALTY_PROMPT, "--max-tokens", "64", "--ignore-eos", "--frequency-penalty", "2",
+                              "--presence-penalty", "0.5"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        want = self.penalised_text(frequency_penalty=2, presence_penalty=0.5)
+        self.assertEqual(out.stdout.rstrip("\n"), want.rstrip("\n"))
+        bad = subprocess.run([os.path.join(BIN, "icecache"), "generate", "--router", STATE["router"], "--prompt", "x",
+                              "--frequency-penalty", "3"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("[-2, 2]", bad.stderr)
+
+    # ---- logprobs ------------------------------------------------------------------------------
+
+    def test_completion_logprobs(self):
+        r = self.client.completions.create(model=MODEL, prompt="A cache keeps", max_tokens=8, logprobs=3, **GREEDY)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 8)
+        self.assertEqual(len(lp.token_logprobs), 8)
+        self.assertEqual(len(lp.top_logprobs), 8)
+        self.assertEqual(lp.text_offset[0], 0)
+        self.assertEqual(lp.text_offset, sorted(lp.text_offset))
+        for tok, tlp, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            self.assertLessEqual(tlp, 0.0)
+            # Greedy: the sampled token is the most likely one, so it is among the 3 top entries.
+            self.assertIn(tok, top)
+            self.assertLessEqual(len(top), 3)
+            self.assertAlmostEqual(max(top.values()), tlp, places=5)
+            self.assertLessEqual(sum(math.exp(v) for v in top.values()), 1.0 + 1e-5)
+        # Logprobs are of the raw model (before temperature and penalties): the first token's top
+        # entries are the same whatever the temperature or the penalty.
+        hot = self.client.completions.create(model=MODEL, prompt="A cache keeps", max_tokens=1, logprobs=3,
+                                             temperature=1.7, seed=9, frequency_penalty=2,
+                                             extra_body={"ignore_eos": True})
+        self.assertEqual(hot.choices[0].logprobs.top_logprobs[0].keys() - {hot.choices[0].logprobs.tokens[0]},
+                         lp.top_logprobs[0].keys() - {hot.choices[0].logprobs.tokens[0]})
+        for k, v in hot.choices[0].logprobs.top_logprobs[0].items():
+            if k in lp.top_logprobs[0]:
+                self.assertAlmostEqual(v, lp.top_logprobs[0][k], places=5)
+        # Without logprobs: null.
+        plain = self.client.completions.create(model=MODEL, prompt="A cache keeps", max_tokens=2, **GREEDY)
+        self.assertIsNone(plain.choices[0].logprobs)
+
+    def test_chat_logprobs(self):
+        msgs = [{"role": "user", "content": "Tell me about memory."}]
+        r = self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, logprobs=True,
+                                                top_logprobs=5, **GREEDY)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        for e in content:
+            self.assertLessEqual(e.logprob, 0.0)
+            self.assertIsInstance(e.bytes, list)
+            self.assertEqual(len(e.top_logprobs), 5)
+            values = [t.logprob for t in e.top_logprobs]
+            self.assertEqual(values, sorted(values, reverse=True))
+            self.assertEqual(e.top_logprobs[0].token, e.token)  # greedy
+            self.assertAlmostEqual(e.top_logprobs[0].logprob, e.logprob, places=5)
+        for e in content:
+            if "\ufffd" not in e.token:  # a whole character: bytes are its UTF-8
+                self.assertEqual(e.bytes, list(e.token.encode("utf-8")))
+        none = self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, logprobs=True, **GREEDY)
+        self.assertTrue(all(e.top_logprobs == [] for e in none.choices[0].logprobs.content))
+        self.assertEqual([e.logprob for e in none.choices[0].logprobs.content],
+                         [e.logprob for e in content[:3]])
+        twenty = self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, logprobs=True,
+                                                     top_logprobs=20, **GREEDY)
+        self.assertEqual(len(twenty.choices[0].logprobs.content[0].top_logprobs), 20)
+        # Streamed: the chunks' entries together are the non-streamed ones.
+        chunks = list(self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, logprobs=True,
+                                                          top_logprobs=5, stream=True, **GREEDY))
+        streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        self.assertEqual([(e.token, round(e.logprob, 5)) for e in streamed],
+                         [(e.token, round(e.logprob, 5)) for e in content])
+
+    # ---- n > 1 ---------------------------------------------------------------------------------
+
+    def test_n_choices_seeded_and_reproducible(self):
+        kw = dict(model=MODEL, prompt="Pick random words", max_tokens=16, temperature=1.0, seed=7,
+                  extra_body={"ignore_eos": True})
+        r = self.client.completions.create(n=3, **kw)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        texts = [c.text for c in r.choices]
+        self.assertEqual(len(set(texts)), 3, texts)
+        self.assertEqual(r.usage.completion_tokens, 3 * 16)
+        one = self.client.completions.create(**kw)
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)  # counted once
+        again = self.client.completions.create(n=3, **kw)
+        self.assertEqual([c.text for c in again.choices], texts)
+        # Choice i is the sequence of seed + i.
+        self.assertEqual(one.choices[0].text, texts[0])
+        kw["seed"] = 9
+        self.assertEqual(self.client.completions.create(**kw).choices[0].text, texts[2])
+        # Chat too; greedy choices are all the same.
+        msgs = [{"role": "user", "content": "Hello"}]
+        g = self.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, n=2, **GREEDY)
+        self.assertEqual(len(g.choices), 2)
+        self.assertEqual(g.choices[0].message.content, g.choices[1].message.content)
+        self.assertEqual(g.usage.completion_tokens, 12)
+
+    def test_streaming_n2_with_logprobs(self):
+        msgs = [{"role": "user", "content": "Pick random words."}]
+        kw = dict(model=MODEL, messages=msgs, max_tokens=12, temperature=1.0, seed=21, n=2, logprobs=True,
+                  top_logprobs=2, extra_body={"ignore_eos": True})
+        whole = self.client.chat.completions.create(**kw)
+        chunks = list(self.client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        text = {0: "", 1: ""}
+        entries = {0: [], 1: []}
+        finishes = {}
+        roles = {}
+        for c in chunks[:-1]:
+            self.assertEqual(len(c.choices), 1)
+            ch = c.choices[0]
+            if ch.delta.role:
+                roles[ch.index] = roles.get(ch.index, 0) + 1
+            text[ch.index] += ch.delta.content or ""
+            if ch.logprobs:
+                entries[ch.index] += ch.logprobs.content
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+        self.assertEqual(roles, {0: 1, 1: 1})
+        self.assertEqual(finishes, {0: "length", 1: "length"})
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 24)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, whole.usage.prompt_tokens)
+        for i in (0, 1):
+            self.assertEqual(text[i], whole.choices[i].message.content)
+            self.assertEqual(len(entries[i]), 12)
+            self.assertEqual([e.token for e in entries[i]], [e.token for e in whole.choices[i].logprobs.content])
+            for e in entries[i]:
+                self.assertLessEqual(e.logprob, 0.0)
+                self.assertEqual(len(e.top_logprobs), 2)
+                self.assertGreaterEqual(e.top_logprobs[0].logprob, e.top_logprobs[1].logprob)
+        self.assertNotEqual(text[0], text[1])
 
 
 class ApiKeyTest(unittest.TestCase):

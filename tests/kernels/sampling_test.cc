@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 #include "tests/kernels/test_util.h"
 
@@ -94,6 +95,111 @@ TEST_P(TopKTopPOnBackend, MatchesNaive) {
   EXPECT_EQ(greedy->ids, std::vector<int32_t>{static_cast<int32_t>(
                              std::max_element(logits.begin(), logits.end()) - logits.begin())});
   EXPECT_EQ(greedy->probs, std::vector<float>{1.f});
+}
+
+// Frequency / presence penalty: the op against a scalar loop over a random row and random counts.
+class CountPenaltyOnBackend : public testing::BackendTest {};
+ICE_INSTANTIATE_ON_BACKENDS(CountPenaltyOnBackend);
+
+TEST_P(CountPenaltyOnBackend, MatchesScalarReference) {
+  const Backend b = GetParam();
+  const int vocab = 49152;
+  const auto logits = RandomVector(vocab, 21, -8, 8);
+  std::mt19937 rng(5);
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(1000);  // distinct
+  std::vector<int32_t> counts(ids.size());
+  for (auto& c : counts) c = 1 + static_cast<int32_t>(rng() % 40);
+  for (auto [frequency, presence] : {std::pair{0.5f, 0.f}, {0.f, 1.5f}, {2.f, -2.f}, {-1.25f, 0.75f}}) {
+    auto dl = testing::Upload(b, logits), di = testing::Upload(b, ids), dc = testing::Upload(b, counts);
+    CountPenaltyParams p;
+    p.logits = dl.as<float>();
+    p.ids = di.as<int32_t>();
+    p.counts = dc.as<int32_t>();
+    p.count = static_cast<int>(ids.size());
+    p.vocab = vocab;
+    p.frequency = frequency;
+    p.presence = presence;
+    const Status s = CountPenalty(p, b);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::vector<float> want = logits;
+    for (size_t i = 0; i < ids.size(); ++i) want[ids[i]] -= frequency * static_cast<float>(counts[i]) + presence;
+    // One fused multiply-add may differ from the scalar's separate rounding: 1 ulp of ~90.
+    testing::ExpectClose(testing::Download<float>(dl, vocab), want, 1e-5, 1e-6,
+                         std::string(BackendName(b)) + " f=" + std::to_string(frequency) + " p=" + std::to_string(presence));
+  }
+}
+
+TEST(CountPenaltyTest, RejectsBadArguments) {
+  float l[4] = {0, 1, 2, 3};
+  int32_t id = 7, count = 1, zero = 0, ok_id = 1;
+  EXPECT_EQ(CountPenalty({l, &id, &count, 1, 4, 1.f, 0.f}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CountPenalty({l, &ok_id, &zero, 1, 4, 1.f, 0.f}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CountPenalty({l, &ok_id, &count, 1, 4, std::numeric_limits<float>::infinity(), 0.f}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CountPenalty({l, &ok_id, &count, 1, 4, 1.f, 0.5f}).ok());
+  EXPECT_FLOAT_EQ(l[1], -0.5f);
+}
+
+// log_softmax at the token and the top entries, against a double-precision reference.
+class TokenLogprobsOnBackend : public testing::BackendTest {};
+ICE_INSTANTIATE_ON_BACKENDS(TokenLogprobsOnBackend);
+
+TEST_P(TokenLogprobsOnBackend, MatchesDoubleLogSoftmax) {
+  const Backend b = GetParam();
+  for (int vocab : {1, 7, 32000, 128256}) {
+    auto logits = RandomVector(vocab, vocab, -12, 12);
+    if (vocab > 10) {
+      logits[3] = std::numeric_limits<float>::quiet_NaN();  // counts as -inf
+      logits[4] = -std::numeric_limits<float>::infinity();
+      logits[5] = 40.f;  // dominant
+    }
+    double mx = -INFINITY;
+    for (float x : logits) {
+      if (!std::isnan(x)) mx = std::max(mx, static_cast<double>(x));
+    }
+    double sum = 0;
+    for (float x : logits) {
+      if (!std::isnan(x)) sum += std::exp(static_cast<double>(x) - mx);
+    }
+    const double lse = mx + std::log(sum);
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    auto key = [&](int i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return key(x) > key(y); });
+    auto dl = testing::Upload(b, logits);
+    const int top = std::min(vocab, kMaxTopLogprobs);
+    for (int32_t token : {0, vocab - 1, vocab > 10 ? 5 : 0}) {
+      auto got = ComputeTokenLogprobs({dl.as<float>(), vocab, token, top}, b);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      const std::string name = std::string(BackendName(b)) + " vocab=" + std::to_string(vocab);
+      // fp32 logit minus an lse good to ~1e-6 relative (CUDA sums in fp32): 1e-4 absolute.
+      EXPECT_NEAR(got->logprob, key(token) - lse, 1e-4) << name << " token " << token;
+      EXPECT_LE(got->logprob, 1e-6) << name;
+      ASSERT_EQ(got->top_ids.size(), static_cast<size_t>(top)) << name;
+      ASSERT_EQ(got->top_logprobs.size(), static_cast<size_t>(top)) << name;
+      for (int i = 0; i < top; ++i) {
+        EXPECT_EQ(got->top_ids[i], order[i]) << name << " rank " << i;
+        EXPECT_NEAR(got->top_logprobs[i], key(order[i]) - lse, 1e-4) << name << " rank " << i;
+      }
+    }
+    if (vocab > 10) {
+      auto nan_token = ComputeTokenLogprobs({dl.as<float>(), vocab, 3, 0}, b);
+      ASSERT_TRUE(nan_token.ok());
+      EXPECT_EQ(nan_token->logprob, -std::numeric_limits<float>::infinity());
+      EXPECT_TRUE(nan_token->top_ids.empty());
+    }
+  }
+}
+
+TEST(TokenLogprobsTest, RejectsBadArguments) {
+  float l[3] = {0, 1, 2};
+  EXPECT_EQ(ComputeTokenLogprobs({l, 3, 3, 1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeTokenLogprobs({l, 3, -1, 1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeTokenLogprobs({l, 3, 0, 4}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeTokenLogprobs({nullptr, 3, 0, 1}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(TopKTopPTest, RejectsBadTopP) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -123,11 +124,68 @@ TEST(Sampler, RepetitionPenalty) {
   EXPECT_EQ(*s.Sample(neg, ctx2), 1);  // -1.0 * 1.5 = -1.5 < -1.2
 }
 
+TEST(Sampler, FrequencyAndPresencePenaltiesCountGeneratedTokensOnly) {
+  const std::vector<float> logits = {3.0f, 2.5f, 1.0f};
+  const std::vector<int32_t> ctx = {0, 0};  // token 0 twice
+  SamplingParams f;
+  f.frequency_penalty = 0.3f;  // 3.0 - 2 * 0.3 = 2.4 < 2.5
+  Sampler sf(f, kHost);
+  EXPECT_EQ(*sf.Sample(logits, ctx, 2), 1);
+  EXPECT_EQ(*sf.Sample(logits, ctx, 1), 0);  // one generated occurrence: 2.7
+  EXPECT_EQ(*sf.Sample(logits, ctx, 0), 0);  // prompt tokens are not counted
+  SamplingParams pr;
+  pr.presence_penalty = 0.6f;  // once, whatever the count: 2.4
+  Sampler sp(pr, kHost);
+  EXPECT_EQ(*sp.Sample(logits, ctx, 2), 1);
+  pr.presence_penalty = 0.4f;  // 2.6 > 2.5
+  Sampler sp2(pr, kHost);
+  EXPECT_EQ(*sp2.Sample(logits, ctx, 2), 0);
+  SamplingParams neg;
+  neg.frequency_penalty = -1.f;  // negative: encourages repeats
+  Sampler sn(neg, kHost);
+  const std::vector<int32_t> ctx1 = {2};
+  EXPECT_EQ(*sn.Sample(logits, ctx1, 1), 0);  // 1.0 + 1 = 2.0 still below 3.0
+  const std::vector<int32_t> ctx3 = {2, 2, 2};
+  EXPECT_EQ(*sn.Sample(logits, ctx3, 3), 2);  // 1.0 + 3 = 4.0
+  EXPECT_EQ(sf.Sample(logits, ctx, 3).status().code(), StatusCode::kInvalidArgument);  // more than the context
+}
+
+TEST(Sampler, LogprobsAreOfTheRawLogits) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, -1.0f};
+  SamplingParams p;
+  p.frequency_penalty = 5.f;  // changes the choice, not the logprobs
+  p.logprobs = 2;
+  Sampler s(p, kHost);
+  const std::vector<int32_t> ctx = {1};
+  ASSERT_EQ(*s.Sample(logits, ctx, 1), 2);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x));
+  const double lse = std::log(sum);
+  EXPECT_NEAR(s.last_logprobs().logprob, 2.0 - lse, 1e-6);
+  EXPECT_EQ(s.last_logprobs().top_ids, (std::vector<int32_t>{1, 2}));
+  ASSERT_EQ(s.last_logprobs().top_logprobs.size(), 2u);
+  EXPECT_NEAR(s.last_logprobs().top_logprobs[0], 3.0 - lse, 1e-6);
+  EXPECT_NEAR(s.last_logprobs().top_logprobs[1], 2.0 - lse, 1e-6);
+}
+
 TEST(Sampler, Validation) {
   SamplingParams p;
   EXPECT_TRUE(ValidateSamplingParams(p).ok());
   p.temperature = -1;
   EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.frequency_penalty = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.presence_penalty = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p = {};
+  p.logprobs = 21;
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p.logprobs = -2;
+  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  p.logprobs = 20;
+  EXPECT_TRUE(ValidateSamplingParams(p).ok());
   p = {};
   p.top_p = 0;
   EXPECT_FALSE(ValidateSamplingParams(p).ok());

@@ -56,6 +56,8 @@ int RunGenerate(int argc, char** argv) {
     r.top_p = o.sampling.top_p;
     r.top_k = o.sampling.top_k;
     r.seed = o.sampling.seed.value_or(0);
+    r.presence_penalty = o.sampling.presence_penalty;
+    r.frequency_penalty = o.sampling.frequency_penalty;
     r.stop = o.sampling.stop_strings;
     r.stop_ids = o.sampling.stop_ids;
     r.ignore_eos = o.sampling.ignore_eos;

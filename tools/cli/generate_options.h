@@ -25,6 +25,8 @@ inline constexpr const char* kGenerateUsage =
     "  --top-k K               keep the K most likely tokens (0 = all; default 0)\n"
     "  --seed S                seed for reproducible sampling\n"
     "  --repetition-penalty R  (default 1 = off)\n"
+    "  --presence-penalty P    OpenAI's presence penalty over generated tokens, [-2, 2] (default 0)\n"
+    "  --frequency-penalty F   OpenAI's frequency penalty over generated tokens, [-2, 2] (default 0)\n"
     "  --stop STR              stop when the text contains STR (repeatable)\n"
     "  --stop-id ID            stop after token ID (repeatable; eos ids always stop)\n"
     "  --ignore-eos            do not stop at the model's eos ids\n"
@@ -145,6 +147,11 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       ICE_ASSIGN_OR_RETURN(double r, internal::ParseNumber("--repetition-penalty", v));
       o.sampling.repetition_penalty = static_cast<float>(r);
+    } else if (flag == "--presence-penalty" || flag == "--frequency-penalty") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      ICE_ASSIGN_OR_RETURN(double x, internal::ParseNumber(flag.c_str(), v));
+      if (!(x >= -2 && x <= 2)) return InvalidArgumentError(std::string(flag) + " must be in [-2, 2]");
+      (flag == "--presence-penalty" ? o.sampling.presence_penalty : o.sampling.frequency_penalty) = static_cast<float>(x);
     } else if (flag == "--stop") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       o.sampling.stop_strings.push_back(v);
