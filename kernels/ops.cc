@@ -279,18 +279,71 @@ StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p, Backend
   if (std::isnan(p.temperature)) return Invalid("TopKTopPCandidates", "temperature is NaN");
   ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
   const bool greedy = p.temperature <= 0.f;
-  const int count = greedy ? 1 : (p.top_k > 0 ? std::min(p.top_k, p.vocab) : p.vocab);
-  std::vector<float> logits(count);
-  std::vector<int32_t> ids(count);
-  ICE_RETURN_IF_ERROR(t->top_logits(p.logits, p.vocab, count, logits.data(), ids.data()));
   SamplingCandidates c;
   if (greedy) {
-    c.ids = {ids[0]};
+    float logit = 0.f;
+    int32_t id = 0;
+    ICE_RETURN_IF_ERROR(t->top_logits(p.logits, p.vocab, 1, &logit, &id));
+    c.ids = {id};
     c.probs = {1.f};
     return c;
   }
-  // Softmax of logits/temperature over the top-k set (HF top-k masks the rest to -inf).
   const double inv_t = 1.0 / p.temperature;
+  const bool every_id = p.top_k <= 0 || p.top_k >= p.vocab;
+  if (every_id) {
+    // No top_k cut: the softmax needs every logit once; only the nucleus needs an order, and only
+    // of its own (usually small) prefix.
+    std::vector<float> row(p.vocab);
+    ICE_RETURN_IF_ERROR(t->copy_to_host(row.data(), p.logits, row.size() * sizeof(float)));
+    float mxf = -std::numeric_limits<float>::infinity();
+    for (float x : row) mxf = std::max(mxf, x);  // NaN never wins a max
+    const double mx = static_cast<double>(mxf) * inv_t;
+    double z = 0;
+    for (float x : row) z += std::isnan(x) ? 0.0 : std::exp(x * inv_t - mx);  // -inf logits give 0
+    if (p.top_p >= 1.f) {
+      // Every token, in id order (nothing is cut, so no order is needed).
+      c.ids.resize(p.vocab);
+      c.probs.resize(p.vocab);
+      for (int32_t i = 0; i < p.vocab; ++i) {
+        c.ids[i] = i;
+        c.probs[i] = std::isnan(row[i]) ? 0.f : static_cast<float>(std::exp(row[i] * inv_t - mx) / z);
+      }
+      return c;
+    }
+    // Nucleus: the smallest prefix by descending probability whose mass reaches top_p, found in
+    // the top 1024, 8192, ... until it fits (the whole vocabulary at worst).
+    for (int count = std::min(p.vocab, 1024);; count = std::min(p.vocab, count * 8)) {
+      std::vector<float> logits(count);
+      std::vector<int32_t> ids(count);
+      ICE_RETURN_IF_ERROR(t->top_logits(p.logits, p.vocab, count, logits.data(), ids.data()));
+      double before = 0;
+      int keep = -1;
+      for (int i = 0; i < count; ++i) {
+        if (i > 0 && before >= static_cast<double>(p.top_p)) {
+          keep = i;
+          break;
+        }
+        before += std::exp(logits[i] * inv_t - mx) / z;
+      }
+      if (keep < 0 && count < p.vocab) continue;  // the nucleus is longer than this prefix
+      if (keep < 0) keep = count;
+      std::vector<double> e(keep);
+      for (int i = 0; i < keep; ++i) e[i] = std::exp(logits[i] * inv_t - mx);
+      while (keep > 1 && e[keep - 1] == 0.0) --keep;  // drop -inf / underflowed logits
+      double kept_sum = 0;
+      for (int i = 0; i < keep; ++i) kept_sum += e[i];
+      c.ids.assign(ids.begin(), ids.begin() + keep);
+      c.probs.resize(keep);
+      for (int i = 0; i < keep; ++i) c.probs[i] = static_cast<float>(e[i] / kept_sum);
+      return c;
+    }
+  }
+  // top_k: softmax of logits/temperature over the top-k set (HF top-k masks the rest to -inf),
+  // then the nucleus within it.
+  const int count = std::min(p.top_k, p.vocab);
+  std::vector<float> logits(count);
+  std::vector<int32_t> ids(count);
+  ICE_RETURN_IF_ERROR(t->top_logits(p.logits, p.vocab, count, logits.data(), ids.data()));
   const double mx = static_cast<double>(logits[0]) * inv_t;
   std::vector<double> e(count);
   double sum = 0;
@@ -298,7 +351,6 @@ StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p, Backend
     e[i] = std::exp(logits[i] * inv_t - mx);  // -inf logits give 0
     sum += e[i];
   }
-  // Nucleus: keep tokens while the probability mass before them is below top_p.
   int keep = count;
   if (p.top_p < 1.f) {
     double before = 0;

@@ -33,7 +33,9 @@ struct TopKTopPParams {
   float top_p = 1.f;              // in (0, 1]
 };
 
-// Host-side result: ids sorted by descending probability (ties: lower id first); probs sum to 1.
+// Host-side result: ids sorted by descending probability (ties: lower id first), except with no
+// top_k and top_p >= 1, where nothing is cut and every id comes in id order (no sort of the
+// vocabulary); probs sum to 1.
 struct SamplingCandidates {
   std::vector<int32_t> ids;
   std::vector<float> probs;

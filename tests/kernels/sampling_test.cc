@@ -80,12 +80,21 @@ TEST_P(TopKTopPOnBackend, MatchesNaive) {
   auto dl = testing::Upload(b, logits);
   for (auto [temperature, top_k, top_p] :
        {std::tuple{1.f, 0, 1.f}, {0.7f, 50, 1.f}, {1.f, 0, 0.9f}, {0.6f, 40, 0.95f},
-        {2.f, 1, 0.5f}, {1.f, 100000, 0.01f}}) {
+        {2.f, 1, 0.5f}, {1.f, 100000, 0.01f}, {0.8f, 0, 0.3f}, {0.5f, 100000, 1.f}}) {
     auto got = TopKTopPCandidates({dl.as<float>(), 50000, temperature, top_k, top_p}, b);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    const auto want = NaiveCandidates(logits, temperature, top_k, top_p);
+    auto want = NaiveCandidates(logits, temperature, top_k, top_p);
     const std::string name = std::string(BackendName(b)) + " T=" + std::to_string(temperature) +
                              " k=" + std::to_string(top_k) + " p=" + std::to_string(top_p);
+    if ((top_k <= 0 || top_k >= 50000) && top_p >= 1.f) {
+      // Nothing is cut: every id, in id order (the contract), with the naive probabilities.
+      SamplingCandidates by_id;
+      by_id.ids.resize(50000);
+      by_id.probs.resize(50000);
+      std::iota(by_id.ids.begin(), by_id.ids.end(), 0);
+      for (size_t i = 0; i < want.ids.size(); ++i) by_id.probs[want.ids[i]] = want.probs[i];
+      want = by_id;
+    }
     ASSERT_EQ(got->ids, want.ids) << name;
     testing::ExpectClose(got->probs, want.probs, 1e-7, 1e-5, name);  // double softmax both sides
     EXPECT_NEAR(std::accumulate(got->probs.begin(), got->probs.end(), 0.0), 1.0, 1e-5) << name;
