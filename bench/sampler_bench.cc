@@ -101,6 +101,10 @@ int RunSampler(int argc, char** argv) {
   add("greedy+logprobs0", [](model::SamplingParams& p) { p.logprobs = 0; });
   add("greedy+logprobs5", [](model::SamplingParams& p) { p.logprobs = 5; });
   add("greedy+logprobs20", [](model::SamplingParams& p) { p.logprobs = 20; });
+  add("temperature1 (OpenAI default)", [](model::SamplingParams& p) {  // top_p 1, no top_k
+    p.temperature = 1.f;
+    p.seed = 1;
+  });
   add("top_p", [](model::SamplingParams& p) {
     p.temperature = 0.8f;
     p.top_p = 0.95f;
@@ -154,7 +158,7 @@ int RunSampler(int argc, char** argv) {
               kernels::DeviceName(device).c_str(), target.c_str(), vocab, generated, iters);
   std::printf("%-28s %12s %12s %14s\n", "case", "wall us", "CPU us", "CPU vs greedy");
   for (size_t c = 0; c < cases.size(); ++c) {
-    std::printf("%-28s %12.1f %12.1f %14.2f\n", cases[c].name, median_us[c], median_cpu_us[c],
+    std::printf("%-32s %12.1f %12.1f %14.2f\n", cases[c].name, median_us[c], median_cpu_us[c],
                 median_cpu_us[c] / median_cpu_us[0]);
   }
   return 0;
