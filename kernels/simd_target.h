@@ -6,8 +6,11 @@
 //            Rapids. A CPU with AVX-512 but without VNNI or BF16 runs kAvx2.
 //   kAvx2:   AVX2 + FMA + F16C (x86-64-v3 level), e.g. AMD Zen 1-3, Intel Haswell and later.
 //   kScalar: no SIMD beyond the compiler's baseline (SSE2 on x86-64); also the reference.
-// The environment variable ICECACHE_SIMD=avx512|avx2|scalar forces a target at start (a target
-// this CPU lacks falls back to the best supported one below it, with a warning). The choice is
+//   kNeon:   Arm Advanced SIMD (aarch64 baseline); the only target besides kScalar in an Arm
+//            build (the x86 targets are compiled only for x86-64, kNeon only for aarch64).
+// The environment variable ICECACHE_SIMD=avx512|avx2|neon|scalar forces a target at start (a
+// target this CPU lacks falls back to the best supported one below it, with a warning: avx512 to
+// avx2, anything else to scalar). The choice is
 // logged once (INFO) when a kernel first asks for it.
 #pragma once
 
@@ -18,9 +21,12 @@
 
 namespace icecache::kernels {
 
-enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kNeon = 3 };
+// Every target, lowest first within each CPU family.
+inline constexpr SimdTarget kAllSimdTargets[] = {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512,
+                                                 SimdTarget::kNeon};
 
-std::string_view SimdTargetName(SimdTarget t);  // "scalar", "avx2", "avx512"
+std::string_view SimdTargetName(SimdTarget t);  // "scalar", "avx2", "avx512", "neon"
 // SimdTargetName's inverse; INVALID_ARGUMENT naming the accepted names otherwise.
 StatusOr<SimdTarget> ParseSimdTarget(std::string_view name);
 

@@ -13,6 +13,19 @@
 #define ICE_DECL_NS scalar
 #include "kernels/cpu/target_decls.inc"
 #undef ICE_DECL_NS
+#if defined(__aarch64__)
+// An Arm build compiles the scalar and neon targets (kernels/CMakeLists.txt).
+#define ICE_DECL_NS neon
+#include "kernels/cpu/target_decls.inc"
+#undef ICE_DECL_NS
+
+#define ICE_SIMD_DISPATCH(fn, ...)                                                        \
+  do {                                                                                    \
+    if (::icecache::kernels::ActiveSimdTarget() == ::icecache::kernels::SimdTarget::kNeon) \
+      return ::icecache::kernels::cpu::neon::fn(__VA_ARGS__);                             \
+    return ::icecache::kernels::cpu::scalar::fn(__VA_ARGS__);                             \
+  } while (0)
+#else
 #define ICE_DECL_NS avx2
 #include "kernels/cpu/target_decls.inc"
 #undef ICE_DECL_NS
@@ -29,7 +42,9 @@
       case ::icecache::kernels::SimdTarget::kAvx2:                                        \
         return ::icecache::kernels::cpu::avx2::fn(__VA_ARGS__);                           \
       case ::icecache::kernels::SimdTarget::kScalar:                                      \
+      case ::icecache::kernels::SimdTarget::kNeon:                                        \
         break;                                                                            \
     }                                                                                     \
     return ::icecache::kernels::cpu::scalar::fn(__VA_ARGS__);                             \
   } while (0)
+#endif

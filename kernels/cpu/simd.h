@@ -7,7 +7,8 @@
 //                    everything the source defines, so no inline function or template of one
 //                    target can be merged by the linker with another target's;
 //   ICE_SIMD_AVX2    1 on the avx2 and avx512 targets (AVX2 + FMA + F16C usable);
-//   ICE_SIMD_AVX512  1 on the avx512 target (AVX-512 F/BW/VL/DQ/VNNI/BF16 usable).
+//   ICE_SIMD_AVX512  1 on the avx512 target (AVX-512 F/BW/VL/DQ/VNNI/BF16 usable);
+//   ICE_SIMD_NEON    1 on the neon target (aarch64 Advanced SIMD; built only for Arm).
 // Standard headers must not be included after this one: their inline functions would be compiled
 // for the target under their usual (shared) names. (GCC does not define __AVX2__ and friends
 // after #pragma GCC target in C++, hence our own macros.)
@@ -26,6 +27,9 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -35,7 +39,13 @@
 #if !defined(ICECACHE_SIMD_TARGET)
 #error "kernels/cpu/simd.h is for per-target sources (ICECACHE_SIMD_TARGET set by CMake)"
 #endif
-#if ICECACHE_SIMD_TARGET == 2 && defined(__x86_64__)
+#if ICECACHE_SIMD_TARGET == 3 && defined(__aarch64__)
+// Arm: Advanced SIMD (NEON) is part of the aarch64 baseline, no target switch needed.
+#define ICE_SIMD_NS neon
+#define ICE_SIMD_AVX2 0
+#define ICE_SIMD_AVX512 0
+#define ICE_SIMD_NEON 1
+#elif ICECACHE_SIMD_TARGET == 2 && defined(__x86_64__)
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512vnni,avx512bf16")
 #define ICE_SIMD_NS avx512
 #define ICE_SIMD_AVX2 1
@@ -57,6 +67,9 @@
 #endif
 #define ICE_SIMD_AVX2 0
 #define ICE_SIMD_AVX512 0
+#endif
+#if !defined(ICE_SIMD_NEON)
+#define ICE_SIMD_NEON 0
 #endif
 
 #define ICE_DECL_NS ICE_SIMD_NS
@@ -223,6 +236,23 @@ inline float HMax8(__m256 v) {
 }
 #endif
 
+#if ICE_SIMD_NEON
+// 4 consecutive elements starting at element i, as fp32.
+template <DType T>
+inline float32x4_t Load4(const void* base, size_t i) {
+  if constexpr (T == DType::kF32) {
+    return vld1q_f32(static_cast<const float*>(base) + i);
+  } else {
+    const uint16x4_t h = vld1_u16(static_cast<const uint16_t*>(base) + i);
+    if constexpr (T == DType::kBF16) {
+      return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+    } else {
+      return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    }
+  }
+}
+#endif
+
 // fp32 dot product of x [n] with a typed row [n].
 template <DType T>
 inline float Dot(const float* x, const void* row, int n) {
@@ -251,6 +281,19 @@ inline float Dot(const float* x, const void* row, int n) {
   for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), Load8<T>(row, i), a0);
   if (i < n) a1 = _mm256_fmadd_ps(Load8Tail<DType::kF32>(x, i, n - i), Load8Tail<T>(row, i, n - i), a1);
   return HSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#elif ICE_SIMD_NEON
+  float32x4_t a0 = vdupq_n_f32(0.f), a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = vfmaq_f32(a0, vld1q_f32(x + i), Load4<T>(row, i));
+    a1 = vfmaq_f32(a1, vld1q_f32(x + i + 4), Load4<T>(row, i + 4));
+    a2 = vfmaq_f32(a2, vld1q_f32(x + i + 8), Load4<T>(row, i + 8));
+    a3 = vfmaq_f32(a3, vld1q_f32(x + i + 12), Load4<T>(row, i + 12));
+  }
+  for (; i + 4 <= n; i += 4) a0 = vfmaq_f32(a0, vld1q_f32(x + i), Load4<T>(row, i));
+  float s = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+  for (; i < n; ++i) s += x[i] * LoadScalar<T>(row, i);
+  return s;
 #else
   float s = 0.f;
   for (int i = 0; i < n; ++i) s += x[i] * LoadScalar<T>(row, i);
@@ -280,6 +323,11 @@ inline void Axpy(float a, const void* row, float* y, int n) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, Load8<T>(row, i), _mm256_loadu_ps(y + i)));
   }
   if (i < n) Store8Tail(y + i, _mm256_fmadd_ps(va, Load8Tail<T>(row, i, n - i), Load8Tail<DType::kF32>(y, i, n - i)), n - i);
+#elif ICE_SIMD_NEON
+  const float32x4_t va = vdupq_n_f32(a);
+  int i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), va, Load4<T>(row, i)));
+  for (; i < n; ++i) y[i] += a * LoadScalar<T>(row, i);
 #else
   for (int i = 0; i < n; ++i) y[i] += a * LoadScalar<T>(row, i);
 #endif
@@ -299,6 +347,10 @@ inline void ToF32(const void* src, float* dst, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load8<T>(src, i));
   if (i < n) Store8Tail(dst + i, Load8Tail<T>(src, i, n - i), n - i);
+#elif ICE_SIMD_NEON
+  int i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, Load4<T>(src, i));
+  for (; i < n; ++i) dst[i] = LoadScalar<T>(src, i);
 #else
   for (int i = 0; i < n; ++i) dst[i] = LoadScalar<T>(src, i);
 #endif

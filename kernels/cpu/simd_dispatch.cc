@@ -23,23 +23,31 @@ bool CpuHas(SimdTarget t) {
       return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+    case SimdTarget::kNeon: return false;
   }
   return false;
+#elif defined(__aarch64__)
+  // Advanced SIMD is mandatory on aarch64 (and the neon kernels are compiled only there).
+  return t == SimdTarget::kScalar || t == SimdTarget::kNeon;
 #else
   return t == SimdTarget::kScalar;
 #endif
 }
 
-SimdTarget BestSupported(SimdTarget at_most) {
-  for (int t = static_cast<int>(at_most); t > 0; --t) {
-    if (SimdTargetSupported(static_cast<SimdTarget>(t))) return static_cast<SimdTarget>(t);
-  }
+// want if supported, else the next lower level of its family (x86: avx512, avx2, scalar).
+SimdTarget BestSupported(SimdTarget want) {
+  if (SimdTargetSupported(want)) return want;
+  if (want == SimdTarget::kAvx512 && SimdTargetSupported(SimdTarget::kAvx2)) return SimdTarget::kAvx2;
   return SimdTarget::kScalar;
 }
 
 // The target at start: the best supported, or ICECACHE_SIMD lowered to a supported one.
 SimdTarget InitialTarget() {
+#if defined(__aarch64__)
+  SimdTarget want = SimdTarget::kNeon;
+#else
   SimdTarget want = SimdTarget::kAvx512;
+#endif
   std::string source = "best supported";
   if (const char* env = std::getenv("ICECACHE_SIMD"); env != nullptr && *env != '\0') {
     auto parsed = ParseSimdTarget(env);
@@ -55,7 +63,10 @@ SimdTarget InitialTarget() {
     ICE_LOG(WARNING) << source << " is not supported by this CPU; using " << SimdTargetName(got);
   }
   std::string supported;
-  for (SimdTarget t : SupportedSimdTargets()) supported += (supported.empty() ? "" : ",") + std::string(SimdTargetName(t));
+  for (SimdTarget t : SupportedSimdTargets()) {
+    if (!supported.empty()) supported += ',';
+    supported += SimdTargetName(t);
+  }
   ICE_LOG(INFO) << "CPU kernels: SIMD target " << SimdTargetName(got) << " (" << source
                 << "; this CPU supports " << supported << ")";
   return got;
@@ -73,27 +84,28 @@ std::string_view SimdTargetName(SimdTarget t) {
     case SimdTarget::kScalar: return "scalar";
     case SimdTarget::kAvx2: return "avx2";
     case SimdTarget::kAvx512: return "avx512";
+    case SimdTarget::kNeon: return "neon";
   }
   return "unknown";
 }
 
 StatusOr<SimdTarget> ParseSimdTarget(std::string_view name) {
-  for (SimdTarget t : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
+  for (SimdTarget t : kAllSimdTargets) {
     if (name == SimdTargetName(t)) return t;
   }
-  return InvalidArgumentError("SIMD target must be avx512, avx2 or scalar, got '" + std::string(name) + "'");
+  return InvalidArgumentError("SIMD target must be avx512, avx2, neon or scalar, got '" + std::string(name) + "'");
 }
 
 bool SimdTargetSupported(SimdTarget t) {
-  static const bool supported[3] = {CpuHas(SimdTarget::kScalar), CpuHas(SimdTarget::kAvx2),
-                                    CpuHas(SimdTarget::kAvx512)};
+  static const bool supported[4] = {CpuHas(SimdTarget::kScalar), CpuHas(SimdTarget::kAvx2),
+                                    CpuHas(SimdTarget::kAvx512), CpuHas(SimdTarget::kNeon)};
   const int i = static_cast<int>(t);
-  return i >= 0 && i < 3 && supported[i];
+  return i >= 0 && i < 4 && supported[i];
 }
 
 std::vector<SimdTarget> SupportedSimdTargets() {
   std::vector<SimdTarget> out;
-  for (SimdTarget t : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
+  for (SimdTarget t : kAllSimdTargets) {
     if (SimdTargetSupported(t)) out.push_back(t);
   }
   return out;

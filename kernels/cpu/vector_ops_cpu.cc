@@ -55,6 +55,9 @@ float DotRow(const void* rows, size_t off, const float* q, int dim) {
   }
   for (; i + 8 <= dim; i += 8) acc0 = _mm256_fmadd_ps(Load8<T>(rows, off + i), _mm256_loadu_ps(q + i), acc0);
   s = HSum8(_mm256_add_ps(acc0, acc1));
+#elif ICE_SIMD_NEON
+  constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  return Dot<T>(q, static_cast<const char*>(rows) + off * kElem, dim);
 #endif
   for (; i < dim; ++i) s += LoadScalar<T>(rows, off + i) * q[i];
   return s;
@@ -536,6 +539,23 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, flo
   return sum + 4 * t;
 }
 
+namespace {
+
+// ArgmaxDotI8 of key i alone, in scalar code: the same integers (u8 row bytes minus 128 times s8
+// key bytes), ties to the lowest row.
+int32_t ArgmaxDotI8One(const uint32_t* x, int i, const uint32_t* rows_t, int ld, int nr, int quads) {
+  const uint32_t* xi = x + static_cast<size_t>(i) * quads;
+  int32_t bs = INT32_MIN, arg = 0;
+  for (int r = 0; r < nr; ++r) {
+    int32_t dot = 0;
+    for (int j = 0; j < quads; ++j) dot += DotS8U8(xi[j], rows_t[static_cast<size_t>(j) * ld + r]);
+    if (dot > bs) { bs = dot; arg = r; }
+  }
+  return arg;
+}
+
+}  // namespace
+
 void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,
                  int32_t* best) {
   int i = 0;
@@ -670,17 +690,7 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
   }
 #endif
-  // The same integers: u8 row bytes minus 128 times s8 key bytes.
-  for (; i < nx; ++i) {
-    const uint32_t* xi = x + static_cast<size_t>(i) * quads;
-    int32_t bs = INT32_MIN, arg = 0;
-    for (int r = 0; r < nr; ++r) {
-      int32_t dot = 0;
-      for (int j = 0; j < quads; ++j) dot += DotS8U8(xi[j], rows_t[static_cast<size_t>(j) * ld + r]);
-      if (dot > bs) { bs = dot; arg = r; }
-    }
-    best[i] = arg;
-  }
+  for (; i < nx; ++i) best[i] = ArgmaxDotI8One(x, i, rows_t, ld, nr, quads);
 }
 
 float QuantizeRowI8(const float* v, int dim, uint32_t* words, size_t stride) {

@@ -20,7 +20,7 @@ using testing::RandomVector;
 using testing::ToTyped;
 
 TEST(SimdTargetTest, NamesRoundTripAndUnknownNamesFail) {
-  for (SimdTarget t : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
+  for (SimdTarget t : kAllSimdTargets) {
     auto parsed = ParseSimdTarget(SimdTargetName(t));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, t);
@@ -36,7 +36,7 @@ TEST(SimdTargetTest, OnlySupportedTargetsCanBeActive) {
   EXPECT_EQ(supported.front(), SimdTarget::kScalar);
   EXPECT_TRUE(SimdTargetSupported(ActiveSimdTarget()));
   const SimdTarget saved = ActiveSimdTarget();
-  for (SimdTarget t : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
+  for (SimdTarget t : kAllSimdTargets) {
     const Status s = SetSimdTarget(t);
     if (SimdTargetSupported(t)) {
       EXPECT_TRUE(s.ok()) << s.ToString();

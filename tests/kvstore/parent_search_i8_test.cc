@@ -244,6 +244,46 @@ TEST(ArgmaxDotI8Test, AllScoresNegative) {
   EXPECT_EQ(best, NaiveI8(p));
 }
 
+TEST(ArgmaxDotI8Test, ExtremeBytesAreExact) {
+  // Every byte at the ends of the quantisers' ranges (key bytes and row values in [-127, 127]):
+  // pairs of products of +-127 * +-127 with equal signs are the largest a 16-bit pair sum
+  // (avx2's vpmaddubsw) ever holds. Ragged key and row counts, against the 64-bit reference.
+  for (const auto& [nx, nr, dim] : {std::tuple{37, 45, 64}, std::tuple{70, 19, 13}, std::tuple{5, 300, 128}}) {
+    SCOPED_TRACE("nx " + std::to_string(nx) + " nr " + std::to_string(nr) + " dim " + std::to_string(dim));
+    I8Problem p = MakeProblem(nx, nr, dim, 31 + nx);
+    std::mt19937_64 rng(5 + nr);
+    const int values[] = {-127, -126, -1, 0, 1, 126, 127};
+    auto pick = [&] { return values[rng() % 7]; };
+    for (int i = 0; i < nx; ++i) {
+      int32_t sum = 0;
+      for (int j = 0; j < p.quads; ++j) {
+        const int b0 = pick(), b1 = pick(), b2 = pick(), b3 = pick();
+        p.xw[static_cast<size_t>(i) * p.quads + j] = static_cast<uint32_t>(b0 & 0xff) | static_cast<uint32_t>(b1 & 0xff) << 8 |
+                                                     static_cast<uint32_t>(b2 & 0xff) << 16 | static_cast<uint32_t>(b3 & 0xff) << 24;
+        sum += b0 + b1 + b2 + b3;
+      }
+      p.x_sum[i] = sum;
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < p.quads; ++j) {
+        uint32_t w = 0;
+        for (int b = 0; b < 4; ++b) w |= static_cast<uint32_t>(pick() + 128) << (8 * b);
+        p.rows_t[static_cast<size_t>(j) * p.ld + r] = w;
+      }
+    // One row made of all +127 and one key of all +127 / all -127: the extreme sums.
+    for (int j = 0; j < p.quads; ++j) {
+      p.rows_t[static_cast<size_t>(j) * p.ld + nr / 2] = 0xffffffffu;
+      p.xw[static_cast<size_t>(0) * p.quads + j] = 0x7f7f7f7fu;
+      p.xw[static_cast<size_t>(nx - 1) * p.quads + j] = 0x81818181u;
+    }
+    p.x_sum[0] = 4 * 127 * p.quads;
+    p.x_sum[nx - 1] = -4 * 127 * p.quads;
+    const std::vector<int32_t> best = RunArgmax(p);
+    EXPECT_EQ(best, NaiveI8(p));
+    EXPECT_EQ(best[0], nr / 2);
+  }
+}
+
 TEST(ArgmaxDotI8Test, HeadroomColumnsPastTheLastRowBlockAreNotRead) {
   // A level matrix keeps insertion headroom: ld far beyond nr. Columns from the first block of 32
   // past nr on hold rows that would win if they were scanned.
