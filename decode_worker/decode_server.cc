@@ -235,15 +235,10 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   ICE_ASSIGN_OR_RETURN(const kernels::Device device, kernels::ParseDevice(config.decode.device));
   ICE_ASSIGN_OR_RETURN(const std::vector<kernels::Device> devices,
                        cluster::RankDevices(config.decode.devices, tp, "decode"));
-  if (tp > 1 || !devices.empty()) {
-    ICE_ASSIGN_OR_RETURN(impl->group, model::TpGroup::Load(config.model.dir, {tp, devices, device}));
-    impl->lm = impl->group.get();
-  } else {
-    model::ModelLoadOptions lo;
-    lo.device = device;
-    ICE_ASSIGN_OR_RETURN(impl->model, model::Model::Load(config.model.dir, lo));
-    impl->lm = impl->model.get();
-  }
+  ICE_ASSIGN_OR_RETURN(model::WorkerModel loaded, model::LoadWorkerModel(config.model.dir, {tp, devices, device}));
+  impl->model = std::move(loaded.model);
+  impl->group = std::move(loaded.group);
+  impl->lm = loaded.lm;
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{
                            config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));

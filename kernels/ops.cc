@@ -270,6 +270,26 @@ Status Argmax(const ArgmaxParams& p, Backend backend) {
   return t->argmax(p);
 }
 
+namespace {
+
+// The first `keep` of the descending (logits, ids) as candidates, with probabilities
+// exp(logit / T - mx) renormalised over them, after dropping trailing zero-probability ones.
+SamplingCandidates Kept(const std::vector<float>& logits, const std::vector<int32_t>& ids, int keep, double inv_t,
+                        double mx) {
+  std::vector<double> e(keep);
+  for (int i = 0; i < keep; ++i) e[i] = std::exp(logits[i] * inv_t - mx);  // -inf logits give 0
+  while (keep > 1 && e[keep - 1] == 0.0) --keep;
+  double kept_sum = 0;
+  for (int i = 0; i < keep; ++i) kept_sum += e[i];
+  SamplingCandidates c;
+  c.ids.assign(ids.begin(), ids.begin() + keep);
+  c.probs.resize(keep);
+  for (int i = 0; i < keep; ++i) c.probs[i] = static_cast<float>(e[i] / kept_sum);
+  return c;
+}
+
+}  // namespace
+
 StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p, Backend backend) {
   if (p.logits == nullptr) return Invalid("TopKTopPCandidates", "null logits");
   if (p.vocab <= 0) return Invalid("TopKTopPCandidates", "vocab must be > 0");
@@ -327,15 +347,7 @@ StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p, Backend
       }
       if (keep < 0 && count < p.vocab) continue;  // the nucleus is longer than this prefix
       if (keep < 0) keep = count;
-      std::vector<double> e(keep);
-      for (int i = 0; i < keep; ++i) e[i] = std::exp(logits[i] * inv_t - mx);
-      while (keep > 1 && e[keep - 1] == 0.0) --keep;  // drop -inf / underflowed logits
-      double kept_sum = 0;
-      for (int i = 0; i < keep; ++i) kept_sum += e[i];
-      c.ids.assign(ids.begin(), ids.begin() + keep);
-      c.probs.resize(keep);
-      for (int i = 0; i < keep; ++i) c.probs[i] = static_cast<float>(e[i] / kept_sum);
-      return c;
+      return Kept(logits, ids, keep, inv_t, mx);
     }
   }
   // top_k: softmax of logits/temperature over the top-k set (HF top-k masks the rest to -inf),
@@ -362,13 +374,7 @@ StatusOr<SamplingCandidates> TopKTopPCandidates(const TopKTopPParams& p, Backend
       before += e[i] / sum;
     }
   }
-  while (keep > 1 && e[keep - 1] == 0.0) --keep;  // drop -inf / underflowed logits
-  double kept_sum = 0;
-  for (int i = 0; i < keep; ++i) kept_sum += e[i];
-  c.ids.assign(ids.begin(), ids.begin() + keep);
-  c.probs.resize(keep);
-  for (int i = 0; i < keep; ++i) c.probs[i] = static_cast<float>(e[i] / kept_sum);
-  return c;
+  return Kept(logits, ids, keep, inv_t, mx);
 }
 
 }  // namespace icecache::kernels

@@ -180,4 +180,18 @@ Status TpKvCache::Attend(int, const float*, const float*, const float*, float*) 
   return FailedPreconditionError("TpKvCache: steps run through TpGroup::Forward, not Attend");
 }
 
+StatusOr<WorkerModel> LoadWorkerModel(const std::string& dir, const TpGroupOptions& options) {
+  WorkerModel w;
+  if (options.size > 1 || !options.devices.empty()) {
+    ICE_ASSIGN_OR_RETURN(w.group, TpGroup::Load(dir, options));
+    w.lm = w.group.get();
+  } else {
+    ModelLoadOptions lo;
+    lo.device = options.device;
+    ICE_ASSIGN_OR_RETURN(w.model, Model::Load(dir, lo));
+    w.lm = w.model.get();
+  }
+  return w;
+}
+
 }  // namespace icecache::model

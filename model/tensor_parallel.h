@@ -132,4 +132,13 @@ class TpKvCache final : public AttentionBackend {
   std::vector<std::unique_ptr<AttentionBackend>> ranks_;
 };
 
+// A worker's model: one Model, or a TpGroup when options.size > 1 or rank devices are listed
+// (`lm` points at whichever was loaded). The one place the prefill and decode workers choose.
+struct WorkerModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<TpGroup> group;
+  LanguageModel* lm = nullptr;
+};
+StatusOr<WorkerModel> LoadWorkerModel(const std::string& dir, const TpGroupOptions& options);
+
 }  // namespace icecache::model

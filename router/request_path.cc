@@ -34,25 +34,8 @@ void CopyLogprob(const pb::TokenLogprob& from, pb::GenerateResponse* out) { *out
 class ChoiceContext final : public RequestContext {
  public:
   explicit ChoiceContext(RequestContext& parent) : parent_(parent) {}
-  void Cancel() {
-    std::vector<std::shared_ptr<grpc::ClientContext>> live;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (cancelled_) return;
-      cancelled_ = true;
-      for (auto& w : live_) {
-        if (auto c = w.lock()) live.push_back(std::move(c));
-      }
-    }
-    for (auto& c : live) c->TryCancel();
-  }
-  bool cancelled() const override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (cancelled_) return true;
-    }
-    return parent_.cancelled();
-  }
+  void Cancel() { calls_.Cancel(); }
+  bool cancelled() const override { return calls_.cancelled() || parent_.cancelled(); }
   Clock::time_point deadline() const override { return parent_.deadline(); }
   std::shared_ptr<grpc::ClientContext> WorkerContext() override {
     std::shared_ptr<grpc::ClientContext> c;
@@ -60,14 +43,7 @@ class ChoiceContext final : public RequestContext {
       std::lock_guard<std::mutex> lock(parent_mu_);  // the parent is shared by the choices
       c = parent_.WorkerContext();
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_) {
-      c->TryCancel();
-      return c;
-    }
-    std::erase_if(live_, [](const std::weak_ptr<grpc::ClientContext>& w) { return w.expired(); });
-    live_.push_back(c);
-    return c;
+    return calls_.Track(std::move(c));
   }
   std::string authorization() const override { return parent_.authorization(); }
 
@@ -75,9 +51,7 @@ class ChoiceContext final : public RequestContext {
 
  private:
   RequestContext& parent_;
-  mutable std::mutex mu_;
-  bool cancelled_ = false;                                // guarded by mu_
-  std::vector<std::weak_ptr<grpc::ClientContext>> live_;  // guarded by mu_
+  WorkerCalls calls_;
 };
 std::mutex ChoiceContext::parent_mu_;
 
@@ -158,7 +132,7 @@ std::string GrpcRequestContext::authorization() const {
   return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
-void CancellableRequestContext::Cancel() {
+void WorkerCalls::Cancel() {
   std::vector<std::shared_ptr<grpc::ClientContext>> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -171,15 +145,12 @@ void CancellableRequestContext::Cancel() {
   for (auto& c : live) c->TryCancel();
 }
 
-bool CancellableRequestContext::cancelled() const {
+bool WorkerCalls::cancelled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cancelled_;
 }
 
-std::shared_ptr<grpc::ClientContext> CancellableRequestContext::WorkerContext() {
-  auto c = std::make_shared<grpc::ClientContext>();
-  c->set_deadline(std::chrono::system_clock::now() +
-                  std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline_ - Clock::now()));
+std::shared_ptr<grpc::ClientContext> WorkerCalls::Track(std::shared_ptr<grpc::ClientContext> c) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_) {
     c->TryCancel();
@@ -188,6 +159,13 @@ std::shared_ptr<grpc::ClientContext> CancellableRequestContext::WorkerContext() 
   std::erase_if(live_, [](const std::weak_ptr<grpc::ClientContext>& w) { return w.expired(); });
   live_.push_back(c);
   return c;
+}
+
+std::shared_ptr<grpc::ClientContext> CancellableRequestContext::WorkerContext() {
+  auto c = std::make_shared<grpc::ClientContext>();
+  c->set_deadline(std::chrono::system_clock::now() +
+                  std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline_ - Clock::now()));
+  return calls_.Track(std::move(c));
 }
 
 RequestPath::RequestPath(const cluster::ClusterConfig& config, model::ModelConfig model_config,

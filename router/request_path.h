@@ -68,12 +68,27 @@ class GrpcRequestContext final : public RequestContext {
 
 // Any other transport: cancelled by Cancel() (for HTTP: the client closed the connection).
 // Worker contexts handed out and still alive are cancelled at that moment.
+// The worker calls of one request (or of one choice of it), cancelled together: Cancel() cancels
+// the live ones and every one tracked after it. Thread-safe.
+class WorkerCalls {
+ public:
+  void Cancel();
+  bool cancelled() const;
+  // Tracks `c` until it is released (cancelled at once when Cancel already ran) and returns it.
+  std::shared_ptr<grpc::ClientContext> Track(std::shared_ptr<grpc::ClientContext> c);
+
+ private:
+  mutable std::mutex mu_;
+  bool cancelled_ = false;                                // guarded by mu_
+  std::vector<std::weak_ptr<grpc::ClientContext>> live_;  // guarded by mu_
+};
+
 class CancellableRequestContext final : public RequestContext {
  public:
   CancellableRequestContext(Clock::time_point deadline, std::string authorization)
       : deadline_(deadline), authorization_(std::move(authorization)) {}
-  void Cancel();
-  bool cancelled() const override;
+  void Cancel() { calls_.Cancel(); }
+  bool cancelled() const override { return calls_.cancelled(); }
   Clock::time_point deadline() const override { return deadline_; }
   std::shared_ptr<grpc::ClientContext> WorkerContext() override;
   std::string authorization() const override { return authorization_; }
@@ -81,9 +96,7 @@ class CancellableRequestContext final : public RequestContext {
  private:
   const Clock::time_point deadline_;
   const std::string authorization_;
-  mutable std::mutex mu_;
-  bool cancelled_ = false;                                // guarded by mu_
-  std::vector<std::weak_ptr<grpc::ClientContext>> live_;  // guarded by mu_
+  WorkerCalls calls_;
 };
 
 // Receives a request's responses in order: the first carries the first token, the last one the
