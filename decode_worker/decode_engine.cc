@@ -76,7 +76,8 @@ struct DecodeEngine::Running {
   std::unique_ptr<model::Sampler> sampler;
   bool logprobs = false;  // sampling.logprobs >= 0: updates carry each token's logprobs
   std::optional<model::TokenStops> stops;  // the request's finish rules (model/finish_rules.h)
-  std::vector<int32_t> generated;  // output tokens so far (first_token included)
+  std::vector<int32_t> generated;  // output tokens so far: prior_tokens, then first_token onwards
+  size_t prior = 0;                // how many of them are prior_tokens (not counted by max_tokens)
   int32_t last = -1;               // next input token
   std::shared_ptr<TokenStream> stream;
 };
@@ -255,6 +256,16 @@ Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& param
     return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
                                 std::to_string(vocab) + ")");
   }
+  if (static_cast<int64_t>(params.prior_tokens.size()) > lm_->config().max_position) {
+    return InvalidArgumentError(std::to_string(params.prior_tokens.size()) + " prior_tokens exceed the model's " +
+                                std::to_string(lm_->config().max_position) + " positions");
+  }
+  for (size_t i = 0; i < params.prior_tokens.size(); ++i) {
+    if (params.prior_tokens[i] < 0 || params.prior_tokens[i] >= vocab) {
+      return InvalidArgumentError("prior_tokens[" + std::to_string(i) + "] = " + std::to_string(params.prior_tokens[i]) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
   if (params.sampler_draws_done < 0) {
     return InvalidArgumentError("sampler_draws_done " + std::to_string(params.sampler_draws_done) + " is negative");
   }
@@ -312,6 +323,8 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   }
   run->stops.emplace(params.sampling.stop_ids, eos, params.sampling.ignore_eos, params.sampling.max_tokens,
                      lm_->config().max_position);
+  run->generated = params.prior_tokens;
+  run->prior = params.prior_tokens.size();
   run->generated.push_back(params.first_token);
   run->last = params.first_token;
   run->stream = std::make_shared<TokenStream>();
@@ -582,8 +595,8 @@ void DecodeEngine::Step() {
       finished.push_back(r.id);
       continue;
     }
-    // The decode worker's context is the generated tokens (first_token included): the
-    // penalties all count over those.
+    // The decode worker's context is the generated tokens (a migrated stream's earlier ones,
+    // then first_token onwards): the penalties all count over those.
     auto token = r.sampler->Sample(std::span<const float>(lm_->logits() + i * vocab, vocab), r.generated,
                                    r.generated.size());
     if (!token.ok()) {
@@ -601,7 +614,7 @@ void DecodeEngine::Step() {
     // The sequence holds its fed tokens plus this one, which has not been fed yet.
     auto len = backend_->SequenceLength(r.id);
     const model::FinishReason reason =
-        r.stops->After(*token, static_cast<int>(r.generated.size()), len.ok() ? *len + 1 : 0);
+        r.stops->After(*token, static_cast<int>(r.generated.size() - r.prior), len.ok() ? *len + 1 : 0);
     if (reason == model::FinishReason::kNone) continue;
     Finish(r, reason, Status::Ok());
     finished.push_back(r.id);

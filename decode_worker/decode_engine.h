@@ -80,6 +80,9 @@ struct DecodeParams {
   // Random draws the sampler skips before its first (Sampler::SkipDraws): for a sequence migrated
   // here, the tokens sampled on the decode workers before. >= 0.
   int64_t sampler_draws_done = 0;
+  // A migrated sequence's tokens generated before first_token (DecodeRequest.prior_tokens): part
+  // of the penalties' context, not of max_tokens.
+  std::vector<int32_t> prior_tokens;
 };
 
 // One update of a sequence's stream. The last one has done == true.

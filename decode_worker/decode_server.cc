@@ -93,6 +93,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     p.sampling.stop_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
     p.sampling.ignore_eos = req->ignore_eos();
     p.sampler_draws_done = req->sampler_draws_done();
+    p.prior_tokens.assign(req->prior_tokens().begin(), req->prior_tokens().end());
     double wait = req->kv_wait_seconds() > 0 ? req->kv_wait_seconds() : config_.ucx.transfer_timeout_seconds;
     auto deadline = transport::Clock::now() + std::chrono::duration_cast<transport::Clock::duration>(
                                                   std::chrono::duration<double>(wait));

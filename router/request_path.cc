@@ -603,6 +603,8 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       dr.set_ignore_eos(req->ignore_eos());
       dr.set_kv_wait_seconds(config_.router.kv_transfer_timeout_seconds);
       dr.set_sampler_draws_done(sent - 1);  // tokens 2..sent were drawn on decode workers
+      // The penalties' context on the new worker: what was generated before its first token.
+      dr.mutable_prior_tokens()->Add(generated.begin(), generated.end() - 1);
       auto reader = decoder.decode->Decode(dctx.get(), dr);
       pb::DecodeResponse dresp;
       bool client_gone = false;

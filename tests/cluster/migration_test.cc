@@ -360,6 +360,31 @@ TEST(ClusterMigration, SeededSamplingContinuesWithItsFullLength) {
   std::printf("seeded streams identical to the uninterrupted run: %d of %d\n", same, kStreams);
 }
 
+// Greedy with a frequency penalty: the new decode worker counts the tokens generated before the
+// move (DecodeRequest.prior_tokens), so the migrated streams equal the uninterrupted run.
+TEST(ClusterMigration, PenaltiesCountTheTokensGeneratedBeforeTheMove) {
+  ProcessCluster c(/*num_decode=*/2, {});
+  ASSERT_TRUE(c.WaitHealthy()) << c.logs();
+  auto penalised = [](router::RemoteGenerateOptions& o) {
+    o.frequency_penalty = 0.7f;
+    o.presence_penalty = 0.3f;
+  };
+  constexpr int kTokens = 120;
+  auto ref = RunStreams(c.router_address(), kStreams, kTokens, nullptr, penalised);
+  std::string victim;
+  size_t tokens_then = 0;
+  auto results = RunStreams(c.router_address(), kStreams, kTokens,
+                            StopWorkerOfStream0(c, SIGKILL, &victim, &tokens_then), penalised);
+  ASSERT_FALSE(victim.empty()) << "the decode worker was never killed";
+  EXPECT_LT(tokens_then, static_cast<size_t>(kTokens)) << "killed after the stream ended: proves nothing";
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(ref[i].status.ok()) << ref[i].status.ToString();
+    EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.ToString() << "\n" << c.logs();
+    EXPECT_EQ(results[i].tokens, ref[i].tokens) << "stream " << i << " (started on " << results[i].decode_worker << ")";
+  }
+  EXPECT_GE(c.Metric("icecache_request_migrations_total"), 1);
+}
+
 TEST(ClusterMigration, KillingTheOnlyDecodeWorkerEndsStreamsWithUnavailable) {
   ProcessCluster c(/*num_decode=*/1, {});
   ASSERT_TRUE(c.WaitHealthy()) << c.logs();
