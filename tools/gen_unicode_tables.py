@@ -4,7 +4,8 @@
 Usage: python3 tools/gen_unicode_tables.py model/tokenizer
 
 writes one .cc per concept into that folder: unicode_classes.cc (version, \\p{L}, \\p{N}, \\s),
-unicode_classes_extra.cc (\\p{P}, Rust's \\w), unicode_compat.cc (NFKD of compatibility characters),
+unicode_classes_extra.cc (\\p{P}, Rust's \\w), unicode_compat.cc (NFKD of compatibility characters: the index by code point),
+unicode_compat_data.cc (their code points),
 unicode_nfc.cc (NFC fast-path ranges, combining classes, compositions),
 unicode_decompositions.cc and unicode_case_folds.cc.
 
@@ -151,8 +152,8 @@ def main():
         'unicode_classes_extra.cc': [('kPunctuationRanges', 'Range', punctuation, rng),
                                      ('kWordRanges', 'Range', word, rng)],
         'unicode_compat.cc': [('kCompatDecompositions', 'CompatDecomposition', compat,
-                               lambda r: '{0x%X, %d, %d}' % r),
-                              ('kCompatData', 'char32_t', compat_data, lambda c: '0x%X' % c)],
+                               lambda r: '{0x%X, %d, %d}' % r)],
+        'unicode_compat_data.cc': [('kCompatData', 'char32_t', compat_data, lambda c: '0x%X' % c)],
         'unicode_nfc.cc': [('kNfcUnsafeRanges', 'Range', nfc_unsafe, rng),
                            ('kCombiningClasses', 'ClassRange', ccc, lambda r: '{0x%X, 0x%X, %d}' % r),
                            ('kCompositions', 'Composition', compose, triple)],
