@@ -54,15 +54,6 @@ const void* MappedHostAddress(const void* host) {
   return dev;
 }
 
-struct GatherScratch {
-  std::vector<char> host;  // [pages int64 | slots int32] staged for one upload
-  void* device = nullptr;
-  size_t device_bytes = 0;
-  ~GatherScratch() {
-    if (device != nullptr) cudaFree(device);
-  }
-};
-
 Status GatherPages(void* device_base, const void* host_base, const int64_t* host_pages, const int32_t* slots,
                    int count, size_t page_bytes) {
   if (count == 0) return Status::Ok();
@@ -78,29 +69,23 @@ Status GatherPages(void* device_base, const void* host_base, const int64_t* host
     }
     return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
   }
-  // The index lists in one upload, then one kernel for every page.
-  thread_local GatherScratch scratch;
+  // The index lists in one upload into the thread's workspace (stream-ordered after the kernels
+  // that used it before), then one kernel for every page.
+  thread_local std::vector<char> staged;  // [pages int64 | slots int32]
   const size_t pages_bytes = static_cast<size_t>(count) * sizeof(int64_t);
   const size_t bytes = pages_bytes + static_cast<size_t>(count) * sizeof(int32_t);
-  scratch.host.resize(bytes);
-  std::memcpy(scratch.host.data(), host_pages, pages_bytes);
-  std::memcpy(scratch.host.data() + pages_bytes, slots, bytes - pages_bytes);
-  if (scratch.device_bytes < bytes) {
-    ICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Stream()));  // queued gathers may still read it
-    if (scratch.device != nullptr) cudaFree(scratch.device);
-    scratch.device = nullptr;
-    scratch.device_bytes = 0;
-    ICE_RETURN_IF_ERROR(Alloc(bytes + bytes / 4, &scratch.device));
-    scratch.device_bytes = bytes + bytes / 4;
-  }
-  ICE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(scratch.device, scratch.host.data(), bytes, cudaMemcpyHostToDevice, Stream()));
-  const auto* dev_pages = static_cast<const int64_t*>(scratch.device);
-  const auto* dev_slots = reinterpret_cast<const int32_t*>(static_cast<const char*>(scratch.device) + pages_bytes);
+  staged.resize(bytes);
+  std::memcpy(staged.data(), host_pages, pages_bytes);
+  std::memcpy(staged.data() + pages_bytes, slots, bytes - pages_bytes);
+  void* lists = nullptr;
+  ICE_RETURN_IF_ERROR(Workspace(bytes, &lists));
+  ICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(lists, staged.data(), bytes, cudaMemcpyHostToDevice, Stream()));
+  const auto* dev_pages = static_cast<const int64_t*>(lists);
+  const auto* dev_slots = reinterpret_cast<const int32_t*>(static_cast<const char*>(lists) + pages_bytes);
   GatherPagesKernel<<<count, 256, 0, Stream()>>>(static_cast<char*>(device_base), static_cast<const char*>(mapped),
                                                  dev_pages, dev_slots, page_bytes / sizeof(int4));
   ICE_RETURN_IF_ERROR(LaunchStatus("GatherPagesKernel"));
-  // Complete on return (the op's contract; the staging vector is reused by the next call).
+  // Complete on return (the op's contract; the staged lists and the workspace are reused next).
   return CudaStatus(cudaStreamSynchronize(Stream()), "cudaStreamSynchronize");
 }
 
