@@ -84,10 +84,8 @@ Status IceCacheBackend::AddSequence(SequenceId id) {
 
 void IceCacheBackend::InvalidateAll(Sequence& s) {
   if (device_cache_ == nullptr) return;
-  for (int64_t p : s.resident_tree) device_cache_->Invalidate(p);
-  for (int64_t p : s.resident_other) device_cache_->Invalidate(p);
-  s.resident_tree.clear();
-  s.resident_other.clear();
+  for (int64_t p : s.resident) device_cache_->Invalidate(p);
+  s.resident.clear();
 }
 
 Status IceCacheBackend::RemoveSequence(SequenceId id) {
@@ -161,11 +159,9 @@ Status IceCacheBackend::BeginStep(std::span<const model::StepSegment> segments) 
   }
   step_caches_.clear();
   step_policies_.clear();
-  step_window_start_.clear();
   for (Sequence* s : seqs) {
     step_caches_.push_back(s->cache.get());
     step_policies_.push_back(s->policy);
-    step_window_start_.push_back(s->cache->window_start());
   }
   token_written_.assign(seqs.size() * shape_.num_layers * shape_.num_kv_heads, -1);
   step_seqs_ = std::move(seqs);
@@ -192,9 +188,7 @@ Status IceCacheBackend::AttendRows(const kvstore::PageSelection& sel, size_t fir
     pages = device_cache_->device_pages();
     for (size_t b = first; b < last; ++b) {
       Sequence& s = *step_seqs_[b];
-      for (int32_t e = sel.page_indptr[b * kvh]; e < sel.page_indptr[(b + 1) * kvh]; ++e) {
-        (sel.tree_leaf[e] >= 0 ? s.resident_tree : s.resident_other).insert(sel.page_ids[e]);
-      }
+      for (int32_t e = sel.page_indptr[b * kvh]; e < sel.page_indptr[(b + 1) * kvh]; ++e) s.resident.insert(sel.page_ids[e]);
     }
     const double g = std::chrono::duration<double>(Clock::now() - g0).count();
     timings_.gather += g;
@@ -357,11 +351,11 @@ void IceCacheBackend::EndStep(bool commit) {
         continue;
       }
       if (device_cache_ == nullptr) continue;
-      // The device copies of pages that changed are stale: the page that took the token in every
-      // (layer, kv head); every tree page when the window pushed a page into the trees.
-      if (s.cache->window_start() != step_window_start_[b] || s.cache->options().window_pages == 0) {
-        for (int64_t p : s.resident_tree) device_cache_->Invalidate(p);
-        s.resident_tree.clear();
+      // The device copies of pages that changed are stale: the tree leaves the window push wrote
+      // and the window pages it freed (SequenceCache::pages_changed), and the page that took the
+      // token in every (layer, kv head) unless step 5 wrote it on the device.
+      for (int32_t p : s.cache->pages_changed()) {
+        if (s.resident.erase(p) > 0) device_cache_->Invalidate(p);
       }
       const int64_t pos = s.cache->num_tokens() - 1;
       const int32_t* written = token_written_.data() + b * shape_.num_layers * shape_.num_kv_heads;

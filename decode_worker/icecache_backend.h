@@ -27,7 +27,8 @@
 // EndStep appends each sequence's token to its host pages (and trees) and invalidates the device
 // copies of the pages that changed and were not written on the device in step 5 (a page opened
 // this step, in every (layer, kv head) where that happened), and, when the window pushed a page
-// into the trees, every tree page of that sequence.
+// into the trees, of the tree leaves that insertion wrote and the window pages it freed
+// (kvstore::SequenceCache::pages_changed); the rest of the trees' pages stay resident.
 //
 // Not thread-safe (AttentionBackend contract): one engine thread drives it.
 #pragma once
@@ -125,9 +126,8 @@ class IceCacheBackend final : public model::AttentionBackend {
     kvstore::RetrievalPolicy policy;
     SequenceKvStats stats;
     Status error;
-    // Pages copied to the device cache for this sequence: tree pages (invalidated when the trees
-    // change) and the others (sink, window, dense).
-    std::unordered_set<int64_t> resident_tree, resident_other;
+    // Pages copied to the device cache for this sequence (forgotten when it leaves).
+    std::unordered_set<int64_t> resident;
   };
 
   IceCacheBackend(const model::AttentionShape& shape, kvstore::PagePool* pool, kernels::Device device,
@@ -150,7 +150,6 @@ class IceCacheBackend final : public model::AttentionBackend {
   std::vector<Sequence*> step_seqs_;
   std::vector<const kvstore::SequenceCache*> step_caches_;
   std::vector<kvstore::RetrievalPolicy> step_policies_;
-  std::vector<int64_t> step_window_start_;
   std::vector<kvstore::PageSelection> selection_;     // [layer] this step's selection
   std::vector<std::vector<float>> step_k_, step_v_;  // [layer][batch, num_kv_heads, head_dim] host
   std::vector<float> q_host_;

@@ -188,7 +188,12 @@ class DciTree {
   // Inserts tokens (block.first_position must equal end_position()). Each token finds its
   // parent by search and joins that cell in projection order; a full leaf splits. No rebuild.
   // On RESOURCE_EXHAUSTED the tokens inserted before the failure stay in the tree.
-  Status Insert(const TokenBlock& block);
+  // written_pages, when given, is set to the pool pages whose contents the insertion changed
+  // (sorted, unique; every payload of each leaf it wrote a row into: the leaf a token joined,
+  // the half a split moved, the leaves of a cell it re-sorted), also after an error; every other
+  // page of the tree is byte for byte as before (what a copy of the pages elsewhere, e.g. a
+  // device page cache, must refresh).
+  Status Insert(const TokenBlock& block, std::vector<int32_t>* written_pages = nullptr);
 
   // The min(k, num_leaves()) best leaves for query q [head_dim] (approximate; see above), best
   // first. Thread-safe w.r.t. other const calls.
@@ -265,6 +270,7 @@ class DciTree {
   // Sets parent_ of every member (nodes of level l, keys[t * stride]) to its nearest node of
   // level l + 1 (dci_tree_parents.cc).
   void AttachLevel(int l, const std::vector<int32_t>& members, const float* keys, size_t stride);
+  Status InsertBlock(const TokenBlock& block);  // Insert without collecting written pages
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
   void SetDirections();
@@ -280,6 +286,8 @@ class DciTree {
   Status InsertIntoCell(int32_t cell, int32_t t, const TokenBlock& block, int i);
   int32_t NewLeaf(int32_t cell, const int32_t* pages);
   void MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to_slot);
+  // Records that `leaf`'s pages changed, into written_ when an Insert collects them.
+  void NoteWritten(int32_t leaf);
   // stream: non-temporal stores (StreamRowFromF32); the caller fences (StoreFence) after.
   void WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream = false);
   void ScoreLeaf(int32_t leaf, const float* q, Scratch* s) const;  // Oracle
@@ -313,6 +321,7 @@ class DciTree {
   float max_norm2_ = 0.f;             // M
   uint32_t epoch_ = 0;                // bumped on each re-key
   uint64_t rng_state_ = 0;            // promotion sampling on insert
+  std::vector<int32_t>* written_ = nullptr;  // during Insert(block, written_pages): the pages changed
   std::vector<float> directions_;     // [m*L, head_dim + 1] unit vectors
 
   // Per token (tree-local index t = position - first_position_).

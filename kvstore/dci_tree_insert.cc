@@ -20,7 +20,23 @@ uint64_t SplitMix64(uint64_t* state) {
 
 }  // namespace
 
-Status DciTree::Insert(const TokenBlock& block) {
+Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pages) {
+  if (written_pages == nullptr) return InsertBlock(block);
+  written_pages->clear();
+  written_ = written_pages;
+  Status s = InsertBlock(block);
+  written_ = nullptr;
+  std::sort(written_pages->begin(), written_pages->end());
+  written_pages->erase(std::unique(written_pages->begin(), written_pages->end()), written_pages->end());
+  return s;
+}
+
+void DciTree::NoteWritten(int32_t leaf) {
+  if (written_ == nullptr) return;
+  for (int p = 0; p < num_payloads_; ++p) written_->push_back(leaf_page(leaf, p));
+}
+
+Status DciTree::InsertBlock(const TokenBlock& block) {
   if (block.count < 0) return InvalidArgumentError("DciTree::Insert: negative token count");
   if (block.count == 0) return Status::Ok();
   if (block.keys == nullptr || block.values == nullptr || block.row_stride < static_cast<size_t>(dim_))
@@ -183,6 +199,7 @@ void DciTree::MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to
     std::memmove(pool_->KRow(tp, to_slot), pool_->KRow(fp, from_slot), rb);
     std::memmove(pool_->VRow(tp, to_slot), pool_->VRow(fp, from_slot), rb);
   }
+  NoteWritten(to_leaf);
   const int32_t t = leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot];
   leaf_tokens_[static_cast<size_t>(to_leaf) * page_size_ + to_slot] = t;
   leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot] = -1;
@@ -232,6 +249,7 @@ Status DciTree::InsertIntoCell(int32_t cell_id, int32_t t, const TokenBlock& blo
   }
   for (int s = valid - 1; s >= pos; --s) MoveSlot(leaf, s, leaf, s + 1);
   WriteToken(leaf, pos, block, i);
+  NoteWritten(leaf);
   leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + pos] = t;
   tok_leaf_[t] = leaf;
   tok_slot_[t] = static_cast<int16_t>(pos);
@@ -271,6 +289,7 @@ void DciTree::ResortCell(int32_t cell_id) {
   }
   size_t j = 0;
   for (int32_t leaf : cell.leaves) {
+    NoteWritten(leaf);
     for (int s = 0; s < leaf_valid_[leaf]; ++s, ++j) {
       const size_t from = src[j];
       const int32_t t = toks[from];

@@ -10,6 +10,14 @@
 #include "kvstore/vector_ops.h"
 
 namespace icecache::kvstore {
+namespace {
+
+void SortUnique(std::vector<int32_t>* v) {
+  std::sort(v->begin(), v->end());
+  v->erase(std::unique(v->begin(), v->end()), v->end());
+}
+
+}  // namespace
 
 SequenceCache::SequenceCache(const SequenceCacheOptions& options, PagePool* pool)
     : options_(options), pool_(pool), page_size_(pool->page_size()), head_dim_(pool->head_dim()),
@@ -292,22 +300,27 @@ Status SequenceCache::EvictWindowPage() {
         vs[p] = vd;
       }
       TokenBlock block{window_start_, ps, ks.data(), vs.data(), static_cast<size_t>(head_dim_)};
-      ICE_RETURN_IF_ERROR(Head(layer, head).tree->Insert(block));
+      Status st = Head(layer, head).tree->Insert(block, &tree_written_);
+      pages_changed_.insert(pages_changed_.end(), tree_written_.begin(), tree_written_.end());
+      ICE_RETURN_IF_ERROR(st);
     }
   }
   for (int layer = options_.dense_layers; layer < options_.num_layers; ++layer) {
     for (int head = 0; head < nkv; ++head) {
       auto& w = Head(layer, head).window;
+      pages_changed_.push_back(w.front());
       pool_->Free(w.front()).IgnoreError();
       w.erase(w.begin());
     }
   }
   window_start_ += ps;
+  SortUnique(&pages_changed_);
   return Status::Ok();
 }
 
 Status SequenceCache::BeginToken() {
   if (broken_) return FailedPreconditionError("SequenceCache is broken after a failed append; release it");
+  pages_changed_.clear();
   const int nkv = options_.num_kv_heads, ps = page_size_;
   const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * ps;
   const bool to_sink = n_ < sink_cap;
@@ -390,6 +403,7 @@ Status SequenceCache::Append(const float* const* k, const float* const* v) {
     return Status::Ok();
   }
   // window_pages == 0: the token goes straight into every tree (leaders carry the followers' K/V).
+  pages_changed_.clear();
   const int nkv = options_.num_kv_heads;
   Status s;
   for (int layer = 0; s.ok() && layer < options_.num_layers; ++layer) {
@@ -419,10 +433,12 @@ Status SequenceCache::Append(const float* const* k, const float* const* v) {
           }
           h.tree = std::move(tree).value();
         }
-        s = h.tree->Insert(TokenBlock{n_, 1, ks.data(), vs.data(), static_cast<size_t>(head_dim_)});
+        s = h.tree->Insert(TokenBlock{n_, 1, ks.data(), vs.data(), static_cast<size_t>(head_dim_)}, &tree_written_);
+        pages_changed_.insert(pages_changed_.end(), tree_written_.begin(), tree_written_.end());
       }
     }
   }
+  SortUnique(&pages_changed_);
   if (!s.ok()) {
     broken_ = true;
     return s.WithContext("SequenceCache::Append at position " + std::to_string(n_));

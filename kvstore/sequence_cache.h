@@ -138,6 +138,13 @@ class SequenceCache {
   // boundary, after pushing a full window into the trees) or sends the token into the tree
   // (window_pages == 0 past the sink); callers treat -1 as "not known in advance".
   TokenLocation NextTokenLocation(int layer, int head, int32_t* page) const;
+  // The pages whose contents the last BeginToken/Append changed other than by writing the new
+  // token's slot, or that it freed (sorted, unique): the tree leaves the window push (or, with
+  // window_pages == 0, the token) wrote, split or re-sorted, and the window pages it pushed into
+  // the trees and gave back to the pool. Every page not listed and not holding the new token is
+  // byte for byte as before (a device copy of it stays valid). Empty after other calls' steps
+  // that push nothing.
+  const std::vector<int32_t>& pages_changed() const { return pages_changed_; }
 
   // Wire form (see SequenceWire). Pages listed per (layer, head): sink, window, dense, tree.
   StatusOr<SequenceWire> Serialize() const;
@@ -195,6 +202,8 @@ class SequenceCache {
   int64_t build_n_ = -1;  // tokens of the layered build in progress, -1: none
   int built_layers_ = 0;
   std::vector<HeadState> heads_;  // [num_layers, num_kv_heads]
+  std::vector<int32_t> pages_changed_;  // see pages_changed()
+  std::vector<int32_t> tree_written_;   // scratch: one tree insertion's written pages
 };
 
 // Copies page contents between pools of the same geometry (src_ids[i] -> dst_ids[i]); what a

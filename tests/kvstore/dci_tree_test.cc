@@ -131,6 +131,68 @@ TEST(DciTreeTest, InsertKeepsInvariantsThroughSplitsAndRekeys) {
   }
 }
 
+// Insert's written_pages lists every page whose bytes changed (compared over the whole pool),
+// across splits, re-keys (which re-sort cells) and two payloads (ICE(r) followers), and only
+// pages of the tree; the rest of the tree stays byte for byte (what keeps a device copy valid).
+TEST(DciTreeTest, InsertReportsEveryPageItChanged) {
+  const int dim = 32, n0 = 1500, extra = 1200;
+  for (const int payloads : {1, 2}) {
+    SCOPED_TRACE("payloads " + std::to_string(payloads));
+    auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
+    const size_t total = static_cast<size_t>(n0 + extra) * dim;
+    std::vector<std::vector<float>> k, v;
+    for (int p = 0; p < payloads; ++p) {
+      k.push_back(Gaussian(total, 20 + p));
+      v.push_back(Gaussian(total, 30 + p));
+    }
+    for (int t : {n0 + 100, n0 + 900})  // new maximum norms: re-keys, so cells re-sort
+      for (int i = 0; i < dim; ++i) k[0][static_cast<size_t>(t) * dim + i] *= 4.f;
+    auto block = [&](int offset, int count, std::vector<const float*>* kp, std::vector<const float*>* vp) {
+      kp->clear();
+      vp->clear();
+      for (int p = 0; p < payloads; ++p) {
+        kp->push_back(k[p].data() + static_cast<size_t>(offset) * dim);
+        vp->push_back(v[p].data() + static_cast<size_t>(offset) * dim);
+      }
+      return TokenBlock{offset, count, kp->data(), vp->data(), static_cast<size_t>(dim)};
+    };
+    std::vector<const float*> kp, vp;
+    auto tree = DciTree::Build(DciParams{}, pool.get(), payloads, block(0, n0, &kp, &vp)).value();
+    const size_t page_bytes = pool->page_bytes();
+    const auto* base = static_cast<const uint8_t*>(pool->base());
+    int64_t reported = 0, changed_total = 0;
+    std::vector<int32_t> written;
+    for (int off = n0; off < n0 + extra; off += 16) {
+      std::vector<uint8_t> before(base, base + pool->capacity_bytes());
+      ASSERT_TRUE(tree->Insert(block(off, 16, &kp, &vp), &written).ok());
+      ASSERT_TRUE(std::is_sorted(written.begin(), written.end()));
+      ASSERT_EQ(std::adjacent_find(written.begin(), written.end()), written.end());
+      const std::vector<int32_t> tree_pages = tree->AllPages();
+      const std::set<int32_t> in_tree(tree_pages.begin(), tree_pages.end());
+      for (int32_t p : written) ASSERT_TRUE(in_tree.count(p)) << "page " << p << " is not the tree's";
+      for (int32_t p : tree_pages) {
+        const bool changed = std::memcmp(before.data() + p * page_bytes, base + p * page_bytes, page_bytes) != 0;
+        if (changed) {
+          ++changed_total;
+          ASSERT_TRUE(std::binary_search(written.begin(), written.end(), p))
+              << "page " << p << " changed at offset " << off << " but was not reported";
+        }
+      }
+      reported += static_cast<int64_t>(written.size());
+      // Only tree pages change (no page outside the tree was touched).
+      for (int64_t p = 0; p < static_cast<int64_t>(pool->capacity_bytes() / page_bytes); ++p) {
+        if (in_tree.count(static_cast<int32_t>(p))) continue;
+        ASSERT_EQ(std::memcmp(before.data() + p * page_bytes, base + p * page_bytes, page_bytes), 0) << "page " << p;
+      }
+    }
+    EXPECT_GT(changed_total, 0);
+    // The list is far smaller than the tree: a block of 16 tokens writes a few dozen leaves at most.
+    EXPECT_LT(reported, static_cast<int64_t>(extra / 16) * tree->num_leaves() * payloads / 4);
+    ASSERT_TRUE(tree->CheckInvariants().ok());
+    tree->Release();
+  }
+}
+
 TEST(DciTreeTest, GrowsFromEmptyAndUsesDciParentSearch) {
   const int dim = 24, n = 4000;
   auto pool = MakePool(dim, 2000, kernels::DType::kF16, 8);

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "kvstore/retriever.h"
 #include "tests/kvstore/kv_test_util.h"
 
@@ -121,6 +124,65 @@ TEST_P(SequenceCacheShapeTest, NextTokenLocationPredictsAppend) {
     EXPECT_EQ(predicted, in_place);
     EXPECT_GT(predicted, 0);
   }
+}
+
+// pages_changed() after each Append lists every page whose bytes changed other than the pages
+// that took the new token (compared over the whole pool), and the window pages freed by a push;
+// with window pushes and direct tree inserts (window 0) and ICE groups.
+TEST_P(SequenceCacheShapeTest, PagesChangedCoversEveryRewrittenPage) {
+  const Shape sh = GetParam();
+  const int layers = 5, nkv = 2, dim = 16;
+  auto pool = MakePool(dim, 6000, kernels::DType::kBF16);
+  ModelKv m = RandomKv(layers, nkv, dim, sh.total, 13);
+  SequenceCacheOptions o = Opts(layers, nkv);
+  o.sink_pages = sh.sink;
+  o.window_pages = sh.window;
+  o.ice_group = sh.ice;
+  auto seq = SequenceCache::Create(o, pool.get()).value();
+  ASSERT_TRUE(seq->Build(m.kp.data(), m.vp.data(), sh.prefill).ok());
+  const size_t pb = pool->page_bytes();
+  const int64_t pages = static_cast<int64_t>(pool->capacity_bytes() / pb);
+  const auto* base = static_cast<const uint8_t*>(pool->base());
+  std::vector<const float*> kr(layers), vr(layers);
+  int64_t listed = 0, pushes = 0;
+  for (int64_t t = sh.prefill; t < sh.total; ++t) {
+    std::vector<uint8_t> before(base, base + pool->capacity_bytes());
+    std::vector<bool> held_before(pages);
+    for (int64_t p = 0; p < pages; ++p) held_before[p] = pool->IsAllocated(static_cast<int32_t>(p));
+    const int64_t window_start = seq->window_start();
+    for (int l = 0; l < layers; ++l) {
+      kr[l] = m.K(l, t, 0);
+      vr[l] = m.V(l, t, 0);
+    }
+    ASSERT_TRUE(seq->Append(kr.data(), vr.data()).ok());
+    const std::vector<int32_t>& changed = seq->pages_changed();
+    ASSERT_TRUE(std::is_sorted(changed.begin(), changed.end()));
+    std::vector<bool> token_page(pages, false), opened_reused(pages, false);
+    for (int l = 0; l < layers; ++l)
+      for (int h = 0; h < nkv; ++h) {
+        int32_t page = -1;
+        const TokenLocation loc = seq->LocateToken(l, h, t, &page);
+        // A token inserted into a tree (window 0) may also move rows: only list pages count there.
+        if (l < o.dense_layers || t < o.sink_pages * 16 || o.window_pages > 0) {
+          token_page[page] = true;
+          // A page opened by this append that was held before was freed by it and taken again.
+          if (loc.slot == 0 && held_before[page]) opened_reused[page] = true;
+        }
+      }
+    for (int64_t p = 0; p < pages; ++p) {
+      const bool listed_p = std::binary_search(changed.begin(), changed.end(), static_cast<int32_t>(p));
+      const bool bytes_changed = std::memcmp(before.data() + p * pb, base + p * pb, pb) != 0;
+      if (bytes_changed && !token_page[p]) ASSERT_TRUE(listed_p) << "page " << p << " changed at position " << t;
+      // A page the append freed (it may be allocated again at once, as a new window page).
+      if (held_before[p] && (!pool->IsAllocated(static_cast<int32_t>(p)) || opened_reused[p]))
+        ASSERT_TRUE(listed_p) << "freed page " << p << " at position " << t;
+    }
+    listed += static_cast<int64_t>(changed.size());
+    if (seq->window_start() != window_start && o.window_pages > 0) ++pushes;
+    if (o.window_pages > 0 && seq->window_start() == window_start) ASSERT_TRUE(changed.empty()) << "position " << t;
+  }
+  if (o.window_pages > 0 && sh.total - sh.prefill >= 16 * (o.window_pages + 1)) EXPECT_GT(pushes, 0);
+  if (pushes > 0 || o.window_pages == 0) EXPECT_GT(listed, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SequenceCacheShapeTest,
