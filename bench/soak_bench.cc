@@ -1,7 +1,7 @@
 // `icecache-bench soak`: a bounded chaos run of a cluster of real processes on loopback. This
 // program is the supervisor: it starts icecache-router, 2 icecache-prefill and 2 icecache-decode
-// (found next to itself), kill -9s a decode or a prefill worker every --kill-every seconds and
-// starts it again on the same port, while --clients threads stream greedy requests (budget full)
+// (found next to itself), kill -9s a decode or a prefill worker every --kill-every seconds (0:
+// never, a pure load run) and starts it again on the same port, while --clients threads stream greedy requests (budget full)
 // of random lengths, a share of them cancelled by the client mid-stream. Every request is then
 // accounted for against the uninterrupted greedy reference of its prompt (taken before the first
 // kill): completed with exactly the reference tokens, cancelled by the client, or ended with a clear
@@ -126,6 +126,7 @@ int RunSoak(int argc, char** argv) {
   double cancel_share = 0.15;
   int port = 0;
   std::string model;
+  std::vector<std::string> worker_sets;  // --worker-set KEY=VALUE: after the bench's own settings
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
@@ -136,10 +137,13 @@ int RunSoak(int argc, char** argv) {
     else if (a == "--cancel-share") cancel_share = std::atof(next());
     else if (a == "--port") port = std::atoi(next());
     else if (a == "--model") model = next();
+    else if (a == "--worker-set") worker_sets.push_back(next());
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench soak [--seconds S (60)] [--clients C (6)] [--kill-every S (8)]\n"
-                   "         [--max-tokens N (300)] [--cancel-share F (0.15)] [--port BASE (52300)] [--model DIR]\n");
+                   "         [--max-tokens N (300)] [--cancel-share F (0.15)] [--port BASE (52300)] [--model DIR|FILE.gguf]\n"
+                   "         [--worker-set KEY=VALUE ...]  (--kill-every 0: no kills; --worker-set: a setting of every\n"
+                   "         prefill and decode worker, after the bench's own, e.g. cache.page_size=16 for a real model)\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -165,6 +169,7 @@ int RunSoak(int argc, char** argv) {
   }
   const std::vector<std::string> common = {"--model", model, "--set", "cache.kv_dtype=f32", "--set", "cache.page_size=4",
                                            "--set", "ucx.net_devices=lo", "--set", "ucx.transfer_timeout_seconds=10"};
+
   std::vector<Child> children;
   auto add = [&](const std::string& binary, const std::string& name, int p, std::vector<std::string> extra) {
     Child c;
@@ -174,6 +179,10 @@ int RunSoak(int argc, char** argv) {
     c.args = {"--listen", c.address};
     c.args.insert(c.args.end(), common.begin(), common.end());
     c.args.insert(c.args.end(), extra.begin(), extra.end());
+    for (const std::string& kv : worker_sets) {  // last: they win over the bench's own settings
+      c.args.push_back("--set");
+      c.args.push_back(kv);
+    }
     children.push_back(c);
   };
   add("icecache-prefill", "prefill0", port + 1, {"--set", "prefill.threads=1"});
@@ -290,7 +299,7 @@ int RunSoak(int argc, char** argv) {
   int kills_decode = 0, kills_prefill = 0;
   std::thread killer([&] {
     const int order[] = {2, 0, 3, 1};  // decode0, prefill0, decode1, prefill1
-    for (int k = 0; !stop; ++k) {
+    for (int k = 0; !stop && kill_every > 0; ++k) {
       const auto at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kill_every));
       while (!stop && Clock::now() < at) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (stop || Clock::now() >= end) break;

@@ -18,6 +18,7 @@
 #include "router/http_server.h"
 #include "router/request_path.h"
 #include "router/worker_pool.h"
+#include "router/write_watchdog.h"
 
 namespace icecache::router {
 namespace {
@@ -25,23 +26,32 @@ namespace {
 namespace pb = ::icecache::v1;
 
 // The gRPC transport of the request path: responses go to the ServerWriter as they come.
+// A write blocked past router.write_timeout_seconds (a client that stopped reading) is cancelled.
 class GenerationServiceImpl final : public pb::Generation::Service {
  public:
-  explicit GenerationServiceImpl(RequestPath* path) : path_(path) {}
+  explicit GenerationServiceImpl(RequestPath* path)
+      : path_(path), watchdog_(path->config().router.write_timeout_seconds) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
     struct WriterSink final : ResponseSink {
       grpc::ServerWriter<pb::GenerateResponse>* w;
-      bool Write(const pb::GenerateResponse& r) override { return w->Write(r); }
+      grpc::ServerContext* ctx;
+      WriteWatchdog* watchdog;
+      bool Write(const pb::GenerateResponse& r) override {
+        return watchdog->Guard([&] { return w->Write(r); }, [this] { ctx->TryCancel(); });
+      }
     } sink;
     sink.w = writer;
+    sink.ctx = ctx;
+    sink.watchdog = &watchdog_;
     GrpcRequestContext rc(ctx, std::chrono::duration<double>(path_->config().router.request_timeout_seconds));
     return cluster::ToGrpc(path_->Generate(*req, rc, sink));
   }
 
  private:
   RequestPath* const path_;
+  WriteWatchdog watchdog_;
 };
 
 }  // namespace
@@ -131,6 +141,7 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const cluster::Clust
     ho.model_name = cluster::ServedModelName(config.model.name, config.model.dir);
     ho.threads = config.router.http_threads;
     ho.max_body_bytes = config.limits.max_message_bytes;
+    if (config.router.write_timeout_seconds > 0) ho.write_timeout_seconds = config.router.write_timeout_seconds;
     ho.tls_cert_file = config.router.tls_cert_file;
     ho.tls_key_file = config.router.tls_key_file;
     ICE_ASSIGN_OR_RETURN(impl->http, HttpServer::Start(ho, impl->path.get(), [raw] { return raw->serving.load(); }));

@@ -226,7 +226,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
                                          "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
                                          "max_streams", "http_port", "http_threads",
                                          "api_keys", "tls_cert_file", "tls_key_file", "max_migrations",
-                                         "drain_seconds"}));
+                                         "drain_seconds", "write_timeout_seconds"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -239,6 +239,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("max_waiting", &c.router.max_waiting, 0, 1 << 24));
   ICE_RETURN_IF_ERROR(router.Number("max_queue_wait_seconds", &c.router.max_queue_wait_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(router.Number("max_streams", &c.router.max_streams, 1, 1 << 24));
+  ICE_RETURN_IF_ERROR(router.Number("write_timeout_seconds", &c.router.write_timeout_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(router.Number("http_port", &c.router.http_port, 0, 65535));
   ICE_RETURN_IF_ERROR(router.Number("http_threads", &c.router.http_threads, 1, 1 << 16));
   ICE_RETURN_IF_ERROR(router.StringList("api_keys", &c.router.api_keys));
@@ -447,6 +448,7 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_waiting" << YAML::Value << c.router.max_waiting;
   out << YAML::Key << "max_queue_wait_seconds" << YAML::Value << c.router.max_queue_wait_seconds;
   out << YAML::Key << "max_streams" << YAML::Value << c.router.max_streams;
+  out << YAML::Key << "write_timeout_seconds" << YAML::Value << c.router.write_timeout_seconds;
   out << YAML::Key << "http_port" << YAML::Value << c.router.http_port;
   out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << c.router.api_keys;

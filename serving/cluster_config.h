@@ -92,6 +92,9 @@ struct RouterSection {
   int max_waiting = 1024;
   double max_queue_wait_seconds = 60;
   int max_streams = 4096;
+  // A write to a client (gRPC stream message, HTTP chunk) blocked longer than this (a client that
+  // stopped reading) cancels that request (router/write_watchdog.h); 0: no bound for gRPC.
+  double write_timeout_seconds = 30;
   // OpenAI-compatible HTTP API (docs/openai_api.md) on this port of the listen host; 0 = off.
   // http_threads connections are served at once (each open stream holds one; more wait for a
   // thread). Bodies above limits.max_message_bytes are refused with 413.

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "icecache/v1/generation.grpc.pb.h"
 #include "icecache/v1/worker.grpc.pb.h"
 #include "serving/grpc_util.h"
 #include "client/client.h"
@@ -726,6 +727,53 @@ TEST(ClusterHealth, HealthFollowsTheEngineHeartbeat) {
   EXPECT_TRUE(router::CheckHealth(normal->decode[0]->address(), "icecache.v1.DecodeWorker", 5).ok());
   EXPECT_TRUE(router::CheckHealth(normal->prefill[0]->address(), "icecache.v1.PrefillWorker", 5).ok());
   EXPECT_TRUE(WaitFor([&] { return router::CheckHealth(normal->router->address(), "", 5).ok(); }, 10));
+}
+
+}  // namespace
+}  // namespace icecache::testing
+
+namespace icecache::testing {
+namespace {
+
+// ---- Slow readers ---------------------------------------------------------------------------
+
+// A client that stops reading (a small HTTP/2 flow-control window, so the router's writes soon
+// block): past router.write_timeout_seconds the router cancels the request, the decode worker
+// frees the sequence while the client still holds the stream open, and the client then reads a
+// truncated stream ending CANCELLED. Other clients are served meanwhile.
+TEST(ClusterSlowReader, ClientThatStopsReadingIsCancelledAfterTheWriteTimeout) {
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self",
+                                  /*with_tokenizer=*/true, 0, 60000, "reference", "f32",
+                                  [](cluster::ClusterConfig& cfg) { cfg.router.write_timeout_seconds = 1; });
+  ASSERT_NE(c, nullptr);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto channel = grpc::CreateCustomChannel(c->router->address(), grpc::InsecureChannelCredentials(), args);
+  auto stub = ::icecache::v1::Generation::NewStub(channel);
+  grpc::ClientContext ctx;
+  ::icecache::v1::GenerateRequest req;
+  for (int i = 1; i <= 8; ++i) req.mutable_token_ids()->add_ids(i * 7);
+  req.set_max_tokens(4000);
+  req.set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, req);
+  ::icecache::v1::GenerateResponse r;
+  ASSERT_TRUE(reader->Read(&r));
+  // The client reads nothing more: the watchdog must end the sequence on the decode worker.
+  EXPECT_TRUE(WaitFor([&] { return c->decode[0]->stats().active_sequences == 0; }, 120));
+  // Another client is served meanwhile.
+  RemoteGenerateOptions o;
+  o.prompt_ids = Prompt(10, 3);
+  o.max_tokens = 8;
+  o.router = c->router->address();
+  Result other = Generate(c->router->address(), o);
+  EXPECT_TRUE(other.status.ok()) << other.status.ToString();
+  int64_t tokens = r.token_ids_size();
+  while (reader->Read(&r)) tokens += r.token_ids_size();
+  const grpc::Status st = reader->Finish();
+  EXPECT_LT(tokens, 4000) << "every token fit in the buffers: the test proves nothing";
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+  ExpectDecodeIdle(*c->decode[0]);
 }
 
 }  // namespace
