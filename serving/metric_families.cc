@@ -105,6 +105,8 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r, const prometheus::Labels& 
       pages_fetched(Counter(r, p, "icecache_pages_fetched_total", "KV pages attended in sparse layers")),
       retrieval(Counter(r, p, "icecache_retrieval_seconds_total", "Seconds spent selecting pages (tree queries)")),
       received_bytes(Counter(r, p, "icecache_decode_kv_received_bytes_total", "KV bytes received over the transport")),
+      segments_refused(Counter(r, p, "icecache_decode_kv_segments_refused_total",
+                               "KV transfer messages dropped because they lacked the reservation's token")),
       kv_gpu_bytes(Gauge(r, p, "icecache_kv_gpu_bytes", "Device bytes of the KV page cache (0 on the CPU)")),
       cache_hits(Counter(r, p, "icecache_device_page_cache_hits_total",
                          "Selected KV pages already resident on the device")),

@@ -30,8 +30,12 @@ class FaultInjectionTransport final : public Transport {
   }
 
   const std::string& address() const override { return inner_->address(); }
-  Status Expect(uint64_t id, SegmentSink sink) override { return inner_->Expect(id, std::move(sink)); }
-  Status ExpectScatter(uint64_t id, ScatterSink sink) override { return inner_->ExpectScatter(id, std::move(sink)); }
+  Status Expect(uint64_t id, std::string_view token, SegmentSink sink) override {
+    return inner_->Expect(id, token, std::move(sink));
+  }
+  Status ExpectScatter(uint64_t id, std::string_view token, ScatterSink sink) override {
+    return inner_->ExpectScatter(id, token, std::move(sink));
+  }
   Status Wait(uint64_t id, Clock::time_point deadline) override {
     const FaultPlan p = plan();
     if (p.fail_wait.ok()) return inner_->Wait(id, deadline);
@@ -40,17 +44,18 @@ class FaultInjectionTransport final : public Transport {
     return p.fail_wait;
   }
   void Cancel(uint64_t id) override { inner_->Cancel(id); }
-  Status Send(const std::string& peer, uint64_t id, std::span<const Segment> segments,
+  Status Send(const std::string& peer, uint64_t id, std::string_view token, std::span<const Segment> segments,
               Clock::time_point deadline) override {
     const FaultPlan p = plan();
     if (p.send_delay.count() > 0) std::this_thread::sleep_for(p.send_delay);
     if (!p.fail_send.ok()) return p.fail_send;
-    return inner_->Send(peer, id, segments, deadline);
+    return inner_->Send(peer, id, token, segments, deadline);
   }
-  Status Finish(const std::string& peer, uint64_t id, uint32_t total_segments, Clock::time_point deadline) override {
+  Status Finish(const std::string& peer, uint64_t id, std::string_view token, uint32_t total_segments,
+                Clock::time_point deadline) override {
     const FaultPlan p = plan();
     if (!p.fail_finish.ok()) return p.fail_finish;
-    return inner_->Finish(peer, id, total_segments, deadline);
+    return inner_->Finish(peer, id, token, total_segments, deadline);
   }
   TransportStats stats() const override { return inner_->stats(); }
 
