@@ -81,7 +81,10 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const prometheus::Labels& 
                  .Labels(p)
                  .Register(r)),
       migrations(Counter(r, p, "icecache_request_migrations_total",
-                         "Streams moved to another prefill/decode pair after their decode worker failed")) {}
+                         "Streams moved to another prefill/decode pair after their decode worker failed")),
+      prefill_retries(Counter(r, p, "icecache_request_prefill_retries_total",
+                              "Prefills retried on another prefill worker with a new reservation after one failed "
+                              "UNAVAILABLE")) {}
 
 PrefillMetrics::PrefillMetrics(prometheus::Registry& r, const prometheus::Labels& p)
     : prompt_tokens(Counter(r, p, "icecache_prefill_tokens_total", "Prompt tokens prefilled by this worker")),

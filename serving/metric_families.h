@@ -58,6 +58,9 @@ struct RouterMetrics {
   // icecache_request_migrations_total: streams moved to another prefill/decode pair after their
   // decode worker failed mid-stream (one per move; a request may move more than once).
   prometheus::Counter& migrations;
+  // icecache_request_prefill_retries_total: prefills retried on another prefill worker with a new
+  // reservation after one failed UNAVAILABLE (e.g. killed mid-shipment).
+  prometheus::Counter& prefill_retries;
 };
 
 struct PrefillMetrics {
