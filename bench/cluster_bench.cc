@@ -326,9 +326,10 @@ int RunCluster(int argc, char** argv) {
       // The VM is shared: each repetition times UCX and then memcpy back to back, and the ratio
       // is the median of the per-repetition ratios (GB/s are medians too).
       std::vector<double> ucx_s, memcpy_s, ratios, cpu_s;
+      const std::string token(transport::kTransferTokenBytes, 't');  // every message carries it
       for (int rep = 0; rep < 7; ++rep) {
         uint64_t id = rep + 1 + (uc.segment << 8) + (per << 40);
-        (void)(*rx)->ExpectScatter(id, [&](uint32_t idx, size_t) -> StatusOr<std::vector<transport::Destination>> {
+        (void)(*rx)->ExpectScatter(id, token, [&](uint32_t idx, size_t) -> StatusOr<std::vector<transport::Destination>> {
           std::vector<transport::Destination> d(per);
           for (size_t j = 0; j < per; ++j) d[j] = {dst.data() + place[idx * per + j] * uc.piece, uc.piece};
           return d;
@@ -336,8 +337,8 @@ int RunCluster(int argc, char** argv) {
         auto t0 = Clock::now();
         const double cpu0 = ProcessCpuSeconds();
         auto deadline = t0 + std::chrono::seconds(60);
-        Status s = (*tx)->Send((*rx)->address(), id, segs, deadline);
-        if (s.ok()) s = (*tx)->Finish((*rx)->address(), id, static_cast<uint32_t>(n), deadline);
+        Status s = (*tx)->Send((*rx)->address(), id, token, segs, deadline);
+        if (s.ok()) s = (*tx)->Finish((*rx)->address(), id, token, static_cast<uint32_t>(n), deadline);
         if (s.ok()) s = (*rx)->Wait(id, deadline);
         if (!s.ok()) {
           std::fprintf(stderr, "ucx: %s\n", s.ToString().c_str());

@@ -226,7 +226,7 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
   // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
   // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
   r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
-  Status expect = transport_->ExpectScatter(r->id, r->kv->Sink());
+  Status expect = transport_->ExpectScatter(r->id, token, r->kv->Sink());
   if (!expect.ok()) return expect;
   committed_pages_ += need;
   ++reservations_;

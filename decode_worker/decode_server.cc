@@ -207,7 +207,7 @@ struct DecodeServer::Impl {
   }
   std::once_flag shutdown_once;
 
-  void UpdateMetrics(DecodeEngineStats& last, uint64_t& last_bytes) {
+  void UpdateMetrics(DecodeEngineStats& last, transport::TransportStats& last_transport) {
     DecodeEngineStats s = engine->stats();
     metrics->kv_host_bytes.Set(static_cast<double>(s.used_pages * s.page_bytes));
     metrics->kv_usage.Set(s.total_pages ? static_cast<double>(s.used_pages) / s.total_pages : 0.0);
@@ -219,9 +219,10 @@ struct DecodeServer::Impl {
     metrics->cache_hits.Increment(static_cast<double>(s.device_cache.hits - last.device_cache.hits));
     metrics->cache_misses.Increment(static_cast<double>(s.device_cache.misses - last.device_cache.misses));
     metrics->h2d_bytes.Increment(static_cast<double>(s.device_cache.h2d_bytes - last.device_cache.h2d_bytes));
-    uint64_t bytes = transport->stats().bytes_received;
-    metrics->received_bytes.Increment(static_cast<double>(bytes - last_bytes));
-    last_bytes = bytes;
+    const transport::TransportStats t = transport->stats();
+    metrics->received_bytes.Increment(static_cast<double>(t.bytes_received - last_transport.bytes_received));
+    metrics->segments_refused.Increment(static_cast<double>(t.segments_refused - last_transport.segments_refused));
+    last_transport = t;
     last = s;
   }
 };
@@ -280,9 +281,9 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   Impl* raw = impl.get();
   impl->metrics_thread = std::thread([raw] {
     DecodeEngineStats last;
-    uint64_t last_bytes = 0;
+    transport::TransportStats last_transport;
     for (int tick = 0; !raw->stop; ++tick) {
-      if (tick % 5 == 0) raw->UpdateMetrics(last, last_bytes);
+      if (tick % 5 == 0) raw->UpdateMetrics(last, last_transport);
       raw->UpdateHealth();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }

@@ -320,7 +320,8 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     auto promise = std::make_shared<std::promise<Status>>();
     p->notice = promise->get_future().share();
     ship_pool_.Submit([this, p, promise, notice_deadline] {
-      promise->set_value(transport::SendPrefillStarted(*transport_, p->job.peer, p->job.transfer_id, notice_deadline));
+      promise->set_value(transport::SendPrefillStarted(*transport_, p->job.peer, p->job.transfer_id, p->job.token,
+                                                    notice_deadline));
     });
   }
   std::vector<model::SequenceInput> inputs;

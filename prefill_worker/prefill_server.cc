@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "serving/internal_tls.h"
 #include "serving/metric_families.h"
 #include "serving/metrics_exposer.h"
+#include "transport/fault_injection.h"
 #include "transport/kv_shipping.h"
 
 namespace icecache::prefill {
@@ -131,6 +133,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<model::TpGroup> group;  // tensor_parallel_size > 1
   model::LanguageModel* lm = nullptr;     // whichever of the two runs
   std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<transport::FaultInjectionTransport> faults;  // test hook only (kStallEnv)
   std::unique_ptr<PrefillEngine> engine;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<Metrics> metrics;
@@ -158,6 +161,22 @@ struct PrefillServer::Impl {
 
 PrefillServer::PrefillServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+namespace {
+// Test-only fault hook (tests/cluster/prefill_retry_test.cc): with N > 0, every transfer of this
+// worker stops after its first N segments (the start notice counts) and the shipping thread
+// stalls, logging "fault injection: transfer ID stalls after N segments", so that a test can
+// kill -9 the worker mid-shipment. Never set in production; the worker logs a warning when it is.
+constexpr const char* kStallEnv = "ICECACHE_TEST_PREFILL_STALL_AFTER_SEGMENTS";
+
+int64_t StallAfterSegments() {
+  const char* v = std::getenv(kStallEnv);
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  return end != nullptr && *end == '\0' && n > 0 ? n : -1;
+}
+}  // namespace
+
 StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::ClusterConfig& config) {
   auto impl = std::make_unique<Impl>();
   if (config.model.dir.empty()) return InvalidArgumentError("model.dir is not set (use --model DIR)");
@@ -182,6 +201,17 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   ICE_ASSIGN_OR_RETURN(impl->transport,
                        transport::CreateUcxTransport(transport::UcxOptions{
                            config.ucx.tls, config.ucx.net_devices, config.ucx.peer_failure_detection}));
+  transport::Transport* shipping = impl->transport.get();
+  if (const int64_t stall = StallAfterSegments(); stall > 0) {
+    impl->faults = std::make_unique<transport::FaultInjectionTransport>(shipping);
+    transport::FaultPlan plan;
+    plan.stall_after_segments = stall;
+    plan.stall_for = std::chrono::minutes(10);
+    impl->faults->set_plan(plan);
+    shipping = impl->faults.get();
+    ICE_LOG(WARNING) << kStallEnv << "=" << stall << ": TEST FAULT HOOK ON, every transfer stalls after " << stall
+                     << " segments";
+  }
   eo.page_size = config.cache.page_size;
   eo.threads = config.prefill.threads;
   eo.dense_layers = config.cache.dense_layers;
@@ -200,8 +230,8 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
         *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
     eo.collective_observer = [m = impl->collective.get()](std::span<const double> seconds) { m->ObserveStep(seconds); };
   }
-  impl->engine = impl->group ? std::make_unique<PrefillEngine>(impl->group.get(), impl->transport.get(), eo)
-                             : std::make_unique<PrefillEngine>(impl->model.get(), impl->transport.get(), eo);
+  impl->engine = impl->group ? std::make_unique<PrefillEngine>(impl->group.get(), shipping, eo)
+                             : std::make_unique<PrefillEngine>(impl->model.get(), shipping, eo);
   impl->metrics = std::make_unique<Metrics>(
       *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
   impl->service = std::make_unique<PrefillServiceImpl>(impl->engine.get(), impl->lm, impl->metrics.get(),

@@ -482,7 +482,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   double retrieval_seconds = 0;
   pb::PrefillResponse first_prefill;  // the timing the client sees is the first prefill's
   GaugeHold running;
-  const std::string first_decoder = decoder.address;
+  std::string first_decoder = decoder.address;  // where the stream starts (a prefill retry may move it)
 
   // Sends tokens (and their text, and their logprobs when asked); returns false when the client
   // is gone.
@@ -527,9 +527,12 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   int migrations = 0;
   for (;;) {
     // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker. A
-    // worker that is full (RESOURCE_EXHAUSTED: nothing done) or unreachable is skipped for the
-    // next one. (A worker that died mid-shipment leaves pages in the reservation: the next
-    // worker's shipment is then refused and the attempt fails, releasing everything.)
+    // worker that is full (RESOURCE_EXHAUSTED: nothing was done) is skipped for the next one with
+    // the same reservation. One that fails UNAVAILABLE (unreachable, draining, or killed, maybe
+    // mid-shipment with part of the KV already in the reservation's pages) is skipped too, but
+    // the next one gets a fresh reservation: the old one is released (its pages go back to the
+    // pool; anything still arriving for it is dropped, its id and token being dead) and the
+    // request reserves again through admission, on the same decode worker or another.
     std::vector<int32_t> context = ids;
     if (!generated.empty()) context.insert(context.end(), generated.begin(), generated.end() - 1);
     pb::PrefillResponse prefilled;
@@ -549,12 +552,33 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       pr.set_decode_transport_address(reserved.transport_address());
       pr.set_reservation_token(reserved.reservation_token());
       pr.set_build_index(budget != 0);
+      bool fresh_reservation = false;  // the last attempt failed UNAVAILABLE: reserve again first
       for (size_t i = 0; i < prefillers.size(); ++i) {
         const WorkerInfo& prefiller = prefillers[i];
         if (i > 0) {  // move the in-flight claim to this worker
           prefill_->AddInflight(prefill_guard.address, -prefill_guard.n);
           prefill_->AddInflight(prefiller.address, prefill_guard.n);
           prefill_guard.address = prefiller.address;
+        }
+        if (fresh_reservation) {
+          release(5);
+          decode_->AddInflight(decode_guard.address, -decode_guard.n);
+          decode_guard.n = 0;
+          if (Status again = admit(); !again.ok()) {
+            if (ctx.cancelled()) return CancelledError("request cancelled by the client");
+            return UnavailableError(s.error_message() + "; no decode worker took the retry on another prefill worker: " +
+                                    again.message());
+          }
+          decode_guard.address = decoder.address;
+          decode_guard.n = 1;
+          if (generated.empty()) first_decoder = decoder.address;
+          pr.set_sequence_id(reserved.sequence_id());
+          pr.set_decode_transport_address(reserved.transport_address());
+          pr.set_reservation_token(reserved.reservation_token());
+          fresh_reservation = false;
+          metrics_->prefill_retries.Increment();
+          ICE_LOG(INFO) << "request " << req->request_id() << ": retrying prefill on " << prefiller.address
+                        << " with a new reservation on " << decoder.address << " (" << s.error_message() << ")";
         }
         auto c = ctx.WorkerContext();
         s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
@@ -563,6 +587,11 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
         const bool next = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
                           s.error_code() == grpc::StatusCode::UNAVAILABLE;
         if (!next || ctx.cancelled()) break;
+        fresh_reservation = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+        if (fresh_reservation && i + 1 == prefillers.size() && prefillers.size() > 1) {
+          s = grpc::Status(s.error_code(), "every prefill worker failed (" + std::to_string(prefillers.size()) +
+                                               " tried, each with its own reservation); the last: " + s.error_message());
+        }
       }
     }
     grpc::Status ds;  // the outcome of this attempt's decode call

@@ -81,7 +81,10 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const prometheus::Labels& 
                  .Labels(p)
                  .Register(r)),
       migrations(Counter(r, p, "icecache_request_migrations_total",
-                         "Streams moved to another prefill/decode pair after their decode worker failed")) {}
+                         "Streams moved to another prefill/decode pair after their decode worker failed")),
+      prefill_retries(Counter(r, p, "icecache_request_prefill_retries_total",
+                              "Prefills retried on another prefill worker with a new reservation after one failed "
+                              "UNAVAILABLE")) {}
 
 PrefillMetrics::PrefillMetrics(prometheus::Registry& r, const prometheus::Labels& p)
     : prompt_tokens(Counter(r, p, "icecache_prefill_tokens_total", "Prompt tokens prefilled by this worker")),
@@ -105,6 +108,8 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r, const prometheus::Labels& 
       pages_fetched(Counter(r, p, "icecache_pages_fetched_total", "KV pages attended in sparse layers")),
       retrieval(Counter(r, p, "icecache_retrieval_seconds_total", "Seconds spent selecting pages (tree queries)")),
       received_bytes(Counter(r, p, "icecache_decode_kv_received_bytes_total", "KV bytes received over the transport")),
+      segments_refused(Counter(r, p, "icecache_decode_kv_segments_refused_total",
+                               "KV transfer messages dropped because they lacked the reservation's token")),
       kv_gpu_bytes(Gauge(r, p, "icecache_kv_gpu_bytes", "Device bytes of the KV page cache (0 on the CPU)")),
       cache_hits(Counter(r, p, "icecache_device_page_cache_hits_total",
                          "Selected KV pages already resident on the device")),

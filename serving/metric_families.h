@@ -58,6 +58,9 @@ struct RouterMetrics {
   // icecache_request_migrations_total: streams moved to another prefill/decode pair after their
   // decode worker failed mid-stream (one per move; a request may move more than once).
   prometheus::Counter& migrations;
+  // icecache_request_prefill_retries_total: prefills retried on another prefill worker with a new
+  // reservation after one failed UNAVAILABLE (e.g. killed mid-shipment).
+  prometheus::Counter& prefill_retries;
 };
 
 struct PrefillMetrics {
@@ -79,6 +82,9 @@ struct DecodeMetrics {
   prometheus::Counter& pages_fetched;     // icecache_pages_fetched_total (sparse layers)
   prometheus::Counter& retrieval;         // icecache_retrieval_seconds_total (tree queries)
   prometheus::Counter& received_bytes;    // icecache_decode_kv_received_bytes_total
+  // icecache_decode_kv_segments_refused_total: transport messages (KV segments, end-of-transfer)
+  // for a live reservation that carried another token, dropped unread (transport/transport.h).
+  prometheus::Counter& segments_refused;
   prometheus::Gauge& kv_gpu_bytes;        // icecache_kv_gpu_bytes
   prometheus::Counter& cache_hits;        // icecache_device_page_cache_hits_total
   prometheus::Counter& cache_misses;      // icecache_device_page_cache_misses_total

@@ -59,9 +59,9 @@ StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer
     segments.push_back({static_cast<uint32_t>(1 + s), pool.PageK(wire.pages[s]), k * page_bytes});
     s += k;
   }
-  ICE_RETURN_IF_ERROR(transport.Send(peer, id, segments, deadline));
-  ICE_RETURN_IF_ERROR(transport.Finish(peer, id, static_cast<uint32_t>(segments.size() + (notice_sent ? 1 : 0)),
-                                       deadline));
+  ICE_RETURN_IF_ERROR(transport.Send(peer, id, token, segments, deadline));
+  ICE_RETURN_IF_ERROR(transport.Finish(peer, id, token,
+                                       static_cast<uint32_t>(segments.size() + (notice_sent ? 1 : 0)), deadline));
   KvShipStats st;
   st.segments = static_cast<int64_t>(segments.size());
   st.pages = static_cast<int64_t>(wire.pages.size());
@@ -69,10 +69,11 @@ StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer
   return st;
 }
 
-Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_t id, Clock::time_point deadline) {
+Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_t id, std::string_view token,
+                          Clock::time_point deadline) {
   static const uint8_t kByte = 1;
   const Segment notice{kPrefillStartedSegment, &kByte, 1};
-  return transport.Send(peer, id, std::span<const Segment>(&notice, 1), deadline);
+  return transport.Send(peer, id, token, std::span<const Segment>(&notice, 1), deadline);
 }
 
 ScatterSink KvReceiver::Sink() {

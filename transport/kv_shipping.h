@@ -2,7 +2,8 @@
 // into the decode worker's page pool over a Transport: the wire protocol, its sender and its
 // receiver, in one place.
 //
-// Wire protocol (transfer id = the decode worker's sequence id):
+// Wire protocol (transfer id = the decode worker's sequence id, transfer token = its reservation
+// token: the transport drops every message that does not carry it, transport/transport.h):
 //   segment 0      KvShipHeader (carrying the reservation's 16-byte token) followed by the
 //                  SequenceCache metadata (SequenceWire::metadata);
 //   segment 1 + s  a run of k >= 1 pages: wire pages s .. s+k-1 (SequenceWire::pages order),
@@ -20,9 +21,10 @@
 // has pages of another size refuses the transfer: at once when a run is not a whole number of its
 // pages, else in Import (FAILED_PRECONDITION naming both sides' page size and dtype).
 //
-// Trust: Import refuses (PERMISSION_DENIED) a header whose token is not the reservation's, and a
-// transfer whose header never arrived (DATA_LOSS); the pages received stay with the receiver
-// until Release. (The sink cannot read the header: it lands zero-copy after the sink returned.)
+// Trust: the transport accepts a segment only with the reservation's token (checked per message
+// before the sink runs), so a stranger's segments never reach the pool. On top, Import refuses
+// (PERMISSION_DENIED) a header whose token is not the reservation's, and a transfer whose header
+// never arrived (DATA_LOSS); the pages received stay with the receiver until Release.
 #pragma once
 
 #include <atomic>
@@ -51,16 +53,18 @@ struct KvShipStats {
 // Sends `wire` (pages in `pool`) as transfer `id` to `peer` and Finish()es it. Runs are capped at
 // max(max_segment_bytes, one page). Errors are the transport's (see Transport::Send).
 // `token` is the reservation token (kKvTokenBytes bytes; INVALID_ARGUMENT otherwise).
-inline constexpr size_t kKvTokenBytes = 16;
+inline constexpr size_t kKvTokenBytes = kTransferTokenBytes;
 // `notice_sent`: SendPrefillStarted was sent for this transfer (Finish then counts it).
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
                                    std::string_view token, const kvstore::SequenceWire& wire,
                                    const kvstore::PagePool& pool, size_t max_segment_bytes,
                                    Clock::time_point deadline, bool notice_sent = false);
 
-// The start notice: tells the receiver of transfer `id` that its prefill has started.
+// The start notice: tells the receiver of transfer `id` (with its `token`) that its prefill has
+// started.
 inline constexpr uint32_t kPrefillStartedSegment = 0xFFFFFFFFu;
-Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_t id, Clock::time_point deadline);
+Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_t id, std::string_view token,
+                          Clock::time_point deadline);
 
 // The receiving half of one transfer into `pool` (not owned, must outlive this).
 // Thread safety: Sink()'s function runs on the transport's progress thread while the transfer is
@@ -68,7 +72,7 @@ Status SendPrefillStarted(Transport& transport, const std::string& peer, uint64_
 // (then nothing runs the sink any more).
 class KvReceiver {
  public:
-  // `token`: what the sender's header must carry.
+  // `token`: what the sender's header must carry (pass the same one to ExpectScatter).
   KvReceiver(kvstore::PagePool* pool, std::string token) : pool_(pool), token_(std::move(token)) {}
   ~KvReceiver() { Release(); }
   KvReceiver(const KvReceiver&) = delete;

@@ -1,7 +1,9 @@
 // UCX implementation of Transport. One ucp worker owned by one progress thread: every ucp call
 // except ucp_worker_signal happens on that thread; other threads post closures to it and wait on
 // condition variables. Segments travel as active messages (id kData) whose header names the
-// transfer and the segment; kFinish carries the segment count.
+// transfer and the segment and carries the transfer's token; kFinish carries the segment count
+// and the token. A message whose token is not the transfer's is dropped in the AM callback,
+// before the sink runs (for a rendezvous segment: before any of its data moves).
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/secure_random.h"
 #include "transport/transport.h"
 
 namespace icecache::transport {
@@ -72,12 +75,21 @@ struct WireHeader {
   uint64_t transfer_id;
   uint32_t value;  // segment index (kData) or total segments (kFinish)
   uint32_t reserved;
+  char token[kTransferTokenBytes];  // the transfer's token, as the receiver's Expect named it
 };
+static_assert(sizeof(WireHeader) == 32);
+
+Status CheckToken(std::string_view token) {
+  if (token.size() == kTransferTokenBytes) return Status::Ok();
+  return InvalidArgumentError("transfer token has " + std::to_string(token.size()) + " bytes, expected " +
+                              std::to_string(kTransferTokenBytes));
+}
 
 std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 
 // State of one expected (received) transfer. Guarded by UcxTransport::mu_.
 struct RecvTransfer {
+  std::string token;  // what every message of this transfer must carry
   ScatterSink sink;
   uint64_t received = 0;
   int64_t total = -1;  // set by kFinish
@@ -87,6 +99,7 @@ struct RecvTransfer {
   bool cancelled = false;
   bool closed = false;  // Wait gave up: reject everything that arrives from now on
   uint64_t bytes = 0;
+  bool refusal_logged = false;  // a message with another token was refused (and logged) already
 };
 
 // Completion state of one Send/Finish call (shared with the ucp callbacks).
@@ -105,13 +118,13 @@ class UcxTransport final : public Transport {
   static StatusOr<std::unique_ptr<Transport>> Create(const UcxOptions& options);
 
   const std::string& address() const override { return address_; }
-  Status Expect(uint64_t id, SegmentSink sink) override;
-  Status ExpectScatter(uint64_t id, ScatterSink sink) override;
+  Status Expect(uint64_t id, std::string_view token, SegmentSink sink) override;
+  Status ExpectScatter(uint64_t id, std::string_view token, ScatterSink sink) override;
   Status Wait(uint64_t id, Clock::time_point deadline) override;
   void Cancel(uint64_t id) override;
-  Status Send(const std::string& peer, uint64_t id, std::span<const Segment> segments,
+  Status Send(const std::string& peer, uint64_t id, std::string_view token, std::span<const Segment> segments,
               Clock::time_point deadline) override;
-  Status Finish(const std::string& peer, uint64_t id, uint32_t total_segments,
+  Status Finish(const std::string& peer, uint64_t id, std::string_view token, uint32_t total_segments,
                 Clock::time_point deadline) override;
   TransportStats stats() const override;
 
@@ -123,8 +136,11 @@ class UcxTransport final : public Transport {
   // Progress thread only.
   StatusOr<ucp_ep_h> Endpoint(const std::string& peer);
   void DropEndpoint(ucp_ep_h ep, bool force);
-  Status SendMessages(const std::string& peer, unsigned am_id, uint64_t id,
+  Status SendMessages(const std::string& peer, unsigned am_id, uint64_t id, std::string_view token,
                       std::span<const Segment> segments, uint32_t finish_total, Clock::time_point deadline);
+  // True when `h` carries `t`'s token. Otherwise counts the refusal and returns false, with
+  // `log` set for the first refusal of the transfer. REQUIRES: mu_ held.
+  bool Admit(RecvTransfer& t, const WireHeader& h, bool* log);
 
   static ucs_status_t OnData(void* arg, const void* header, size_t header_length, void* data, size_t length,
                              const ucp_am_recv_param_t* param);
@@ -361,7 +377,17 @@ ucs_status_t UcxTransport::OnData(void* arg, const void* header, size_t header_l
   std::memcpy(&h, header, sizeof(h));
   std::unique_lock<std::mutex> lock(self->mu_);
   auto it = self->transfers_.find(h.transfer_id);
-  if (it == self->transfers_.end() || it->second.closed || !it->second.failure.ok() || it->second.cancelled) {
+  if (it == self->transfers_.end()) return rndv ? UCS_ERR_CANCELED : UCS_OK;
+  bool log = false;
+  if (!self->Admit(it->second, h, &log)) {
+    lock.unlock();
+    if (log) {
+      ICE_LOG(WARNING) << "transfer " << h.transfer_id << ": refused segment " << h.value
+                       << " from a sender without the transfer's token (later refusals are only counted)";
+    }
+    return rndv ? UCS_ERR_REJECTED : UCS_OK;
+  }
+  if (it->second.closed || !it->second.failure.ok() || it->second.cancelled) {
     return rndv ? UCS_ERR_CANCELED : UCS_OK;
   }
   RecvTransfer& t = it->second;
@@ -449,26 +475,47 @@ ucs_status_t UcxTransport::OnFinish(void* arg, const void* header, size_t header
   if (header_length != sizeof(WireHeader)) return UCS_OK;
   WireHeader h;
   std::memcpy(&h, header, sizeof(h));
-  std::lock_guard<std::mutex> lock(self->mu_);
-  auto it = self->transfers_.find(h.transfer_id);
-  if (it != self->transfers_.end() && !it->second.closed) {
-    it->second.total = h.value;
-    self->cv_.notify_all();
+  bool log = false;
+  {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    auto it = self->transfers_.find(h.transfer_id);
+    if (it == self->transfers_.end()) return UCS_OK;
+    if (self->Admit(it->second, h, &log)) {
+      if (!it->second.closed) {
+        it->second.total = h.value;
+        self->cv_.notify_all();
+      }
+      return UCS_OK;
+    }
+  }
+  if (log) {
+    ICE_LOG(WARNING) << "transfer " << h.transfer_id << ": ignored an end-of-transfer message from a sender without "
+                     << "the transfer's token (later refusals are only counted)";
   }
   return UCS_OK;
 }
 
-Status UcxTransport::Expect(uint64_t id, SegmentSink sink) {
-  return ExpectScatter(id, [sink = std::move(sink)](uint32_t index, size_t bytes) -> StatusOr<std::vector<Destination>> {
+bool UcxTransport::Admit(RecvTransfer& t, const WireHeader& h, bool* log) {
+  if (ConstantTimeEqual(std::string_view(h.token, kTransferTokenBytes), t.token)) return true;
+  ++stats_.segments_refused;
+  *log = !t.refusal_logged;
+  t.refusal_logged = true;
+  return false;
+}
+
+Status UcxTransport::Expect(uint64_t id, std::string_view token, SegmentSink sink) {
+  return ExpectScatter(id, token, [sink = std::move(sink)](uint32_t index, size_t bytes) -> StatusOr<std::vector<Destination>> {
     ICE_ASSIGN_OR_RETURN(void* dest, sink(index, bytes));
     return std::vector<Destination>{{dest, bytes}};
   });
 }
 
-Status UcxTransport::ExpectScatter(uint64_t id, ScatterSink sink) {
+Status UcxTransport::ExpectScatter(uint64_t id, std::string_view token, ScatterSink sink) {
+  ICE_RETURN_IF_ERROR(CheckToken(token));
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = transfers_.try_emplace(id);
   if (!inserted) return AlreadyExistsError("transfer " + std::to_string(id) + " is already expected");
+  it->second.token = std::string(token);
   it->second.sink = std::move(sink);
   return Status::Ok();
 }
@@ -555,9 +602,10 @@ void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_dat
   ucp_request_free(request);
 }
 
-Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint64_t id,
+Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint64_t id, std::string_view token,
                                   std::span<const Segment> segments, uint32_t finish_total,
                                   Clock::time_point deadline) {
+  ICE_RETURN_IF_ERROR(CheckToken(token));
   auto batch = std::make_shared<SendBatch>();
   std::vector<WireHeader> headers(am_id == kAmData ? segments.size() : 1);
   Status post_status;
@@ -569,7 +617,8 @@ Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint6
     } else {
       batch->ep = *ep;
       for (size_t i = 0; i < headers.size(); ++i) {
-        headers[i] = WireHeader{id, am_id == kAmData ? segments[i].index : finish_total, 0};
+        headers[i] = WireHeader{id, am_id == kAmData ? segments[i].index : finish_total, 0, {}};
+        std::memcpy(headers[i].token, token.data(), kTransferTokenBytes);
         ucp_request_param_t p{};
         p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         p.cb.send = &UcxTransport::OnSendDone;
@@ -621,15 +670,15 @@ Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint6
   return Status::Ok();
 }
 
-Status UcxTransport::Send(const std::string& peer, uint64_t id, std::span<const Segment> segments,
-                          Clock::time_point deadline) {
-  if (segments.empty()) return Status::Ok();
-  return SendMessages(peer, kAmData, id, segments, 0, deadline);
+Status UcxTransport::Send(const std::string& peer, uint64_t id, std::string_view token,
+                          std::span<const Segment> segments, Clock::time_point deadline) {
+  if (segments.empty()) return CheckToken(token);
+  return SendMessages(peer, kAmData, id, token, segments, 0, deadline);
 }
 
-Status UcxTransport::Finish(const std::string& peer, uint64_t id, uint32_t total_segments,
+Status UcxTransport::Finish(const std::string& peer, uint64_t id, std::string_view token, uint32_t total_segments,
                             Clock::time_point deadline) {
-  return SendMessages(peer, kAmFinish, id, {}, total_segments, deadline);
+  return SendMessages(peer, kAmFinish, id, token, {}, total_segments, deadline);
 }
 
 TransportStats UcxTransport::stats() const {

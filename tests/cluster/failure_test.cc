@@ -15,6 +15,8 @@
 #include "client/client.h"
 #include "router/request_checks.h"
 #include "tests/cluster/cluster_fixture.h"
+#include "tests/cluster/free_ports.h"
+#include "tests/cluster/process_util.h"
 
 namespace icecache::testing {
 namespace {
@@ -101,18 +103,24 @@ class ClusterFailureTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(::testing::TempDir() + "/icecache_cluster_model_failure");
-    cluster_ = LoopbackCluster::Start(*dir_, 1, 1, "tcp,sm,self").release();
+    // /metrics: router on metrics_base_, the prefill worker on +1, the decode worker on +2.
+    metrics_base_ = FreePortRange(3, 0xfa11);
+    ASSERT_GT(metrics_base_, 0);
+    cluster_ = LoopbackCluster::Start(*dir_, 1, 1, "tcp,sm,self", true, metrics_base_).release();
     ASSERT_NE(cluster_, nullptr);
   }
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
   }
+  static double DecodeMetric(const std::string& name) { return MetricValue(Scrape(metrics_base_ + 2), name); }
   static std::string* dir_;
   static LoopbackCluster* cluster_;
+  static int metrics_base_;
 };
 std::string* ClusterFailureTest::dir_ = nullptr;
 LoopbackCluster* ClusterFailureTest::cluster_ = nullptr;
+int ClusterFailureTest::metrics_base_ = 0;
 
 // temperature = +inf or top_p = NaN used to pass the router, prefill, ship, fail in Decode and
 // leave the reservation held for 120 s. Now the router refuses them before any Reserve.
@@ -301,13 +309,13 @@ grpc::Status ReleaseOn(v1::DecodeWorker::Stub& dec, uint64_t id, const std::stri
   return dec.Release(&ctx, rel, &ignored);
 }
 
-grpc::Status DecodeOn(v1::DecodeWorker::Stub& dec, uint64_t id, const std::string& token) {
+grpc::Status DecodeOn(v1::DecodeWorker::Stub& dec, uint64_t id, const std::string& token, double kv_wait = 5) {
   v1::DecodeRequest dr;
   dr.set_sequence_id(id);
   dr.set_reservation_token(token);
   dr.set_first_token(1);
   dr.set_max_tokens(4);
-  dr.set_kv_wait_seconds(5);
+  dr.set_kv_wait_seconds(kv_wait);
   grpc::ClientContext ctx;
   auto reader = dec.Decode(&ctx, dr);
   v1::DecodeResponse resp;
@@ -389,11 +397,15 @@ TEST_F(ClusterFailureTest, WrongTokenIsDeniedWithoutSideEffects) {
   ExpectDecodeIdle(*cluster_->decode[0]);
 }
 
-// KV shipped with another token (a prefill call that knows the id but not the token) is refused
-// when the owner starts decoding, and everything is freed.
-TEST_F(ClusterFailureTest, KvShippedWithAWrongTokenIsRefused) {
+// KV shipped with another token (a prefill call that knows the id but not the token) never
+// lands: the decode worker's transport drops each of its messages before the sink allocates a
+// page and counts them (icecache_decode_kv_segments_refused_total); the owner's Decode then finds
+// no KV (DEADLINE_EXCEEDED) and everything is freed.
+TEST_F(ClusterFailureTest, KvShippedWithAWrongTokenNeverLands) {
   auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(cluster_->decode[0]->address()));
   auto pre = v1::PrefillWorker::NewStub(cluster::MakeChannel(cluster_->prefill[0]->address()));
+  const double refused_before = DecodeMetric("icecache_decode_kv_segments_refused_total");
+  ASSERT_GE(refused_before, 0) << "the decode worker exports no icecache_decode_kv_segments_refused_total";
   const std::vector<int32_t> prompt = Prompt(30, 4);
   v1::ReserveResponse r = ReserveOn(*dec, static_cast<int>(prompt.size()), 4);
   v1::PrefillRequest pr;
@@ -405,10 +417,19 @@ TEST_F(ClusterFailureTest, KvShippedWithAWrongTokenIsRefused) {
   {
     grpc::ClientContext ctx;
     grpc::Status s = pre->Prefill(&ctx, pr, &presp);
-    ASSERT_TRUE(s.ok()) << s.error_message();  // the prefill worker cannot tell; the decode worker can
+    // Small segments are dropped without a word to the sender, a refused large one fails it.
+    EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   }
-  grpc::Status s = DecodeOn(*dec, r.sequence_id(), r.reservation_token());
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  // The decode worker's metrics refresh every 0.5 s.
+  double refused = refused_before;
+  for (int i = 0; i < 200 && refused <= refused_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    refused = DecodeMetric("icecache_decode_kv_segments_refused_total");
+  }
+  EXPECT_GT(refused, refused_before) << "the refused segments were not counted";
+  EXPECT_EQ(cluster_->decode[0]->stats().used_pages, 0) << "a stranger's KV landed in the pool";
+  grpc::Status s = DecodeOn(*dec, r.sequence_id(), r.reservation_token(), /*kv_wait=*/0.5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   ExpectDecodeIdle(*cluster_->decode[0]);
 }
 

@@ -176,6 +176,44 @@ TEST_F(TransportFaultTest, ReservationWithoutPrefillExpiresAfterItsPrefillWait) 
   EXPECT_EQ(decode_->Release(a->id, a->token).code(), StatusCode::kNotFound);
 }
 
+// A prefill worker stuck mid-shipment (the plan forwards the start notice, the metadata and two
+// one-page runs, then the sender stalls and fails UNAVAILABLE) leaves the half shipment's pages
+// in the reservation. What the router does then: Release (the pages go back to the pool at
+// once), and a fresh reservation that a working prefill fills, which decodes.
+TEST_F(TransportFaultTest, HalfShipmentIsFreedAndAFreshReservationDecodes) {
+  prefill_.reset();
+  prefill::PrefillEngineOptions p;
+  p.transfer_timeout_seconds = 10;
+  p.max_segment_bytes = 1;  // one page per segment
+  prefill_ = std::make_unique<prefill::PrefillEngine>(model_.get(), prefill_faults_.get(), p);
+  auto a = decode_->Reserve(40, 4, 0).value();
+  FaultPlan stall;
+  stall.stall_after_segments = 4;
+  prefill_faults_->set_plan(stall);
+  auto r = Prefill(a, 40);
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("stalled after 4 segments"), std::string::npos) << r.status().ToString();
+  // Small segments may still be on their way when Send returns.
+  EXPECT_TRUE(WaitFor([&] { return decode_->stats().used_pages == 2; }, 30)) << decode_->stats().used_pages;
+  EXPECT_TRUE(decode_->Release(a.id, a.token).ok());
+  ExpectIdle();
+
+  prefill_faults_->set_plan(FaultPlan{});
+  auto b = decode_->Reserve(40, 4, 0).value();
+  ASSERT_TRUE(Prefill(b, 40).ok());
+  auto stream = Start(b, 10s);
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  decode::DecodeUpdate u;
+  std::vector<int32_t> tokens;
+  while ((*stream)->Next(&u, 10s)) {
+    tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
+    if (u.done) break;
+  }
+  EXPECT_TRUE(u.done && u.status.ok()) << u.status.ToString();
+  EXPECT_EQ(tokens.size(), 3u);
+  ExpectIdle();
+}
+
 // Draining: prompts after StopAdmitting are refused with UNAVAILABLE (the router tries another
 // prefill worker) and nothing is shipped.
 TEST_F(TransportFaultTest, DrainingPrefillEngineRefusesPromptsWithUnavailable) {

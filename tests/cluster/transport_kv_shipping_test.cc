@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "kvstore/sequence_cache.h"
 #include "tests/kvstore/kv_test_util.h"
@@ -124,7 +125,7 @@ TEST_F(KvShippingTest, RunsArriveInAFragmentedPool) {
   for (size_t max_segment : {size_t{1}, 5 * page_bytes, size_t{4} << 20}) {
     const uint64_t id = 100 + max_segment;
     KvReceiver rx(dst_pool.get(), kToken);
-    ASSERT_TRUE(receiver_->ExpectScatter(id, rx.Sink()).ok());
+    ASSERT_TRUE(receiver_->ExpectScatter(id, kToken, rx.Sink()).ok());
     auto st = ShipSequence(*sender_, receiver_->address(), id, kToken, wire, *src_pool, max_segment, Clock::now() + 30s);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     ASSERT_TRUE(receiver_->Wait(id, Clock::now() + 30s).ok());
@@ -154,7 +155,7 @@ TEST_F(KvShippingTest, PagesOfAnotherDtypeAreRefused) {
   // Runs of an odd number of bf16 pages are not whole f32 pages: refused as they arrive.
   {
     KvReceiver rx(dst_pool.get(), kToken);
-    ASSERT_TRUE(receiver_->ExpectScatter(1, rx.Sink()).ok());
+    ASSERT_TRUE(receiver_->ExpectScatter(1, kToken, rx.Sink()).ok());
     (void)ShipSequence(*sender_, receiver_->address(), 1, kToken, wire, *src_pool, 3 * bf16_page, Clock::now() + 30s);
     Status w = receiver_->Wait(1, Clock::now() + 30s);
     EXPECT_EQ(w.code(), StatusCode::kAborted) << w.ToString();
@@ -164,7 +165,7 @@ TEST_F(KvShippingTest, PagesOfAnotherDtypeAreRefused) {
   // Runs of 2 bf16 pages fill f32 pages exactly: the header check refuses them on import.
   {
     KvReceiver rx(dst_pool.get(), kToken);
-    ASSERT_TRUE(receiver_->ExpectScatter(2, rx.Sink()).ok());
+    ASSERT_TRUE(receiver_->ExpectScatter(2, kToken, rx.Sink()).ok());
     auto st = ShipSequence(*sender_, receiver_->address(), 2, kToken, wire, *src_pool, 2 * bf16_page, Clock::now() + 30s);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     if (wire.pages.size() % 2 == 0) {
@@ -192,7 +193,7 @@ TEST_F(KvShippingTest, SameSizePagesOfAnotherDtypeAreRefusedOnImport) {
   auto wire = src->Serialize().value();
   auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kF16);
   KvReceiver rx(dst_pool.get(), kToken);
-  ASSERT_TRUE(receiver_->ExpectScatter(3, rx.Sink()).ok());
+  ASSERT_TRUE(receiver_->ExpectScatter(3, kToken, rx.Sink()).ok());
   ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 3, kToken, wire, *src_pool, 4 << 20, Clock::now() + 30s).ok());
   ASSERT_TRUE(receiver_->Wait(3, Clock::now() + 30s).ok());
   auto cache = rx.Import();
@@ -204,9 +205,10 @@ TEST_F(KvShippingTest, SameSizePagesOfAnotherDtypeAreRefusedOnImport) {
   EXPECT_EQ(dst_pool->used_pages(), 0);
 }
 
-// A transfer whose header carries another reservation's token is refused on import, and its
-// pages go back to the pool.
-TEST_F(KvShippingTest, WrongTokenIsRefusedOnImport) {
+// A shipment with another reservation's token never reaches the pool: the transport drops its
+// segments and its Finish before the receiver's sink allocates anything, so the transfer stalls
+// (DEADLINE_EXCEEDED at the receiver's deadline) with no page taken.
+TEST_F(KvShippingTest, WrongTokenNeverReachesThePool) {
   const int layers = 3, nkv = 1, dim = 16;
   auto m = kvstore::testing::RandomKv(layers, nkv, dim, 100, 8);
   auto src_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
@@ -215,18 +217,49 @@ TEST_F(KvShippingTest, WrongTokenIsRefusedOnImport) {
   auto wire = src->Serialize().value();
   auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
   KvReceiver rx(dst_pool.get(), kToken);
-  ASSERT_TRUE(receiver_->ExpectScatter(4, rx.Sink()).ok());
-  ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 4, "fedcba9876543210", wire, *src_pool, 4 << 20,
-                           Clock::now() + 30s).ok());
-  ASSERT_TRUE(receiver_->Wait(4, Clock::now() + 30s).ok());
-  auto cache = rx.Import();
-  ASSERT_FALSE(cache.ok());
-  EXPECT_EQ(cache.status().code(), StatusCode::kPermissionDenied) << cache.status().ToString();
+  ASSERT_TRUE(receiver_->ExpectScatter(4, kToken, rx.Sink()).ok());
+  auto shipped = ShipSequence(*sender_, receiver_->address(), 4, "fedcba9876543210", wire, *src_pool, 4 << 20,
+                              Clock::now() + 30s);
+  // Small segments are dropped silently; a refused rendezvous segment fails the sender.
+  EXPECT_TRUE(shipped.ok() || shipped.status().code() == StatusCode::kFailedPrecondition) << shipped.status().ToString();
+  const uint64_t messages = shipped.ok() ? static_cast<uint64_t>(shipped->segments) + 1 : 1;  // + the Finish
+  const auto until = Clock::now() + 30s;
+  while (receiver_->stats().segments_refused < messages && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  EXPECT_GE(receiver_->stats().segments_refused, messages);
+  EXPECT_EQ(dst_pool->used_pages(), 0) << "the sink allocated pages for a stranger's segments";
+  Status w = receiver_->Wait(4, Clock::now() + 200ms);
+  EXPECT_EQ(w.code(), StatusCode::kDeadlineExceeded) << w.ToString();
+  EXPECT_NE(w.message().find("0 segments arrived, end not announced"), std::string::npos) << w.message();
+  EXPECT_EQ(receiver_->stats().bytes_received, 0u);
   rx.Release();
   EXPECT_EQ(dst_pool->used_pages(), 0);
   // A token of the wrong size is refused by the sender before anything is sent.
   auto bad = ShipSequence(*sender_, receiver_->address(), 5, "short", wire, *src_pool, 4 << 20, Clock::now() + 30s);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+// Behind the transport's check, the header's token is checked again on import: a receiver that
+// expects another token than the transfer's refuses the KV (PERMISSION_DENIED) and its pages go
+// back to the pool.
+TEST_F(KvShippingTest, HeaderWithAnotherTokenIsRefusedOnImport) {
+  const int layers = 3, nkv = 1, dim = 16;
+  auto m = kvstore::testing::RandomKv(layers, nkv, dim, 100, 8);
+  auto src_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
+  auto src = SequenceCache::Create(Opts(layers, nkv, 1), src_pool.get()).value();
+  ASSERT_TRUE(src->Build(m.kp.data(), m.vp.data(), m.n).ok());
+  auto wire = src->Serialize().value();
+  auto dst_pool = kvstore::testing::MakePool(dim, 500, kernels::DType::kBF16);
+  const std::string other = "fedcba9876543210";
+  KvReceiver rx(dst_pool.get(), kToken);
+  ASSERT_TRUE(receiver_->ExpectScatter(6, other, rx.Sink()).ok());
+  ASSERT_TRUE(ShipSequence(*sender_, receiver_->address(), 6, other, wire, *src_pool, 4 << 20, Clock::now() + 30s).ok());
+  ASSERT_TRUE(receiver_->Wait(6, Clock::now() + 30s).ok());
+  EXPECT_GT(dst_pool->used_pages(), 0);
+  auto cache = rx.Import();
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), StatusCode::kPermissionDenied) << cache.status().ToString();
+  rx.Release();
+  EXPECT_EQ(dst_pool->used_pages(), 0);
 }
 
 TEST(KvDtype, Parses) {
