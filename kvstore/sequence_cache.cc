@@ -336,15 +336,10 @@ Status SequenceCache::BeginToken() {
   for (int layer = 0; s.ok() && layer < options_.num_layers; ++layer) {
     for (int head = 0; s.ok() && head < nkv; ++head) {
       HeadState& h = Head(layer, head);
-      std::vector<int32_t>* list;
       int64_t index;
-      if (IsDense(layer)) {
-        list = &h.dense;
-        index = n_;
-      } else if (to_sink) {
-        list = &h.sink;
-        index = n_;
-      } else {
+      const NextList which = NextTokenList(layer, &index);  // kWindow here past the sink (checked above)
+      std::vector<int32_t>* list = which == NextList::kDense ? &h.dense : which == NextList::kSink ? &h.sink : &h.window;
+      if (which == NextList::kWindow) {
         if (!h.tree && LeaderOf(layer) == layer && !token_order()) {
           auto tree = DciTree::Build(options_.dci, pool_, GroupSize(layer), TokenBlock{window_start_, 0, nullptr, nullptr, 0});
           if (!tree.ok()) {
@@ -353,8 +348,6 @@ Status SequenceCache::BeginToken() {
           }
           h.tree = std::move(tree).value();
         }
-        list = &h.window;
-        index = n_ - window_start_;
       }
       if (index % ps == 0) {
         auto page = pool_->Allocate();
@@ -472,25 +465,22 @@ TokenLocation SequenceCache::LocateToken(int layer, int head, int64_t pos, int32
   return loc;
 }
 
+SequenceCache::NextList SequenceCache::NextTokenList(int layer, int64_t* index) const {
+  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * page_size_;
+  *index = n_;
+  if (IsDense(layer)) return NextList::kDense;
+  if (n_ < sink_cap) return NextList::kSink;
+  *index = n_ - window_start_;
+  return options_.window_pages > 0 ? NextList::kWindow : NextList::kTree;
+}
+
 TokenLocation SequenceCache::NextTokenLocation(int layer, int head, int32_t* page) const {
   *page = -1;
   const HeadState& h = Head(layer, head);
-  const int64_t sink_cap = static_cast<int64_t>(options_.sink_pages) * page_size_;
-  // The position's index in the list that will take it (as BeginToken / AppendToList count).
-  const std::vector<int32_t>* list;
   int64_t index;
-  if (IsDense(layer)) {
-    list = &h.dense;
-    index = n_;
-  } else if (n_ < sink_cap) {
-    list = &h.sink;
-    index = n_;
-  } else if (options_.window_pages > 0) {
-    list = &h.window;
-    index = n_ - window_start_;
-  } else {
-    return TokenLocation{};  // straight into the tree
-  }
+  const NextList which = NextTokenList(layer, &index);
+  if (which == NextList::kTree) return TokenLocation{};  // straight into the tree
+  const std::vector<int32_t>* list = which == NextList::kDense ? &h.dense : which == NextList::kSink ? &h.sink : &h.window;
   if (index % page_size_ == 0 || list->empty()) return TokenLocation{};  // a new page
   *page = list->back();
   return TokenLocation{-1, static_cast<int32_t>(index % page_size_)};

@@ -188,6 +188,11 @@ class SequenceCache {
   Status AppendToList(std::vector<int32_t>* pages, int64_t index_in_list, const float* k, const float* v);
   Status FillList(std::vector<int32_t>* pages, const float* k, const float* v, size_t stride, int64_t count);
   Status EvictWindowPage();
+  // Which list of a (layer, head) of `layer` takes position num_tokens() (what BeginToken and
+  // NextTokenLocation share), with the position's index in it in *index; kTree: the token goes
+  // straight into the tree (window_pages == 0 past the sink).
+  enum class NextList { kDense, kSink, kWindow, kTree };
+  NextList NextTokenList(int layer, int64_t* index) const;
   // kTokenOrder: (re)computes the bounds of middle page `i` of `h` from its first `valid` slots.
   void SetBounds(HeadState* h, size_t i, int valid);
 
