@@ -571,19 +571,14 @@ void DecodeEngine::Step() {
     inputs.push_back({id, std::span<const int32_t>(&r->last, 1)});
     order.push_back(r.get());
   }
-  std::vector<double> collective;
-  if (group_ != nullptr && group_->size() > 1 && options_.collective_observer) {
-    for (int k = 0; k < group_->size(); ++k) collective.push_back(group_->collective_seconds(k));
-  }
+  const bool observe = group_ != nullptr && group_->size() > 1 && options_.rank_times_observer;
+  const model::RankStepTimes before = observe ? group_->RankTimes() : model::RankStepTimes{};
   Status st = lm_->Forward(inputs, *backend_, model::LogitsMode::kLastToken);
   if (!st.ok() && group_ != nullptr && !group_->usable() && !broken_.exchange(true)) {
     ICE_LOG(ERROR) << "decode: the tensor-parallel group failed inside a step (" << st.ToString()
                    << "); failing every sequence, not admitting more (restart the worker)";
   }
-  if (!collective.empty()) {
-    for (int k = 0; k < group_->size(); ++k) collective[k] = group_->collective_seconds(k) - collective[k];
-    options_.collective_observer(collective);
-  }
+  if (observe) options_.rank_times_observer(group_->RankTimes().Since(before));
   std::vector<uint64_t> finished;
   const size_t vocab = static_cast<size_t>(lm_->config().vocab_size);
   int64_t produced = 0;

@@ -62,9 +62,9 @@ struct DecodeEngineOptions {
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
   kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
   int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions), per rank; 0 = none (CPU only)
-  // Called on the engine thread after each decode step with the seconds every rank spent in
-  // collectives during it ([ranks]; only with a TpGroup of more than one rank). May be empty.
-  std::function<void(std::span<const double>)> collective_observer;
+  // Called on the engine thread after each decode step with every rank's seconds in it: its
+  // whole Forward and its collectives (only with a TpGroup of more than one rank).
+  std::function<void(const model::RankStepTimes&)> rank_times_observer;
 };
 
 // What Reserve hands out: the sequence id (random, never 0) and its secret token (16 random

@@ -259,7 +259,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   if (impl->group) {
     impl->collective = std::make_unique<cluster::CollectiveMetrics>(
         *impl->registry, cluster::ProcessLabels("decode", cluster::ServedModelName(config.model.name, config.model.dir)));
-    eo.collective_observer = [m = impl->collective.get()](std::span<const double> seconds) { m->ObserveStep(seconds); };
+    eo.rank_times_observer = [m = impl->collective.get()](const model::RankStepTimes& t) { m->ObserveStep(t.step, t.collective); };
     ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->group.get(), impl->transport.get(), eo));
   } else {
     ICE_ASSIGN_OR_RETURN(impl->engine, DecodeEngine::Create(impl->model.get(), impl->transport.get(), eo));

@@ -246,6 +246,11 @@ Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& b
 }
 
 Status Model::Forward(std::span<const SequenceInput> inputs, AttentionBackend& backend, LogitsMode mode) {
+  struct Timed {
+    double* total;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timed() { *total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } timed{&forward_seconds_};
   const ModelConfig& c = config_;
   int total = 0;
   bool began = false;

@@ -124,6 +124,8 @@ class Model final : public LanguageModel {
   // ranks) since Load; 0 without tensor parallelism. On CUDA a collective is queued on the stream,
   // so this counts the queueing only.
   double collective_seconds() const { return collective_seconds_; }
+  // Wall seconds this rank spent in Forward (its whole step, collectives included) since Load.
+  double forward_seconds() const { return forward_seconds_; }
   // True once a failure inside the layers made this rank abort its communicator group (the group
   // is unusable from then on: parallel::Communicator::Abort).
   bool aborted_group() const { return aborted_group_; }
@@ -156,6 +158,7 @@ class Model final : public LanguageModel {
   ShardPlan shard_;
   parallel::Communicator* comm_ = nullptr;  // set when shard_.size > 1
   double collective_seconds_ = 0;
+  double forward_seconds_ = 0;
   bool aborted_group_ = false;
   std::unique_ptr<Checkpoint> checkpoint_;
   std::vector<kernels::DeviceBuffer> weights_;

@@ -138,6 +138,22 @@ Status TpGroup::Forward(std::span<const SequenceInput> inputs, AttentionBackend&
   return Status::Ok();
 }
 
+RankStepTimes TpGroup::RankTimes() const {
+  RankStepTimes t;
+  for (const auto& m : ranks_) {
+    t.step.push_back(m->forward_seconds());
+    t.collective.push_back(m->collective_seconds());
+  }
+  return t;
+}
+
+RankStepTimes RankStepTimes::Since(const RankStepTimes& before) const {
+  RankStepTimes d = *this;
+  for (size_t r = 0; r < d.step.size() && r < before.step.size(); ++r) d.step[r] -= before.step[r];
+  for (size_t r = 0; r < d.collective.size() && r < before.collective.size(); ++r) d.collective[r] -= before.collective[r];
+  return d;
+}
+
 bool TpGroup::usable() const {
   for (const auto& m : ranks_) {
     if (m->aborted_group()) return false;

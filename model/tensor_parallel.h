@@ -44,6 +44,13 @@ struct TpGroupOptions {
 
 class TpKvCache;
 
+// Per-rank seconds of a TpGroup's steps ([ranks] each): the rank's Forward, and its collectives.
+struct RankStepTimes {
+  std::vector<double> step, collective;
+  // This minus `before`, element-wise (a step's own times from two cumulative snapshots).
+  RankStepTimes Since(const RankStepTimes& before) const;
+};
+
 class TpGroup final : public LanguageModel {
  public:
   // Creates the communicators (parallel::CreateCommunicators) and loads every rank's slices of
@@ -82,6 +89,9 @@ class TpGroup final : public LanguageModel {
 
   // Seconds rank r spent in collectives so far (Model::collective_seconds).
   double collective_seconds(int r) const { return ranks_[r]->collective_seconds(); }
+  // Per rank, cumulative: Forward (the rank's whole step) and collective seconds. A step's own
+  // times are RankTimes() after it minus RankTimes() before (RankStepTimes::Since).
+  RankStepTimes RankTimes() const;
 
  private:
   TpGroup() = default;

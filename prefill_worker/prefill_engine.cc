@@ -347,20 +347,15 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
     }
     builds[i] = std::move(*b);
   }
-  std::vector<double> collective_before;
-  if (group_ != nullptr) {
-    for (int r = 0; r < ranks; ++r) collective_before.push_back(group_->collective_seconds(r));
-  }
+  const bool observe = group_ != nullptr && ranks > 1 && options_.rank_times_observer;
+  const model::RankStepTimes before = observe ? group_->RankTimes() : model::RankStepTimes{};
   Status st = lm_->Forward(inputs, *backend, model::LogitsMode::kLastToken);
   const auto computed = Clock::now();
   if (!st.ok() && group_ != nullptr && !group_->usable() && !broken_.exchange(true)) {
     ICE_LOG(ERROR) << "prefill: the tensor-parallel group failed inside a forward pass (" << st.ToString()
                    << "); refusing further prompts (restart the worker)";
   }
-  if (group_ != nullptr && ranks > 1 && options_.collective_observer) {
-    for (int r = 0; r < ranks; ++r) collective_before[r] = group_->collective_seconds(r) - collective_before[r];
-    options_.collective_observer(collective_before);
-  }
+  if (observe) options_.rank_times_observer(group_->RankTimes().Since(before));
   int64_t batch_tokens = 0;
   for (auto& in : inputs) batch_tokens += static_cast<int64_t>(in.tokens.size());
   {

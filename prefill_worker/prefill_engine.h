@@ -66,9 +66,9 @@ struct PrefillEngineOptions {
   bool overlap_tree_build = true;                  // build layer l while layer l+1 computes
   size_t max_segment_bytes = 4 << 20;              // largest run of pages in one segment
   int max_queued_requests = 256;  // Run refuses more queued prompts with RESOURCE_EXHAUSTED
-  // Called on the engine thread after each forward pass with the seconds every rank spent in
-  // collectives during it ([ranks]; only with a TpGroup of more than one rank). May be empty.
-  std::function<void(std::span<const double>)> collective_observer;
+  // Called on the engine thread after each forward pass with every rank's seconds in it: its
+  // whole Forward and its collectives (only with a TpGroup of more than one rank).
+  std::function<void(const model::RankStepTimes&)> rank_times_observer;
 };
 
 struct PrefillJob {

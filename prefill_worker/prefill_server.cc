@@ -228,7 +228,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const cluster::Clu
   if (impl->group) {
     impl->collective = std::make_unique<cluster::CollectiveMetrics>(
         *impl->registry, cluster::ProcessLabels("prefill", cluster::ServedModelName(config.model.name, config.model.dir)));
-    eo.collective_observer = [m = impl->collective.get()](std::span<const double> seconds) { m->ObserveStep(seconds); };
+    eo.rank_times_observer = [m = impl->collective.get()](const model::RankStepTimes& t) { m->ObserveStep(t.step, t.collective); };
   }
   impl->engine = impl->group ? std::make_unique<PrefillEngine>(impl->group.get(), shipping, eo)
                              : std::make_unique<PrefillEngine>(impl->model.get(), shipping, eo);

@@ -122,16 +122,24 @@ CollectiveMetrics::CollectiveMetrics(prometheus::Registry& r, const prometheus::
                   .Help("Seconds a tensor-parallel rank spent in collectives per forward step")
                   .Labels(p)
                   .Register(r)),
+      step_seconds(prometheus::BuildHistogram()
+                       .Name("icecache_rank_step_seconds")
+                       .Help("Seconds of a tensor-parallel rank's forward step, collectives included")
+                       .Labels(p)
+                       .Register(r)),
       process_(p) {}
 
-void CollectiveMetrics::ObserveStep(std::span<const double> s) {
-  // A step of one rank's collectives is far below the request latencies: 10 us .. 10 s.
+void CollectiveMetrics::ObserveStep(std::span<const double> step, std::span<const double> collective) {
+  // A step of one rank (and its collectives) is far below the request latencies: 10 us .. 10 s.
   static const std::vector<double> kBuckets = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1, 3, 10};
   std::lock_guard<std::mutex> lock(mu_);
-  while (ranks_.size() < s.size()) {
-    ranks_.push_back(&seconds.Add({{"rank", std::to_string(ranks_.size())}}, kBuckets));
-  }
-  for (size_t r = 0; r < s.size(); ++r) ranks_[r]->Observe(s[r]);
+  auto observe = [&](prometheus::Family<prometheus::Histogram>& family, std::vector<prometheus::Histogram*>* ranks,
+                     std::span<const double> s) {
+    while (ranks->size() < s.size()) ranks->push_back(&family.Add({{"rank", std::to_string(ranks->size())}}, kBuckets));
+    for (size_t r = 0; r < s.size(); ++r) (*ranks)[r]->Observe(s[r]);
+  };
+  observe(seconds, &ranks_, collective);
+  observe(step_seconds, &step_ranks_, step);
 }
 
 }  // namespace icecache::cluster

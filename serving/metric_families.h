@@ -92,20 +92,23 @@ struct DecodeMetrics {
 };
 
 // Tensor parallelism (docs/parallel.md), in the prefill and the decode workers that run more than
-// one rank: the one family both worker components export (their own steps, told apart by
+// one rank: the two families both worker components export (their own steps, told apart by
 // `component`, so no sum counts a step twice).
 struct CollectiveMetrics {
   CollectiveMetrics(prometheus::Registry& r, const prometheus::Labels& process);
   // icecache_collective_seconds{rank}: per forward step, the seconds each rank spent in
   // collectives (all-reduces, including waiting for the other ranks).
   prometheus::Family<prometheus::Histogram>& seconds;
-  // One sample per rank: seconds[r] for rank r.
-  void ObserveStep(std::span<const double> seconds);
+  // icecache_rank_step_seconds{rank}: per forward step, each rank's whole step (its Forward,
+  // collectives included): a slow rank shows as the one with less collective time (it waits least).
+  prometheus::Family<prometheus::Histogram>& step_seconds;
+  // One sample per rank in each family.
+  void ObserveStep(std::span<const double> step, std::span<const double> collective);
 
  private:
   prometheus::Labels process_;
-  std::vector<prometheus::Histogram*> ranks_;  // created on first use, per rank
-  std::mutex mu_;                              // guards ranks_
+  std::vector<prometheus::Histogram*> ranks_, step_ranks_;  // created on first use, per rank
+  std::mutex mu_;                                           // guards ranks_, step_ranks_
 };
 
 }  // namespace icecache::cluster

@@ -7,7 +7,8 @@
 //    (`icecache generate --model`, dense KV, no tensor parallelism);
 //  * a sparse budget (3 pages of 8 tokens: sink + window + 1 retrieved leaf of a sparse layer)
 //    completes with 40 tokens;
-//  * the decode worker exports icecache_collective_seconds for each of its ranks.
+//  * the decode worker exports icecache_collective_seconds and icecache_rank_step_seconds for each
+//    of its ranks.
 // The fixtures are real checkpoints (tests/fixtures/models) whose kv heads divide by the TP
 // sizes; KV is kept in fp32 so that `full` is exact.
 #include <gtest/gtest.h>
@@ -134,14 +135,24 @@ void ExpectClusterMatchesOneProcess(const std::string& model, int prefill_tp, in
     const std::string metrics = c.DecodeMetrics();
     for (int r = 0; r < decode_tp; ++r) {
       const std::string rank = "rank=\"" + std::to_string(r) + "\"";
-      bool found = false;
-      std::istringstream lines(metrics);
-      for (std::string line; std::getline(lines, line);) {
-        if (line.rfind("icecache_collective_seconds_count{", 0) != 0 || line.find(rank) == std::string::npos) continue;
-        found = true;
-        EXPECT_GE(std::stod(line.substr(line.rfind(' ') + 1)), 78.0) << line;  // one per decode step: 2 requests x 39
+      // Both families: the collectives and the rank's whole step; a step is never shorter than its
+      // collectives.
+      double sums[2] = {-1, -1};
+      for (int f = 0; f < 2; ++f) {
+        const std::string family = f == 0 ? "icecache_collective_seconds" : "icecache_rank_step_seconds";
+        bool found = false;
+        std::istringstream lines(metrics);
+        for (std::string line; std::getline(lines, line);) {
+          if (line.find(rank) == std::string::npos) continue;
+          if (line.rfind(family + "_sum{", 0) == 0) sums[f] = std::stod(line.substr(line.rfind(' ') + 1));
+          if (line.rfind(family + "_count{", 0) != 0) continue;
+          found = true;
+          EXPECT_GE(std::stod(line.substr(line.rfind(' ') + 1)), 78.0) << line;  // one per decode step: 2 requests x 39
+        }
+        EXPECT_TRUE(found) << "no " << family << " for " << rank << " in\n" << metrics;
       }
-      EXPECT_TRUE(found) << "no icecache_collective_seconds for " << rank << " in\n" << metrics;
+      EXPECT_GT(sums[1], 0.0) << rank;
+      EXPECT_GE(sums[1], sums[0]) << rank << ": a rank's steps took less time than its collectives";
     }
   }
 }
