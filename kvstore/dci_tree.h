@@ -135,9 +135,9 @@ struct DciParams {
   // Against Tuned() on the sparse-layer workload: 1.4-2.0x less selection CPU up to 32k, 2.3-2.7x
   // from 64k up, attention mass 97-99 % of the exact oracle's (Tuned(): 98.4-99.8 %).
   // Leaves in token order (LeafLayout::kPosition, since the leaf-layout round of issue 16): more
-  // attention mass kept than the projection layout on all six synthetic families at 8k and 32k
-  // and on SmolLM2's real keys (mean and worst layer), build 5-20 % cheaper (docs/BENCHMARKS.md,
-  // "The leaf layout").
+  // attention mass kept than the projection layout on all six synthetic families at 8k, 32k and
+  // 128k and on SmolLM2's real keys (mean and worst layer), build and query times equal within
+  // noise, insertion moves no token (docs/BENCHMARKS.md, "The leaf layout").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -272,7 +272,7 @@ class DciTree {
     int32_t owner = -1;               // node (tree-local token index) or -1 for the root cell
     uint32_t epoch = 0;               // re-key epoch its order was computed in
     int32_t count = 0;                // children
-    std::vector<int32_t> leaves;      // in projection order
+    std::vector<int32_t> leaves;      // in the layout's order (projection or token order)
   };
   class Scratch;
   // Level l's keys transposed for batched exact parent search ([head_dim, ld]; extra [ld]); with
