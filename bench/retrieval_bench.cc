@@ -1,7 +1,8 @@
 // icecache-bench retrieval: IceCache page retrieval (DciTree + Retriever) against an exact SIMD
 // scan and faiss (HNSW, IVF-Flat) on the same keys. See docs/BENCHMARKS.md.
 // Page baselines at the same budget (sink + K pages + window, K = budget - sink - window):
-//   oracle      the tree's own best K leaves (Retriever kOracle): what the layout allows;
+//   oracle      the tree's own best K leaves (Retriever kOracle: ranked by their best token);
+//   leaves_by_mass  the tree's K leaves of most attention mass: what the layout allows;
 //   contiguous  the exact best K pages of 16 consecutive tokens by attention mass (token order);
 //   quest       Quest (Retriever kQuest on a SparseLayout::kTokenOrder cache of the same keys).
 // "mass recall" is the attention mass of the selected tokens over that of the best as many
@@ -118,7 +119,7 @@ void Usage() {
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
-               "  [--bf16-parents 0|1] [--int8-parents 0|1]\n"
+               "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
@@ -208,6 +209,12 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else if (k == "--bf16-parents") a->dci.bf16_parent_search = std::atoi(v) != 0;
     else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
+    else if (k == "--leaf-layout") {
+      const std::string l = v;
+      if (l == "projection") a->dci.leaf_layout = kvstore::LeafLayout::kProjection;
+      else if (l == "position") a->dci.leaf_layout = kvstore::LeafLayout::kPosition;
+      else { std::fprintf(stderr, "retrieval: --leaf-layout must be projection or position, got %s\n", v); return false; }
+    }
     else { std::fprintf(stderr, "retrieval: unknown option %s\n", k.c_str()); return false; }
   }
   return true;
@@ -369,7 +376,8 @@ int RunRetrieval(int argc, char** argv) {
     middle_first[quest_seq->middle_pages(0, 0)[i]] = quest_seq->sink_tokens() + static_cast<int64_t>(i) * a.page_size;
   const int k_pages = std::max(0, a.budget - static_cast<int>(seq->sink_pages(0, 0).size()) -
                                       static_cast<int>(seq->window_pages(0, 0).size()));
-  double quest_mass = 0, contiguous_mass = 0, kept_sparse = 0, kept_oracle = 0, kept_quest = 0, kept_contiguous = 0;
+  double quest_mass = 0, contiguous_mass = 0, kept_sparse = 0, kept_oracle = 0, kept_quest = 0, kept_contiguous = 0,
+         kept_leaf_bound = 0;
   std::vector<double> quest_cpu_us;
   std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us, oracle_cpu_us;
   // The exact baseline scans the same keys stored in the same element type, contiguously.
@@ -453,6 +461,24 @@ int RunRetrieval(int argc, char** argv) {
         for (int64_t t : toks) m += weights[j].w[t];
         return m;
       };
+      // The layout's own bound: the tree's K leaves of most attention mass (the oracle ranks leaves by
+      // their best token instead, as the search does).
+      {
+        const kvstore::DciTree* tree = seq->tree(0, 0);
+        std::vector<std::pair<double, int32_t>> lm(tree->num_leaves());
+        for (int32_t leaf = 0; leaf < tree->num_leaves(); ++leaf) {
+          double m = 0;
+          for (int64_t p : tree->LeafPositions(leaf)) m += weights[j].w[p];
+          lm[leaf] = {m, leaf};
+        }
+        const size_t kl = std::min<size_t>(k_pages, lm.size());
+        std::partial_sort(lm.begin(), lm.begin() + kl, lm.end(), std::greater<>());
+        double m = 0;
+        for (int64_t t = 0; t < seq->sink_tokens(); ++t) m += weights[j].w[t];
+        for (int64_t t = seq->window_start(); t < n; ++t) m += weights[j].w[t];
+        for (size_t i = 0; i < kl; ++i) m += lm[i].first;
+        kept_leaf_bound += m;
+      }
       kept_sparse += kept(tokens);
       kept_oracle += kept(best_tokens);
       kept_quest += kept(qt);
@@ -493,6 +519,7 @@ int RunRetrieval(int argc, char** argv) {
   kept_oracle /= nq;
   kept_quest /= nq;
   kept_contiguous /= nq;
+  kept_leaf_bound /= nq;
   page_recall /= nq;
   const double qmed = Median(query_us), emed = Median(exact_us);
   const double qcpu = Median(query_cpu_us), ecpu = Median(exact_cpu_us);
@@ -526,7 +553,8 @@ int RunRetrieval(int argc, char** argv) {
       {"leaves", seq->tree(0, 0)->num_leaves()},
       {"mass_recall", mass}, {"oracle_mass_recall", oracle_mass}, {"page_recall", page_recall},
       {"quest_mass_recall", quest_mass}, {"contiguous_mass_recall", contiguous_mass},
-      {"kept_mass", {{"icecache", kept_sparse}, {"oracle", kept_oracle}, {"quest", kept_quest}, {"contiguous", kept_contiguous}}},
+      {"kept_mass", {{"icecache", kept_sparse}, {"oracle", kept_oracle}, {"quest", kept_quest}, {"contiguous", kept_contiguous},
+                     {"leaves_by_mass", kept_leaf_bound}}},
       {"quest_cpu_us_median", Median(quest_cpu_us)},
       {"query_us_median", qmed}, {"exact_us_median", emed}, {"query_over_exact", emed > 0 ? qmed / emed : 0},
       {"query_cpu_us_median", qcpu}, {"exact_cpu_us_median", ecpu}, {"query_over_exact_cpu", ecpu > 0 ? qcpu / ecpu : 0},
@@ -539,7 +567,8 @@ int RunRetrieval(int argc, char** argv) {
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
-                  {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search}}}};
+                  {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search},
+                  {"leaf_layout", a.dci.leaf_layout == kvstore::LeafLayout::kPosition ? "position" : "projection"}}}};
 
 #ifdef ICECACHE_HAVE_FAISS
   if (a.faiss) {
@@ -607,8 +636,8 @@ int RunRetrieval(int argc, char** argv) {
     std::printf("  mass recall %.4f (oracle pages %.4f)  top-page recall %.4f  tokens %d  scored/query %.0f in %.0f cells\n", mass,
                 oracle_mass, page_recall, T, tokens_scored / nq, cells_expanded / nq);
     std::printf("  kept attention mass: icecache %.4f, oracle pages %.4f, exact contiguous pages %.4f, quest %.4f"
-                " (quest query %.1f us thread cpu)\n",
-                kept_sparse, kept_oracle, kept_contiguous, kept_quest, Median(quest_cpu_us));
+                " (quest query %.1f us thread cpu); the tree's leaves of most mass %.4f\n",
+                kept_sparse, kept_oracle, kept_contiguous, kept_quest, Median(quest_cpu_us), kept_leaf_bound);
     std::printf("  query %.1f us median, exact scan %.1f us  (ratio %.3f)   [thread cpu: %.1f vs %.1f us, ratio %.3f]\n", qmed,
                 emed, emed > 0 ? qmed / emed : 0, qcpu, ecpu, ecpu > 0 ? qcpu / ecpu : 0);
     std::printf("  queries back to back: %.1f us thread cpu median\n", Median(b2b_cpu_us));

@@ -15,6 +15,7 @@ namespace icecache::kvstore {
 namespace {
 
 std::string Num(double v) { return std::to_string(v); }
+bool PositionLayout(LeafLayout l) { return l == LeafLayout::kPosition; }
 
 }  // namespace
 
@@ -41,6 +42,12 @@ Status ValidateDciParams(const DciParams& p) {
   if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))
     return InvalidArgumentError("DciParams.promote_fraction must be in [0, 1), got " + Num(p.promote_fraction));
   if (!(p.norm_headroom >= 1)) return InvalidArgumentError("DciParams.norm_headroom must be >= 1, got " + Num(p.norm_headroom));
+  if (static_cast<uint8_t>(p.leaf_layout) > 1)
+    return InvalidArgumentError("DciParams.leaf_layout must be kProjection (0) or kPosition (1), got " +
+                                std::to_string(static_cast<int>(p.leaf_layout)));
+  if (PositionLayout(p.leaf_layout) && p.cell_score_fraction != 1)
+    return InvalidArgumentError("DciParams.leaf_layout kPosition needs cell_score_fraction = 1 (a partial cell scan walks "
+                                "leaves in projection order), got cell_score_fraction " + Num(p.cell_score_fraction));
   return Status::Ok();
 }
 
@@ -195,6 +202,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   leaf_tokens_.assign(total_leaves * page_size_, -1);
   int32_t next_leaf = 0;
   std::vector<std::pair<float, int32_t>> ch;  // (projection, token): sorted by both, as the cell's order
+  const bool by_position = PositionLayout(params_.leaf_layout);
   for (size_t c = 0; c < num_cells; ++c) {
     ch.clear();
     for (int32_t i = start[c]; i < start[c + 1]; ++i) {
@@ -202,7 +210,8 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       order_proj_[t] = OrderProjection(t);
       ch.emplace_back(order_proj_[t], t);
     }
-    std::sort(ch.begin(), ch.end());
+    // members[] is in token order, so ch is too: the position layout keeps that order.
+    if (!by_position) std::sort(ch.begin(), ch.end());
     const int64_t cnt = static_cast<int64_t>(ch.size());
     const int64_t nl = (cnt + page_size_ - 1) / page_size_;
     size_t pos = 0;
@@ -210,7 +219,8 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
       const int32_t leaf = next_leaf++;
       cells_[c].leaves.push_back(leaf);
       leaf_cell_[leaf] = static_cast<int32_t>(c);
-      const int take = static_cast<int>(cnt / nl + (i < cnt % nl ? 1 : 0));
+      const int take = by_position ? static_cast<int>(std::min<int64_t>(page_size_, cnt - static_cast<int64_t>(pos)))
+                            : static_cast<int>(cnt / nl + (i < cnt % nl ? 1 : 0));
       for (int s = 0; s < take; ++s, ++pos) {
         const int32_t t = ch[pos].second;
         leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s] = t;
@@ -476,6 +486,7 @@ Status DciTree::CheckInvariants() const {
     }
   }
   if (total != n) return fail("leaves hold " + std::to_string(total) + " tokens, tree has " + std::to_string(n));
+  const bool by_position = PositionLayout(params_.leaf_layout);
   std::vector<int64_t> counts(level_counts_.size(), 0);
   for (int64_t t = 0; t < n; ++t) {
     if (level_[t] < 0 || level_[t] >= num_levels()) return fail("bad level");
@@ -491,17 +502,27 @@ Status DciTree::CheckInvariants() const {
     const Cell& cell = cells_[c];
     if (cell.owner >= 0 && node_cell_[cell.owner] != static_cast<int32_t>(c)) return fail("cell owner map disagrees");
     float prev = -INFINITY;
+    int32_t prev_t = -1;
     int64_t cell_count = 0;
     for (int32_t leaf : cell.leaves) cell_count += leaf_valid_[leaf];
     if (cell_count != cell.count) return fail("cell child count disagrees");
     for (int32_t leaf : cell.leaves) {
       if (leaf_cell_[leaf] != static_cast<int32_t>(c)) return fail("leaf listed in a cell it does not belong to");
       for (int s = 0; s < leaf_valid_[leaf]; ++s) {
-        const float p = order_proj_[leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s]];
+        const int32_t t = leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s];
+        if (by_position) {
+          if (t <= prev_t) return fail("cell " + std::to_string(c) + " leaves not in token order");
+          prev_t = t;
+          continue;
+        }
+        const float p = order_proj_[t];
         if (p < prev) return fail("cell " + std::to_string(c) + " leaves not in projection order");
         prev = p;
       }
     }
+    if (params_.leaf_layout == LeafLayout::kPosition)
+      for (size_t i = 0; i + 1 < cell.leaves.size(); ++i)
+        if (leaf_valid_[cell.leaves[i]] != page_size_) return fail("cell " + std::to_string(c) + " has a partial leaf before its last");
     if (cell.epoch == epoch_) {
       for (int32_t leaf : cell.leaves)
         for (int s = 0; s < leaf_valid_[leaf]; ++s) {

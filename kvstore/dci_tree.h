@@ -12,10 +12,12 @@
 //    l attaches to its nearest node of level l+1 (exact when that level has <=
 //    exact_parent_max_nodes nodes, prioritized DCI with m simple x L composite random unit
 //    directions in R^(d+1) above); top-level nodes belong to a root cell.
-//  * A node's children form its "cell", kept in order of their projection on direction 0 as a
-//    chain of leaves; each leaf is one page per payload, holding its tokens compactly in slots
-//    [0, valid). A cell of c children is spread evenly over ceil(c / page_size) leaves at build;
-//    on insertion a full leaf splits half/half into a new page.
+//  * A node's children form its "cell", a chain of leaves; each leaf is one page per payload,
+//    holding its tokens compactly in slots [0, valid). How a cell is cut is DciParams::leaf_layout:
+//    kProjection (the reference) keeps the children in order of their projection on direction 0,
+//    spreads a cell of c children evenly over ceil(c / page_size) leaves at build, and on
+//    insertion splits a full leaf half/half into a new page; kPosition (Flat()) keeps them in
+//    token order in full leaves (only the last is partial) and appends insertions.
 //  * Query: start from the root cell; on each level keep the field of view
 //    fov = max(fov_min, fov_fraction * n, fov_sqrt * sqrt(n)) best nodes (exact q.k) and expand their cells, scoring
 //    about cell_score_fraction of each cell's children exactly (the leaves nearest the query in
@@ -63,6 +65,19 @@ namespace icecache::kvstore {
 
 class DciIndex;
 
+// How the children of a cell are cut into leaves (pages); docs/kvstore.md, "Leaf layout".
+enum class LeafLayout : uint8_t {
+  // In order of their projection on direction 0, spread evenly over ceil(c / page_size) leaves;
+  // an insertion joins the leaf its projection falls in and a full leaf splits half/half (the
+  // reference). Needed when a query scores only part of a cell (cell_score_fraction < 1).
+  kProjection = 0,
+  // In token order, each leaf filled to page_size before the next starts (only a cell's last leaf
+  // is partial); an insertion appends to the cell's last leaf (a new one when it is full), so no
+  // token ever moves. Consecutive same-topic tokens that share a cell share a page.
+  // REQUIRES cell_score_fraction = 1 (whole cells scored).
+  kPosition = 1,
+};
+
 struct DciParams {
   int num_simple = 1;                  // m: simple indices per composite index
   int num_composite = 1;               // L: composite indices
@@ -94,6 +109,7 @@ struct DciParams {
   double promote_fraction = 0.01;      // inserted tokens promoted to level 1 (new cells), [0, 1)
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling
+  LeafLayout leaf_layout = LeafLayout::kProjection;  // how cells are cut into leaves (above)
 
   // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
@@ -118,6 +134,10 @@ struct DciParams {
   // 0.182 sqrt(n)) (33 at 32k, 66 at 128k), and a GQA group expands at most fov cells in all.
   // Against Tuned() on the sparse-layer workload: 1.4-2.0x less selection CPU up to 32k, 2.3-2.7x
   // from 64k up, attention mass 97-99 % of the exact oracle's (Tuned(): 98.4-99.8 %).
+  // Leaves in token order (LeafLayout::kPosition, since the leaf-layout round of issue 16): more
+  // attention mass kept than the projection layout on all six synthetic families at 8k, 32k and
+  // 128k and on SmolLM2's real keys (mean and worst layer), build and query times equal within
+  // noise, insertion moves no token (docs/BENCHMARKS.md, "The leaf layout").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -125,6 +145,7 @@ struct DciParams {
     p.group_fov = 1;
     p.centroid_cells = true;
     p.centroid_bonus = 1;
+    p.leaf_layout = LeafLayout::kPosition;
     return p;
   }
 };
@@ -139,7 +160,8 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // Flat() since issue 16: on SmolLM2's real keys (28 sparse layers, 8k tokens, 16 pages) it keeps
 // 0.998 of the tree's best pages' attention mass on average, min 0.992 over layers (Tuned():
 // 0.995, min 0.964), and more than Tuned() on each of six harder synthetic families at 8k and 32k
-// (docs/BENCHMARKS.md, "Fidelity on SmolLM2").
+// (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
+// leaf-layout round ("The leaf layout").
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
@@ -186,7 +208,8 @@ class DciTree {
   DciTree& operator=(const DciTree&) = delete;
 
   // Inserts tokens (block.first_position must equal end_position()). Each token finds its
-  // parent by search and joins that cell in projection order; a full leaf splits. No rebuild.
+  // parent by search and joins that cell (kProjection: in projection order, a full leaf splits;
+  // kPosition: after the cell's last token, a new leaf when the last is full). No rebuild.
   // On RESOURCE_EXHAUSTED the tokens inserted before the failure stay in the tree.
   // written_pages, when given, is set to the pool pages whose contents the insertion changed
   // (sorted, unique; every payload of each leaf it wrote a row into: the leaf a token joined,
@@ -222,6 +245,7 @@ class DciTree {
   int32_t num_leaves() const { return static_cast<int32_t>(leaf_valid_.size()); }
   int32_t leaf_page(int32_t leaf, int payload = 0) const { return leaf_pages_[static_cast<size_t>(leaf) * num_payloads_ + payload]; }
   int leaf_valid(int32_t leaf) const { return leaf_valid_[leaf]; }
+  int32_t leaf_cell(int32_t leaf) const { return leaf_cell_[leaf]; }  // cells numbered by their first child's position
   // Sequence positions of the valid slots of `leaf`, in slot order.
   std::vector<int64_t> LeafPositions(int32_t leaf) const;
   TokenLocation Locate(int64_t position) const;  // REQUIRES position in range
@@ -234,7 +258,8 @@ class DciTree {
   PagePool* pool() const { return pool_; }
 
   // Verifies every structural invariant (each token in exactly one slot, location map, leaf
-  // compactness and projection order within each up-to-date cell, parent levels, page ownership).
+  // compactness, the leaf layout's order within each cell (projection order in up-to-date cells,
+  // or token order with only the last leaf partial), parent levels, page ownership).
   // INTERNAL naming the first violation.
   Status CheckInvariants() const;
 
@@ -252,7 +277,7 @@ class DciTree {
     int32_t owner = -1;               // node (tree-local token index) or -1 for the root cell
     uint32_t epoch = 0;               // re-key epoch its order was computed in
     int32_t count = 0;                // children
-    std::vector<int32_t> leaves;      // in projection order
+    std::vector<int32_t> leaves;      // in the layout's order (projection or token order)
   };
   class Scratch;
   // Level l's keys transposed for batched exact parent search ([head_dim, ld]; extra [ld]); with

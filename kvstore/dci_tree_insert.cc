@@ -212,6 +212,24 @@ Status DciTree::InsertIntoCell(int32_t cell_id, int32_t t, const TokenBlock& blo
   const float op = OrderProjection(t);
   order_proj_[t] = op;
   Cell& cell = cells_[cell_id];
+  if (params_.leaf_layout == LeafLayout::kPosition) {
+    // Token order: t is the newest token, so it goes after everything in the cell.
+    if (cell.leaves.empty() || leaf_valid_[cell.leaves.back()] == page_size_) {
+      std::vector<int32_t> pages;
+      ICE_RETURN_IF_ERROR(pool_->AllocateMany(num_payloads_, &pages).WithContext("DciTree::Insert"));
+      const int32_t nl = NewLeaf(cell_id, pages.data());
+      cells_[cell_id].leaves.push_back(nl);
+    }
+    const int32_t leaf = cells_[cell_id].leaves.back();
+    const int slot = leaf_valid_[leaf];
+    WriteToken(leaf, slot, block, i);
+    leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + slot] = t;
+    tok_leaf_[t] = leaf;
+    tok_slot_[t] = static_cast<int16_t>(slot);
+    ++leaf_valid_[leaf];
+    ++cells_[cell_id].count;
+    return Status::Ok();
+  }
   // Target leaf: the first whose last projection exceeds op (else the last leaf).
   size_t li = 0;
   if (!cell.leaves.empty()) {
@@ -266,6 +284,7 @@ void DciTree::ResortCell(int32_t cell_id) {
   for (int32_t leaf : cell.leaves)
     for (int s = 0; s < leaf_valid_[leaf]; ++s) toks.push_back(leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + s]);
   for (int32_t t : toks) order_proj_[t] = OrderProjection(t);
+  if (params_.leaf_layout == LeafLayout::kPosition) return;  // token order stands: nothing moves
   std::vector<int32_t> sorted = toks;
   std::stable_sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return order_proj_[a] < order_proj_[b]; });
   if (sorted == toks) return;

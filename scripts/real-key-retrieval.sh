@@ -3,20 +3,22 @@
 # written by `icecache-bench dump-keys --out DIR` and prints, per layer (mean over its kv heads and
 # their queries), the attention mass kept at the budget by IceCache, by the tree's own best pages
 # (oracle), by the exact best contiguous pages and by Quest, with query and build times.
-#   scripts/real-key-retrieval.sh DIR [--first-layer 2] [retrieval options, e.g. --flat, --budget-pages 8]
-# Defaults are the serving ones: the DciParams preset kvstore::kServingDciPreset (tuned; pass
-# --flat or --reference-dci to compare), bf16 pages, 16-page budget with 2 sink + 2 window pages.
+#   scripts/real-key-retrieval.sh DIR [--first-layer 2] [retrieval options, e.g. --tuned, --budget-pages 8]
+# Defaults are the serving ones: the DciParams preset kvstore::kServingDciPreset (flat; pass
+# --tuned or --reference-dci to compare, and e.g. --leaf-layout projection after it), bf16 pages,
+# 16-page budget with 2 sink + 2 window pages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/real-key-retrieval.sh DIR [--first-layer L] [retrieval options]}
 shift
 first=2
-preset=(--tuned)
+preset=(--flat)
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --first-layer) first=$2; shift ;;
     --flat) preset=(--flat) ;;
+    --tuned) preset=(--tuned) ;;
     --reference-dci) preset=() ;;
     *) extra+=("$1") ;;
   esac
