@@ -336,6 +336,7 @@ const void* DciTree::UpperRow(int32_t node) const {
 }
 
 void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream) {
+  NoteWritten(leaf);
   auto write = stream ? StreamRowFromF32 : RowFromF32;
   for (int p = 0; p < num_payloads_; ++p) {
     const int32_t page = leaf_page(leaf, p);

@@ -311,7 +311,8 @@ class DciTree {
   Status InsertIntoCell(int32_t cell, int32_t t, const TokenBlock& block, int i);
   int32_t NewLeaf(int32_t cell, const int32_t* pages);
   void MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to_slot);
-  // Records that `leaf`'s pages changed, into written_ when an Insert collects them.
+  // Records that `leaf`'s pages changed, into written_ when an Insert collects them. Every write
+  // of page rows goes through WriteToken, MoveSlot or ResortCell, which call it.
   void NoteWritten(int32_t leaf);
   // stream: non-temporal stores (StreamRowFromF32); the caller fences (StoreFence) after.
   void WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream = false);

@@ -267,7 +267,6 @@ Status DciTree::InsertIntoCell(int32_t cell_id, int32_t t, const TokenBlock& blo
   }
   for (int s = valid - 1; s >= pos; --s) MoveSlot(leaf, s, leaf, s + 1);
   WriteToken(leaf, pos, block, i);
-  NoteWritten(leaf);
   leaf_tokens_[static_cast<size_t>(leaf) * page_size_ + pos] = t;
   tok_leaf_[t] = leaf;
   tok_slot_[t] = static_cast<int16_t>(pos);

@@ -132,12 +132,15 @@ TEST(DciTreeTest, InsertKeepsInvariantsThroughSplitsAndRekeys) {
 }
 
 // Insert's written_pages lists every page whose bytes changed (compared over the whole pool),
-// across splits, re-keys (which re-sort cells) and two payloads (ICE(r) followers), and only
+// across splits, re-keys (which re-sort cells), both leaf layouts and two payloads (ICE(r) followers), and only
 // pages of the tree; the rest of the tree stays byte for byte (what keeps a device copy valid).
 TEST(DciTreeTest, InsertReportsEveryPageItChanged) {
   const int dim = 32, n0 = 1500, extra = 1200;
-  for (const int payloads : {1, 2}) {
-    SCOPED_TRACE("payloads " + std::to_string(payloads));
+  for (const int variant : {0, 1, 2, 3}) {
+    const int payloads = 1 + variant % 2;
+    // Projection-ordered leaves (splits, re-sorts) and the serving preset's position leaves.
+    const DciParams params = variant < 2 ? DciParams{} : DciParams::Flat();
+    SCOPED_TRACE("payloads " + std::to_string(payloads) + (variant < 2 ? ", projection leaves" : ", position leaves"));
     auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
     const size_t total = static_cast<size_t>(n0 + extra) * dim;
     std::vector<std::vector<float>> k, v;
@@ -157,7 +160,7 @@ TEST(DciTreeTest, InsertReportsEveryPageItChanged) {
       return TokenBlock{offset, count, kp->data(), vp->data(), static_cast<size_t>(dim)};
     };
     std::vector<const float*> kp, vp;
-    auto tree = DciTree::Build(DciParams{}, pool.get(), payloads, block(0, n0, &kp, &vp)).value();
+    auto tree = DciTree::Build(params, pool.get(), payloads, block(0, n0, &kp, &vp)).value();
     const size_t page_bytes = pool->page_bytes();
     const auto* base = static_cast<const uint8_t*>(pool->base());
     int64_t reported = 0, changed_total = 0;
