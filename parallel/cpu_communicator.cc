@@ -115,7 +115,8 @@ class CpuCommunicator final : public Communicator {
       if (dtype == kernels::DType::kF32) {
         const float* s = reinterpret_cast<const float*>(src);
         if (j == 0) {
-          std::memcpy(acc.data(), s, (hi - lo) * sizeof(float));
+          // A rank's chunk is empty when count < n: acc.data() is then null, which memcpy may not get.
+          if (hi > lo) std::memcpy(acc.data(), s, (hi - lo) * sizeof(float));
         } else {
           for (size_t i = 0; i < hi - lo; ++i) acc[i] += s[i];
         }
@@ -136,6 +137,7 @@ class CpuCommunicator final : public Communicator {
     auto* dst = static_cast<unsigned char*>(buf);
     for (int j = 0; j < n; ++j) {
       const size_t jlo = Chunk(count, j), jhi = Chunk(count, j + 1);
+      if (jhi == jlo) continue;  // an empty chunk (count < n): its scratch may be an empty vector
       const std::vector<float>& part = group_->scratch(j);
       if (dtype == kernels::DType::kF32) {
         std::memcpy(dst + jlo * es, part.data(), (jhi - jlo) * sizeof(float));

@@ -593,13 +593,13 @@ Status UcxTransport::Wait(uint64_t id, Clock::time_point deadline) {
 
 void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_data) {
   auto* batch = static_cast<SendBatch*>(user_data);
-  {
-    std::lock_guard<std::mutex> lock(batch->mu);
-    if (status != UCS_OK && batch->first_error == UCS_OK) batch->first_error = status;
-    --batch->pending;
-  }
-  batch->cv.notify_all();
   ucp_request_free(request);
+  // Notify with the lock held: once it is released, SendMessages may see pending == 0 and
+  // destroy the batch (this callback holds only a raw pointer to it).
+  std::lock_guard<std::mutex> lock(batch->mu);
+  if (status != UCS_OK && batch->first_error == UCS_OK) batch->first_error = status;
+  --batch->pending;
+  batch->cv.notify_all();
 }
 
 Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint64_t id, std::string_view token,
