@@ -102,6 +102,34 @@ double Metric(int port, const std::string& name) {
   return sum;
 }
 
+// Ports base + kPortOffsets: listen ports of router, 2 prefill, 2 decode workers, then metrics.
+constexpr int kPortOffsets[] = {0, 1, 2, 3, 4, 10, 11, 12};
+
+bool PortFree(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A random base whose ports are all free now, so that two runs on one machine do not collide
+// (a clash makes the second run's workers fail to bind and its counts meaningless). 0: none found.
+int FreePortBase() {
+  std::mt19937 rng(static_cast<uint32_t>(getpid()) ^ static_cast<uint32_t>(Clock::now().time_since_epoch().count()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 30000 + static_cast<int>(rng() % 25000);
+    bool all = true;
+    for (int off : kPortOffsets) all = all && PortFree(base + off);
+    if (all) return base;
+  }
+  return 0;
+}
+
 int CountEntries(const std::string& dir) {
   std::error_code ec;
   int n = 0;
@@ -141,13 +169,18 @@ int RunSoak(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: icecache-bench soak [--seconds S (60)] [--clients C (6)] [--kill-every S (8)]\n"
-                   "         [--max-tokens N (300)] [--cancel-share F (0.15)] [--port BASE (52300)] [--model DIR|FILE.gguf]\n"
+                   "         [--max-tokens N (300)] [--cancel-share F (0.15)] [--port BASE (a free random one)] [--model DIR|FILE.gguf]\n"
                    "         [--worker-set KEY=VALUE ...]  (--kill-every 0: no kills; --worker-set: a setting of every\n"
                    "         prefill and decode worker, after the bench's own, e.g. cache.page_size=16 for a real model)\n");
       return a == "--help" ? 0 : 2;
     }
   }
-  if (port == 0) port = 52300;
+  if (port == 0) port = FreePortBase();
+  if (port == 0) {
+    std::fprintf(stderr, "soak: no free base port found; pass --port BASE (ports BASE..BASE+12)\n");
+    return 1;
+  }
+  std::printf("soak: ports %d..%d\n", port, port + 12);
   const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
   const std::string work = fs::temp_directory_path() / ("icecache-soak-" + std::to_string(getpid()));
   fs::create_directories(work);
