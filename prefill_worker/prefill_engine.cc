@@ -15,6 +15,20 @@
 #include "transport/kv_shipping.h"
 
 namespace icecache::prefill {
+
+namespace {
+
+// A send to the decode worker that did not finish by ucx.transfer_timeout_seconds means that
+// worker is dead or unreachable (without peer failure detection a killed peer shows only as a
+// timeout): UNAVAILABLE, which the router answers by reserving afresh and prefilling again,
+// rather than DEADLINE_EXCEEDED, which reads as the client's own deadline.
+Status PeerTimeoutIsUnavailable(Status s) {
+  if (s.code() != StatusCode::kDeadlineExceeded) return s;
+  return UnavailableError("the decode worker did not take the KV within ucx.transfer_timeout_seconds (dead or "
+                          "unreachable): " + s.message());
+}
+
+}  // namespace
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -407,7 +421,7 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
   const bool notice_sent = p->notice.valid();
   if (notice_sent) {
     if (Status n = p->notice.get(); !n.ok()) {
-      return fail(n.WithContext("announcing the prefill start to the decode worker"));
+      return fail(PeerTimeoutIsUnavailable(n).WithContext("announcing the prefill start to the decode worker"));
     }
   }
   auto wire = b->cache->Serialize();
@@ -418,7 +432,9 @@ void PrefillEngine::FinishAndShip(const std::shared_ptr<SeqBuild>& b) {
   auto shipped = transport::ShipSequence(*transport_, p->job.peer, p->job.transfer_id, p->job.token, *wire, *b->pool,
                                          options_.max_segment_bytes, deadline, notice_sent);
   const auto t2 = Clock::now();
-  if (!shipped.ok()) return fail(shipped.status().WithContext("shipping the KV cache to the decode worker"));
+  if (!shipped.ok()) {
+    return fail(PeerTimeoutIsUnavailable(shipped.status()).WithContext("shipping the KV cache to the decode worker"));
+  }
   p->result.transfer_seconds = Seconds(t1, t2);
   p->result.pages_shipped = shipped->pages;
   p->result.segments_shipped = shipped->segments;

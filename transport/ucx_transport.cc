@@ -110,7 +110,13 @@ struct SendBatch {
   ucs_status_t first_error = UCS_OK;
   bool issued = false;  // all requests were posted
   ucp_ep_h ep = nullptr;  // set on the progress thread before `issued`
+  std::vector<WireHeader> headers;  // the AM headers, referenced by UCX until each send completes
 };
+
+// How long a sender past its deadline waits for the force-closed endpoint's sends to complete
+// before it gives up on them (UCX 1.13 does not always complete them: a peer killed while
+// endpoints run without peer error handling).
+constexpr auto kForceCloseGrace = std::chrono::seconds(5);
 
 class UcxTransport final : public Transport {
  public:
@@ -168,6 +174,9 @@ class UcxTransport final : public Transport {
 
   // Progress thread only.
   std::unordered_map<std::string, ucp_ep_h> endpoints_;
+  // Send batches given up on after a force-close (their requests may still complete and call
+  // OnSendDone with them): kept until the worker is destroyed. Guarded by mu_.
+  std::vector<std::shared_ptr<SendBatch>> abandoned_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a transfer changed state
@@ -607,7 +616,8 @@ Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint6
                                   Clock::time_point deadline) {
   ICE_RETURN_IF_ERROR(CheckToken(token));
   auto batch = std::make_shared<SendBatch>();
-  std::vector<WireHeader> headers(am_id == kAmData ? segments.size() : 1);
+  batch->headers.resize(am_id == kAmData ? segments.size() : 1);
+  std::vector<WireHeader>& headers = batch->headers;
   Status post_status;
   Post([&, batch] {
     StatusOr<ucp_ep_h> ep = Endpoint(peer);
@@ -651,7 +661,16 @@ Status UcxTransport::SendMessages(const std::string& peer, unsigned am_id, uint6
       if (ep) DropEndpoint(ep, /*force=*/true);
     });
     lock.lock();
-    batch->cv.wait(lock, [&] { return batch->issued && batch->pending == 0; });
+    if (!batch->cv.wait_for(lock, kForceCloseGrace, [&] { return batch->issued && batch->pending == 0; })) {
+      // Bounded: the sender (a prefill worker's ship thread) must not hang on a dead peer. The
+      // batch stays alive for late completions; UCX may still read the segments' memory, which
+      // is the sender's page pool (mapped for the process's life), to send it to a dead peer.
+      ICE_LOG(WARNING) << "transfer " << id << ": " << batch->pending
+                       << " sends still outstanding after force-closing the endpoint; giving up on them";
+      lock.unlock();
+      std::lock_guard<std::mutex> l(mu_);
+      abandoned_.push_back(batch);
+    }
     return DeadlineExceededError("sending transfer " + std::to_string(id) + " did not finish by the deadline");
   }
   if (!post_status.ok()) return post_status;
