@@ -122,7 +122,7 @@ bool PortFree(int port) {
 int FreePortBase() {
   std::mt19937 rng(static_cast<uint32_t>(getpid()) ^ static_cast<uint32_t>(Clock::now().time_since_epoch().count()));
   for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 30000 + static_cast<int>(rng() % 25000);
+    const int base = 20000 + static_cast<int>(rng() % 12000);  // below the ephemeral range (32768..)
     bool all = true;
     for (int off : kPortOffsets) all = all && PortFree(base + off);
     if (all) return base;

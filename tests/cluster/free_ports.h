@@ -31,7 +31,9 @@ inline bool PortFree(int port) {
 inline int FreePortRange(int n, uint32_t salt) {
   std::mt19937 rng(static_cast<uint32_t>(getpid()) * salt + static_cast<uint32_t>(time(nullptr)));
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int base = 20000 + static_cast<int>(rng() % 30000);
+    // Below Linux's ephemeral range (32768..60999): a port there can be taken between this check
+    // and the bind by any process's outgoing connection (seen as "Connection refused" flakes).
+    int base = 20000 + static_cast<int>(rng() % 12000);
     bool all = true;
     for (int i = 0; i < n && all; ++i) all = PortFree(base + i);
     if (all) return base;
