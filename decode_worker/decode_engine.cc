@@ -96,12 +96,11 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::Model* model
 StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(model::TpGroup* group, transport::Transport* transport,
                                                              const DecodeEngineOptions& options) {
   const model::ModelConfig& c = group->config();
-  if (c.num_kv_heads % group->size() != 0) {
-    return UnimplementedError("the decode worker splits kv heads across tensor-parallel ranks: " +
-                              std::to_string(c.num_kv_heads) + " kv heads do not divide into " +
-                              std::to_string(group->size()) + " ranks (replicated kv heads are served by `icecache "
-                              "generate --tensor-parallel` only; use a tensor_parallel_size that divides " +
-                              std::to_string(c.num_kv_heads) + ")");
+  if (c.num_kv_heads % group->size() != 0 && group->size() % c.num_kv_heads != 0) {
+    return InvalidArgumentError("the decode worker splits kv heads across tensor-parallel ranks or replicates them: " +
+                                std::to_string(c.num_kv_heads) + " kv heads neither divide into nor replicate onto " +
+                                std::to_string(group->size()) + " ranks (use a tensor_parallel_size that divides " +
+                                std::to_string(c.num_kv_heads) + " or is a multiple of it)");
   }
   model::AttentionShape shape = group->rank(0).attention_shape();
   shape.num_q_heads = c.num_heads;
@@ -186,7 +185,9 @@ int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_
   // leaf per cell; cells are ~1-2% of tokens) and the window's partial page.
   int64_t per_head = (tokens + ps - 1) / ps + 2;
   if (budget_pages != 0) per_head += per_head / 4 + 2;
-  return per_head * shape.num_layers * shape.num_kv_heads;
+  // Replicated kv heads (more ranks than kv heads): every rank holds its own copy of its head.
+  const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>(ranks_.size()) / shape.num_kv_heads);
+  return per_head * shape.num_layers * shape.num_kv_heads * copies;
 }
 
 StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages,

@@ -24,8 +24,10 @@
 // sequence arrives whole (every kv head, one transfer, whatever the prefill worker's TP size) and
 // is split by head at import (kvstore::SequenceCache::SplitByHead: pages and trees move to the
 // rank that owns the heads, nothing is copied), so each rank selects, reads and attends over its
-// own heads' pages with no communication beyond the model's all-reduces. Needs num_kv_heads
-// divisible by the group size (replicated kv heads are refused at Create).
+// own heads' pages with no communication beyond the model's all-reduces. With more ranks than kv
+// heads (a group size that is a multiple of num_kv_heads) the heads are replicated: each rank
+// gets its own copy of its one kv head (SplitByHead clones the pages), and the admission
+// estimate counts every copy.
 //
 // Thread safety: all public methods may be called from any thread.
 #pragma once
@@ -132,7 +134,7 @@ class DecodeEngine {
   static StatusOr<std::unique_ptr<DecodeEngine>> Create(model::Model* model, transport::Transport* transport,
                                                         const DecodeEngineOptions& options);
   // The same over the ranks of a tensor-parallel group (not owned, must outlive the engine).
-  // UNIMPLEMENTED when the group's size does not divide num_kv_heads (replicated kv heads).
+  // INVALID_ARGUMENT when the group's size neither divides num_kv_heads nor is a multiple of it.
   static StatusOr<std::unique_ptr<DecodeEngine>> Create(model::TpGroup* group, transport::Transport* transport,
                                                         const DecodeEngineOptions& options);
   ~DecodeEngine();

@@ -50,15 +50,34 @@ StatusOr<std::vector<std::unique_ptr<SequenceCache>>> SequenceCache::SplitByHead
                                                                                   int parts) {
   if (whole == nullptr) return InvalidArgumentError("SequenceCache::SplitByHead: no cache");
   const int kv = whole->options_.num_kv_heads;
-  if (parts < 1 || kv % parts != 0) {
-    return InvalidArgumentError("SequenceCache::SplitByHead: " + std::to_string(kv) + " kv heads do not split into " +
-                                std::to_string(parts) + " equal parts");
+  if (parts < 1 || (kv % parts != 0 && parts % kv != 0)) {
+    return InvalidArgumentError("SequenceCache::SplitByHead: " + std::to_string(kv) +
+                                " kv heads neither split into nor replicate onto " + std::to_string(parts) +
+                                " equal parts");
   }
   if (whole->broken_) return FailedPreconditionError("SequenceCache::SplitByHead: the cache is broken");
   if (whole->build_n_ >= 0) return FailedPreconditionError("SequenceCache::SplitByHead: a layered build is in progress");
   std::vector<std::unique_ptr<SequenceCache>> out;
   if (parts == 1) {
     out.push_back(std::move(whole));
+    return out;
+  }
+  if (parts > kv) {
+    // Replication: part p = h * rep + c is copy c of head h. Copies 1.. are made first, so that a
+    // full pool leaves `whole` as it was; each copy then splits into its kv single-head parts.
+    const int rep = parts / kv;
+    std::vector<std::unique_ptr<SequenceCache>> copies(static_cast<size_t>(rep));
+    for (int c = 1; c < rep; ++c) {
+      auto copy = whole->Clone();
+      if (!copy.ok()) return copy.status().WithContext("SequenceCache::SplitByHead: replicating kv heads");
+      copies[c] = std::move(copy).value();
+    }
+    copies[0] = std::move(whole);
+    out.resize(static_cast<size_t>(parts));
+    for (int c = 0; c < rep; ++c) {
+      ICE_ASSIGN_OR_RETURN(auto heads, SplitByHead(std::move(copies[c]), kv));
+      for (int h = 0; h < kv; ++h) out[static_cast<size_t>(h) * rep + c] = std::move(heads[h]);
+    }
     return out;
   }
   const int per = kv / parts;

@@ -146,6 +146,13 @@ class SequenceCache {
   // that push nothing.
   const std::vector<int32_t>& pages_changed() const { return pages_changed_; }
 
+  // An independent copy in the same pool: new pages with the same contents, the same tokens,
+  // lists and trees (through the wire form, so the copy is what a decode worker would receive).
+  // RESOURCE_EXHAUSTED when the pool lacks the pages (nothing is allocated then);
+  // FAILED_PRECONDITION as Serialize (a broken cache, the token-order layout) and in the middle
+  // of a layered build.
+  StatusOr<std::unique_ptr<SequenceCache>> Clone() const;
+
   // Wire form (see SequenceWire). Pages listed per (layer, head): sink, window, dense, tree.
   StatusOr<SequenceWire> Serialize() const;
   // Rebuilds a cache in `pool` from metadata and destination page ids (same order as
@@ -159,9 +166,15 @@ class SequenceCache {
   // Splits a sequence by kv head into `parts` caches of num_kv_heads / parts heads each: part p
   // holds global heads [p * heads, (p + 1) * heads) as its heads 0.., in the same pool, with the
   // same tokens, options and trees (a tensor-parallel rank's heads, docs/parallel.md). The pages
-  // and trees move into the parts; nothing is copied, and `whole` ends empty. INVALID_ARGUMENT
-  // when parts does not divide num_kv_heads (or is < 1); FAILED_PRECONDITION for a broken cache
-  // or one in the middle of a layered build (nothing moves then).
+  // and trees move into the parts; nothing is copied, and `whole` ends empty.
+  // With more parts than kv heads (parts a multiple of num_kv_heads: replicated kv heads), part p
+  // holds global head p / (parts / num_kv_heads) alone: the first part of each head takes `whole`'s
+  // pages and tree, the others independent copies (Clone), so the pool then holds
+  // parts / num_kv_heads times the sequence's pages.
+  // INVALID_ARGUMENT when parts neither divides num_kv_heads nor is a multiple of it (or is < 1);
+  // FAILED_PRECONDITION for a broken cache or one in the middle of a layered build;
+  // RESOURCE_EXHAUSTED when the pool cannot hold the copies. On every error `whole` is released
+  // (its pages and any copies' go back to the pool) and nothing is returned.
   static StatusOr<std::vector<std::unique_ptr<SequenceCache>>> SplitByHead(std::unique_ptr<SequenceCache> whole,
                                                                            int parts);
 

@@ -4,6 +4,7 @@
 //   metadata (DciTree::Serialize). Pages are never referenced by id: they are consumed in order
 //   from the shipped page list (sink, window, dense, tree leaves x payloads per (layer, head)).
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "kvstore/sequence_cache.h"
@@ -180,6 +181,24 @@ StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Deserialize(const uint8_
     }
     return err;
   }
+  return c;
+}
+
+StatusOr<std::unique_ptr<SequenceCache>> SequenceCache::Clone() const {
+  // The wire form describes everything a decode continues from; copying the pages it lists into
+  // fresh ones and reading the form back over them gives an independent cache.
+  if (build_n_ >= 0) return FailedPreconditionError("SequenceCache::Clone: a layered build is in progress");
+  ICE_ASSIGN_OR_RETURN(SequenceWire w, Serialize());
+  std::vector<int32_t> dst;
+  ICE_RETURN_IF_ERROR(
+      pool_->AllocateMany(static_cast<int64_t>(w.pages.size()), &dst).WithContext("SequenceCache::Clone"));
+  for (size_t i = 0; i < dst.size(); ++i) std::memcpy(pool_->PageK(dst[i]), pool_->PageK(w.pages[i]), pool_->page_bytes());
+  auto c = Deserialize(w.metadata.data(), w.metadata.size(), dst.data(), dst.size(), pool_);
+  if (!c.ok()) {
+    pool_->FreeMany(dst).IgnoreError();
+    return c.status().WithContext("SequenceCache::Clone");
+  }
+  (*c)->built_layers_ = built_layers_;
   return c;
 }
 

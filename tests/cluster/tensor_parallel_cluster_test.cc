@@ -9,8 +9,9 @@
 //    completes with 40 tokens;
 //  * the decode worker exports icecache_collective_seconds and icecache_rank_step_seconds for each
 //    of its ranks.
-// The fixtures are real checkpoints (tests/fixtures/models) whose kv heads divide by the TP
-// sizes; KV is kept in fp32 so that `full` is exact.
+// Also 1/4 and 1/2 with more decode ranks than kv heads (each rank a copy of its kv head). The
+// fixtures are real checkpoints (tests/fixtures/models); KV is kept in fp32 so that `full` is
+// exact.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -173,14 +174,25 @@ TEST(TensorParallelCluster, TwoRankPrefillFourRankDecodeGivesOneProcessTokens) {
   ExpectClusterMatchesOneProcess(Fixture("qwen3_qknorm_tied_bf16"), 2, 4);
 }
 
-// A decode worker that would have to replicate kv heads (1 kv head, 2 ranks) refuses to start,
-// and the cluster says so (exit 1) instead of serving.
-TEST(TensorParallelCluster, DecodeWorkerRefusesReplicatedKvHeads) {
+// More decode ranks than kv heads: each rank decodes over its own copy of its kv head's pages
+// and tree (llama_gqa_f32: 4 q heads over 2 kv heads on 4 ranks, one q head each; the llama3
+// fixture: 4 q heads over 1 kv head on 2 ranks, bf16 weights, sharded safetensors).
+TEST(TensorParallelCluster, OneRankPrefillFourRankDecodeReplicatesKvHeads) {
+  ExpectClusterMatchesOneProcess(Fixture("llama_gqa_f32"), 1, 4);
+}
+
+TEST(TensorParallelCluster, TwoRankDecodeReplicatesTheOneKvHead) {
+  ExpectClusterMatchesOneProcess(Fixture("llama3_scaling_tied_bf16_sharded"), 1, 2);
+}
+
+// A decode worker whose ranks do not divide the heads (4 q and 2 kv heads on 3 ranks) refuses to
+// start, and the cluster says so (exit 1) instead of serving.
+TEST(TensorParallelCluster, DecodeWorkerRefusesRanksThatDoNotDivideTheHeads) {
   const int port = FreePortRange(3, 7727u);
   ASSERT_GT(port, 0);
-  const pid_t cluster = Spawn({kBin + "icecache", "cluster", "--model", Fixture("llama3_scaling_tied_bf16_sharded"),
-                               "--port", std::to_string(port), "--decode-tp", "2", "--device", "cpu", "--once",
-                               "--set", "ucx.net_devices=lo"});
+  const pid_t cluster = Spawn({kBin + "icecache", "cluster", "--model", Fixture("llama_gqa_f32"), "--port",
+                               std::to_string(port), "--decode-tp", "3", "--device", "cpu", "--once", "--set",
+                               "ucx.net_devices=lo"});
   EXPECT_EQ(WaitExit(cluster), 1);
 }
 

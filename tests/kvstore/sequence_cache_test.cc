@@ -308,7 +308,7 @@ TEST(SequenceCacheTest, SplitByHeadEqualsBuildingEachPartsHeads) {
   auto odd = SequenceCache::Create(Opts(layers, 3), pool.get()).value();
   auto refused = SequenceCache::SplitByHead(std::move(odd), 2);
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("3 kv heads do not split into 2"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("3 kv heads neither split into nor replicate onto 2"), std::string::npos);
 
   auto split = SequenceCache::SplitByHead(std::move(whole), parts);
   ASSERT_TRUE(split.ok()) << split.status().ToString();
@@ -344,6 +344,79 @@ TEST(SequenceCacheTest, SplitByHeadEqualsBuildingEachPartsHeads) {
   }
   EXPECT_EQ(sum, held);  // each part counted before its own appends
   split->clear();
+  EXPECT_EQ(pool->used_pages(), 0);
+}
+
+// More tensor-parallel ranks than kv heads: each part is one head's cache, as building that head
+// alone gives; the two parts of a head are independent copies (appending to one leaves the
+// other as it was), the pool holds the pages once per copy, and a pool too small for the copies
+// refuses with RESOURCE_EXHAUSTED and leaks nothing.
+TEST(SequenceCacheTest, SplitByHeadReplicatesKvHeadsOntoMoreParts) {
+  const int layers = 4, nkv = 2, dim = 16, nq = 1, parts = 4, rep = parts / nkv;
+  ModelKv m = RandomKv(layers, nkv, dim, 700, 33);
+  SequenceCacheOptions o = Opts(layers, nkv);
+  o.ice_group = 2;
+  {
+    auto small = MakePool(dim, 500);  // room for the sequence, not for a second copy
+    auto whole = SequenceCache::Create(o, small.get()).value();
+    ASSERT_TRUE(whole->Build(m.kp.data(), m.vp.data(), 600).ok());
+    const int64_t used = small->used_pages();
+    ASSERT_GT(2 * used, small->capacity_pages());
+    auto full = SequenceCache::SplitByHead(std::move(whole), parts);
+    EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted) << full.status().ToString();
+    EXPECT_EQ(small->used_pages(), 0) << used << " pages were held";  // the sequence and its partial copies freed
+  }
+  auto pool = MakePool(dim, 8000);
+  auto three = SequenceCache::Create(o, pool.get()).value();
+  EXPECT_EQ(SequenceCache::SplitByHead(std::move(three), 3).status().code(), StatusCode::kInvalidArgument);
+
+  auto whole = SequenceCache::Create(o, pool.get()).value();
+  ASSERT_TRUE(whole->Build(m.kp.data(), m.vp.data(), 600).ok());
+  AppendRange(whole.get(), m, 600, 630);
+  const int64_t used = pool->used_pages();
+  auto split = SequenceCache::SplitByHead(std::move(whole), parts);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_EQ(split->size(), static_cast<size_t>(parts));
+  EXPECT_EQ(pool->used_pages(), rep * used);  // one copy of every page per replica
+
+  std::vector<std::unique_ptr<SequenceCache>> refs;
+  std::vector<ModelKv> heads;
+  for (int h = 0; h < nkv; ++h) {
+    heads.push_back(HeadsOf(m, h, 1));
+    SequenceCacheOptions ro = Opts(layers, 1);
+    ro.ice_group = 2;
+    refs.push_back(SequenceCache::Create(ro, pool.get()).value());
+    ASSERT_TRUE(refs[h]->Build(heads[h].kp.data(), heads[h].vp.data(), 600).ok());
+    AppendRange(refs[h].get(), heads[h], 600, 630);
+  }
+  for (int p = 0; p < parts; ++p) {
+    SequenceCache& part = *(*split)[p];
+    const int h = p / rep;
+    EXPECT_EQ(part.options().num_kv_heads, 1);
+    EXPECT_EQ(part.num_tokens(), 630);
+    EXPECT_EQ(part.Serialize().value().metadata, refs[h]->Serialize().value().metadata) << "part " << p;
+    ExpectAllTokens(part, *pool, heads[h]);
+  }
+  // The first copy of head 0 decodes on; its sibling (part 1) is untouched and still equals the
+  // reference before those tokens, page for page.
+  const std::vector<uint8_t> before = (*split)[1]->Serialize().value().metadata;
+  AppendRange((*split)[0].get(), heads[0], 630, 700);
+  AppendRange(refs[0].get(), heads[0], 630, 700);
+  EXPECT_EQ((*split)[0]->Serialize().value().metadata, refs[0]->Serialize().value().metadata);
+  EXPECT_EQ((*split)[1]->Serialize().value().metadata, before);
+  EXPECT_EQ((*split)[1]->num_tokens(), 630);
+  std::vector<float> q(nq * dim, 0.25f);
+  Retriever r(RetrievalPolicy{16, RetrievalMode::kSparse});
+  for (int layer = 0; layer < layers; ++layer) {
+    if ((*split)[0]->LeaderOf(layer) != layer) continue;
+    PageSelection a, b;
+    ASSERT_TRUE(r.Select({(*split)[0].get()}, layer, q.data(), nq, &a).ok());
+    ASSERT_TRUE(r.Select({refs[0].get()}, layer, q.data(), nq, &b).ok());
+    EXPECT_EQ(a.tree_leaf, b.tree_leaf);
+    EXPECT_EQ(a.page_valid, b.page_valid);
+  }
+  split->clear();
+  refs.clear();
   EXPECT_EQ(pool->used_pages(), 0);
 }
 
