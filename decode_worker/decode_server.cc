@@ -81,6 +81,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     resp->set_sequence_id(admitted->id);
     resp->set_reservation_token(admitted->token);
     resp->set_transport_address(engine_->transport_address());
+    resp->set_kv_protocol_version(transport::KvProtocolVersion());
     return grpc::Status::OK;
   }
 

@@ -48,6 +48,13 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
                           "decode_transport_address has " + std::to_string(req->decode_transport_address().size()) +
                               " bytes: it must be 1.." + std::to_string(transport::kMaxTransportAddressBytes));
     }
+    if (req->decode_kv_protocol_version() != 0 && req->decode_kv_protocol_version() != transport::KvProtocolVersion()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "the decode worker speaks KV wire version " + std::to_string(req->decode_kv_protocol_version()) +
+                              ", this prefill worker " + std::to_string(transport::KvProtocolVersion()) +
+                              ": the two run incompatible icecache builds and cannot exchange KV; run one version "
+                              "across the cluster's workers");
+    }
     if (req->reservation_token().size() != transport::kKvTokenBytes) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "reservation_token must be the " + std::to_string(transport::kKvTokenBytes) +

@@ -550,6 +550,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       *pr.mutable_sampling() = sampling;
       pr.set_sequence_id(reserved.sequence_id());
       pr.set_decode_transport_address(reserved.transport_address());
+      pr.set_decode_kv_protocol_version(reserved.kv_protocol_version());
       pr.set_reservation_token(reserved.reservation_token());
       pr.set_build_index(budget != 0);
       bool fresh_reservation = false;  // the last attempt failed UNAVAILABLE: reserve again first
@@ -574,6 +575,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
           if (generated.empty()) first_decoder = decoder.address;
           pr.set_sequence_id(reserved.sequence_id());
           pr.set_decode_transport_address(reserved.transport_address());
+          pr.set_decode_kv_protocol_version(reserved.kv_protocol_version());
           pr.set_reservation_token(reserved.reservation_token());
           fresh_reservation = false;
           metrics_->prefill_retries.Increment();

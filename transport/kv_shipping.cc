@@ -33,6 +33,8 @@ std::string DTypeLabel(uint32_t d) {
 
 }  // namespace
 
+uint32_t KvProtocolVersion() { return kTransportWireVersion * 10000 + kVersion * 100 + kvstore::kKvWireVersion; }
+
 StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer, uint64_t id,
                                    std::string_view token, const kvstore::SequenceWire& wire,
                                    const kvstore::PagePool& pool, size_t max_segment_bytes,

@@ -60,6 +60,15 @@ StatusOr<KvShipStats> ShipSequence(Transport& transport, const std::string& peer
                                    const kvstore::PagePool& pool, size_t max_segment_bytes,
                                    Clock::time_point deadline, bool notice_sent = false);
 
+// The version of everything one KV transfer puts on the wire between a prefill and a decode
+// worker: the transport's message header (kTransportWireVersion), this ship protocol and the
+// sequence's wire form (kvstore::kKvWireVersion), as one number. Two workers of different
+// versions cannot exchange KV (the receiver would drop or refuse every message, and the request
+// would fail only at the KV timeout), so the decode worker states its version in
+// ReserveResponse.kv_protocol_version and the prefill worker refuses a PrefillRequest naming
+// another (FAILED_PRECONDITION, both versions named) before it computes anything.
+uint32_t KvProtocolVersion();
+
 // The start notice: tells the receiver of transfer `id` (with its `token`) that its prefill has
 // started.
 inline constexpr uint32_t kPrefillStartedSegment = 0xFFFFFFFFu;

@@ -48,6 +48,11 @@ inline constexpr size_t kMaxTransportAddressBytes = 4096;
 // INVALID_ARGUMENT.
 inline constexpr size_t kTransferTokenBytes = 16;
 
+// Version of the transport's own message format (the per-message header); bump it whenever that
+// changes. 2: the 32-byte header with the transfer's token. Part of KvProtocolVersion
+// (transport/kv_shipping.h), which workers compare before shipping.
+inline constexpr uint32_t kTransportWireVersion = 2;
+
 // Returns where segment `index` of `bytes` bytes is to be written (at least `bytes` writable), or
 // an error, which fails the transfer (Wait returns it; the sender's Send sees an error too).
 // Called on the transport's progress thread: it must be quick and must not call the Transport.

@@ -17,6 +17,7 @@
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/cluster/free_ports.h"
 #include "tests/cluster/process_util.h"
+#include "transport/kv_shipping.h"
 
 namespace icecache::testing {
 namespace {
@@ -430,6 +431,34 @@ TEST_F(ClusterFailureTest, KvShippedWithAWrongTokenNeverLands) {
   EXPECT_EQ(cluster_->decode[0]->stats().used_pages, 0) << "a stranger's KV landed in the pool";
   grpc::Status s = DecodeOn(*dec, r.sequence_id(), r.reservation_token(), /*kv_wait=*/0.5);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  ExpectDecodeIdle(*cluster_->decode[0]);
+}
+
+// Workers of incompatible builds never exchange KV: Reserve states the decode worker's KV wire
+// version, and a PrefillRequest naming another is FAILED_PRECONDITION with both versions before
+// anything is computed or shipped (the router passes the version through; it also serves every
+// other test here). The reservation is then released by its owner and nothing stays held.
+TEST_F(ClusterFailureTest, PrefillRefusesADecodeWorkerOfAnotherKvWireVersion) {
+  auto dec = v1::DecodeWorker::NewStub(cluster::MakeChannel(cluster_->decode[0]->address()));
+  auto pre = v1::PrefillWorker::NewStub(cluster::MakeChannel(cluster_->prefill[0]->address()));
+  const std::vector<int32_t> prompt = Prompt(20, 6);
+  v1::ReserveResponse r = ReserveOn(*dec, static_cast<int>(prompt.size()), 4);
+  ASSERT_EQ(r.kv_protocol_version(), transport::KvProtocolVersion());
+  v1::PrefillRequest pr;
+  pr.mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  pr.set_sequence_id(r.sequence_id());
+  pr.set_decode_transport_address(r.transport_address());
+  pr.set_reservation_token(r.reservation_token());
+  pr.set_decode_kv_protocol_version(r.kv_protocol_version() + 1);
+  v1::PrefillResponse presp;
+  grpc::ClientContext ctx;
+  grpc::Status s = pre->Prefill(&ctx, pr, &presp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("KV wire version " + std::to_string(r.kv_protocol_version() + 1)), std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("incompatible icecache builds"), std::string::npos) << s.error_message();
+  EXPECT_EQ(cluster_->decode[0]->stats().used_pages, 0) << "KV was shipped to a decode worker of another version";
+  EXPECT_TRUE(ReleaseOn(*dec, r.sequence_id(), r.reservation_token()).ok());
   ExpectDecodeIdle(*cluster_->decode[0]);
 }
 
