@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -146,7 +147,32 @@ struct Counts {
   int64_t no_final = 0;        // OK without a final response
   int64_t tokens = 0;
   std::map<std::string, int64_t> error_codes;
+  // Clear errors by cause: the message with addresses and numbers masked ("#"), with the
+  // seconds since the last kill (and its worker) of the first and last one seen.
+  struct Cause {
+    int64_t n = 0;
+    std::string example;
+    double first_after_kill = -1, last_after_kill = -1;
+    std::string first_killed, last_killed;
+  };
+  std::map<std::string, Cause> causes;
 };
+
+// `message` with every run of digits (addresses, ports, counts, times) replaced by "#", so that
+// errors of one cause group together.
+std::string MessageShape(const std::string& message) {
+  std::string out;
+  for (size_t i = 0; i < message.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(message[i]))) {
+      while (i + 1 < message.size() && (std::isdigit(static_cast<unsigned char>(message[i + 1])) || message[i + 1] == '.'))
+        ++i;
+      out += '#';
+    } else {
+      out += message[i];
+    }
+  }
+  return out;
+}
 
 int RunSoak(int argc, char** argv) {
   double seconds = 60, kill_every = 8;
@@ -286,6 +312,8 @@ int RunSoak(int argc, char** argv) {
 
   std::mutex mu;
   Counts counts;
+  Clock::time_point last_kill{};  // guarded by mu
+  std::string last_killed;        // guarded by mu
   std::atomic<bool> stop{false};
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::vector<std::thread> threads;
@@ -322,6 +350,15 @@ int RunSoak(int argc, char** argv) {
         } else if (!s.message().empty()) {
           ++counts.clear_errors;
           ++counts.error_codes[std::string(StatusCodeName(s.code()))];
+          auto& cause = counts.causes[std::string(StatusCodeName(s.code())) + ": " + MessageShape(s.message())];
+          const double after = last_killed.empty() ? -1 : std::chrono::duration<double>(Clock::now() - last_kill).count();
+          if (cause.n++ == 0) {
+            cause.example = s.message();
+            cause.first_after_kill = after;
+            cause.first_killed = last_killed;
+          }
+          cause.last_after_kill = after;
+          cause.last_killed = last_killed;
         } else {
           ++counts.no_final;
         }
@@ -340,7 +377,13 @@ int RunSoak(int argc, char** argv) {
       kill(c.pid, SIGKILL);
       waitpid(c.pid, nullptr, 0);
       (order[k % 4] >= 2 ? kills_decode : kills_prefill)++;
-      std::fprintf(stderr, "soak: kill -9 %s\n", c.name.c_str());
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        last_kill = Clock::now();
+        last_killed = c.name;
+      }
+      std::fprintf(stderr, "soak: kill -9 %s at %.1f s\n", c.name.c_str(),
+                   std::chrono::duration<double>(Clock::now() - (end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)))).count());
       c.pid = SpawnChild(c, work + "/" + c.name + ".log");
     }
   });
@@ -380,6 +423,11 @@ int RunSoak(int argc, char** argv) {
               static_cast<long long>(counts.lost_or_dup), static_cast<long long>(counts.no_final), migrations,
               static_cast<long long>(counts.tokens));
   for (auto& [code, n] : counts.error_codes) std::printf("soak: errors %s: %lld\n", code.c_str(), static_cast<long long>(n));
+  for (auto& [shape, c] : counts.causes) {
+    std::printf("soak: %lld x %s\n      first %.1f s after killing %s, last %.1f s after killing %s; e.g. \"%s\"\n",
+                static_cast<long long>(c.n), shape.c_str(), c.first_after_kill, c.first_killed.c_str(),
+                c.last_after_kill, c.last_killed.c_str(), c.example.c_str());
+  }
   std::printf("soak: decode pools usage after: %g, %g; router requests running: %g; router fds %d -> %d, threads %d -> %d; "
               "router %s\n",
               usage0, usage1, running, fds_before, fds_after, threads_before, threads_after,

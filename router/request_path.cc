@@ -104,6 +104,29 @@ const char* FinishName(pb::FinishReason r) {
   }
 }
 
+// The retry policy's wait (WorkerPool::AwaitReady) before retry `attempt` of a call that failed
+// with `why`, at most policy.wait_seconds from now: OK when a `role` worker is ready; CANCELLED
+// when the client cancels meanwhile; DEADLINE_EXCEEDED when the request's own deadline comes
+// first; otherwise UNAVAILABLE saying that no such worker became ready in time.
+Status AwaitWorker(WorkerPool* pool, const std::string& role, const RetryPolicy& policy, int attempt,
+                   RequestContext& ctx, const std::string& why) {
+  const auto wait_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(policy.wait_seconds));
+  const auto until = std::min(ctx.deadline(), wait_end);
+  Status s = pool->AwaitReady(policy, attempt, until, [&] { return ctx.cancelled(); });
+  if (s.ok()) return s;
+  if (s.code() == StatusCode::kCancelled) return CancelledError("request cancelled by the client");
+  if (s.code() != StatusCode::kDeadlineExceeded) return UnavailableError(why + "; " + s.message());
+  if (ctx.deadline() < wait_end) {
+    return DeadlineExceededError(why + "; the request's deadline passed while waiting for a " + role +
+                                 " worker to become ready");
+  }
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%g", policy.wait_seconds);
+  return UnavailableError(why + "; no " + role + " worker became ready within " + secs +
+                          " s (router.retry_wait_seconds)");
+}
+
 }  // namespace
 
 GrpcRequestContext::GrpcRequestContext(grpc::ServerContext* ctx, std::chrono::duration<double> default_timeout)
@@ -371,7 +394,8 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   GaugeHold waiting;
   waiting.Hold(metrics_->waiting);
   // The decode worker that holds the request now, its reservation, and the decode workers this
-  // request has lost (never reserved on again).
+  // request has lost (tried after the others when it reserves again).
+  const RetryPolicy policy{config_.router.retry_wait_seconds, config_.router.retry_attempts};
   WorkerInfo decoder;
   pb::ReserveResponse reserved;
   std::vector<std::string> lost;
@@ -383,13 +407,12 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   // 1. Reserve on the best decode worker that has room; without room anywhere, wait in the
   // admission queue (bounded in length and time) and retry.
   auto try_reserve = [&]() -> Status {
-    auto decoders = decode_->Ranked(/*claim=*/1);
+    auto decoders = decode_->Ranked(/*claim=*/1, lost);
     if (decoders.empty()) return UnavailableError("no decode workers are configured");
     grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no decode worker answered");
     size_t exhausted = 0, never = 0, tried = 0;
     bool got = false;
     for (const auto& w : decoders) {
-      if (std::find(lost.begin(), lost.end(), w.address) != lost.end()) continue;
       ++tried;
       auto c = ctx.WorkerContext();
       pb::ReserveRequest rr;
@@ -409,7 +432,8 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
         got = true;
         break;
       }
-      last_error = s;
+      last_error = grpc::Status(s.error_code(), "reserve on " + w.address + ": " + s.error_message());
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) decode_->MarkFailed(w.address);
       if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
         ++exhausted;
         const auto& md = c->GetServerTrailingMetadata();
@@ -424,7 +448,6 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       decode_->AddInflight(decoder.address, 1);
       return Status::Ok();
     }
-    if (tried == 0) return UnavailableError("no decode worker is left to take the request");
     if (exhausted > 0 && last_error.error_code() != grpc::StatusCode::CANCELLED &&
         last_error.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       never_fits = never == tried;
@@ -432,10 +455,20 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     }
     return cluster::FromGrpc(last_error);
   };
+  // Admission, and when no decode worker answered (all unreachable or restarting): the retry
+  // policy's bounded wait for one to be ready, then admission again.
   auto admit = [&]() -> Status {
-    never_fits = false;
-    return admission_->Admit(
-        try_reserve, [&](const Status&) { return !never_fits; }, [&] { return ctx.cancelled(); }, ctx.deadline());
+    for (int attempt = 1;; ++attempt) {
+      never_fits = false;
+      Status s = admission_->Admit(
+          try_reserve, [&](const Status&) { return !never_fits; }, [&] { return ctx.cancelled(); }, ctx.deadline());
+      if (s.code() != StatusCode::kUnavailable || ctx.cancelled()) return s;
+      if (attempt >= policy.attempts) {
+        return UnavailableError(s.message() + "; gave up after " + std::to_string(attempt) +
+                                " reservation attempts (router.retry_attempts)");
+      }
+      ICE_RETURN_IF_ERROR(AwaitWorker(decode_, "decode", policy, attempt, ctx, s.message()));
+    }
   };
   ICE_RETURN_IF_ERROR(admit());
   // From here on this request holds decode capacity: whoever waits may retry once it ends.
@@ -526,74 +559,103 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   // token lost or repeated; max_tokens and the stop strings' hold-back count across the move.
   int migrations = 0;
   for (;;) {
-    // 2. Prefill on the least loaded prefill worker; it ships the KV into the decode worker. A
-    // worker that is full (RESOURCE_EXHAUSTED: nothing was done) is skipped for the next one with
-    // the same reservation. One that fails UNAVAILABLE (unreachable, draining, or killed, maybe
-    // mid-shipment with part of the KV already in the reservation's pages) is skipped too, but
-    // the next one gets a fresh reservation: the old one is released (its pages go back to the
-    // pool; anything still arriving for it is dropped, its id and token being dead) and the
-    // request reserves again through admission, on the same decode worker or another.
+    // 2. Prefill on the least loaded ready prefill worker; it ships the KV into the decode worker.
+    // A worker that is full (RESOURCE_EXHAUSTED: nothing was done) is skipped for the next one
+    // with the same reservation. One that fails UNAVAILABLE (unreachable, draining, or killed,
+    // maybe mid-shipment with part of the KV already in the reservation's pages) is tried last
+    // from then on, and the next attempt gets a fresh reservation: the old one is released (its
+    // pages go back to the pool) and the request reserves again through admission, on the same
+    // decode worker or another. Between attempts the retry policy (router.retry_wait_seconds,
+    // router.retry_attempts) backs off and waits for a prefill worker to be ready.
     std::vector<int32_t> context = ids;
     if (!generated.empty()) context.insert(context.end(), generated.begin(), generated.end() - 1);
     pb::PrefillResponse prefilled;
     grpc::Status s;
+    bool gave_up = false;  // the retry policy ran out (wait or attempts): no migration either
     {
-      auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(context.size()));
-      if (prefillers.empty()) {
+      if (prefill_->size() == 0) {
         release(5);
         return UnavailableError("no prefill workers are configured");
       }
-      InflightGuard prefill_guard{prefill_, prefillers.front().address, static_cast<int64_t>(context.size())};
       pb::PrefillRequest pr;
       pr.set_request_id(req->request_id());
       pr.mutable_token_ids()->Add(context.begin(), context.end());
       *pr.mutable_sampling() = sampling;
-      pr.set_sequence_id(reserved.sequence_id());
-      pr.set_decode_transport_address(reserved.transport_address());
-      pr.set_decode_kv_protocol_version(reserved.kv_protocol_version());
-      pr.set_reservation_token(reserved.reservation_token());
       pr.set_build_index(budget != 0);
+      auto for_reservation = [&] {
+        pr.set_sequence_id(reserved.sequence_id());
+        pr.set_decode_transport_address(reserved.transport_address());
+        pr.set_decode_kv_protocol_version(reserved.kv_protocol_version());
+        pr.set_reservation_token(reserved.reservation_token());
+      };
+      for_reservation();
+      std::vector<std::string> failed_prefill;  // workers that failed this placement: tried last
+      size_t exhausted = 0;                     // full workers in a row (RESOURCE_EXHAUSTED: nothing done)
+      int failures = 0;                         // UNAVAILABLE answers
       bool fresh_reservation = false;  // the last attempt failed UNAVAILABLE: reserve again first
-      for (size_t i = 0; i < prefillers.size(); ++i) {
-        const WorkerInfo& prefiller = prefillers[i];
-        if (i > 0) {  // move the in-flight claim to this worker
-          prefill_->AddInflight(prefill_guard.address, -prefill_guard.n);
-          prefill_->AddInflight(prefiller.address, prefill_guard.n);
-          prefill_guard.address = prefiller.address;
-        }
+      for (;;) {
         if (fresh_reservation) {
-          release(5);
-          decode_->AddInflight(decode_guard.address, -decode_guard.n);
-          decode_guard.n = 0;
           if (Status again = admit(); !again.ok()) {
             if (ctx.cancelled()) return CancelledError("request cancelled by the client");
-            return UnavailableError(s.error_message() + "; no decode worker took the retry on another prefill worker: " +
-                                    again.message());
+            return Status(again.code() == StatusCode::kDeadlineExceeded ? again.code() : StatusCode::kUnavailable,
+                          s.error_message() + "; no decode worker took the retry on another prefill worker: " +
+                              again.message());
           }
           decode_guard.address = decoder.address;
           decode_guard.n = 1;
           if (generated.empty()) first_decoder = decoder.address;
-          pr.set_sequence_id(reserved.sequence_id());
-          pr.set_decode_transport_address(reserved.transport_address());
-          pr.set_decode_kv_protocol_version(reserved.kv_protocol_version());
-          pr.set_reservation_token(reserved.reservation_token());
-          fresh_reservation = false;
+          for_reservation();
           metrics_->prefill_retries.Increment();
+        }
+        // The least loaded ready worker, one that has not failed this placement if there is one.
+        auto prefillers = prefill_->Ranked(/*claim=*/static_cast<int64_t>(context.size()), failed_prefill);
+        if (prefillers.empty()) {
+          release(5);
+          return UnavailableError("no prefill workers are configured");
+        }
+        const WorkerInfo& prefiller = prefillers.front();
+        InflightGuard prefill_guard{prefill_, prefiller.address, static_cast<int64_t>(context.size())};
+        if (fresh_reservation) {
           ICE_LOG(INFO) << "request " << req->request_id() << ": retrying prefill on " << prefiller.address
                         << " with a new reservation on " << decoder.address << " (" << s.error_message() << ")";
+          fresh_reservation = false;
         }
         auto c = ctx.WorkerContext();
         s = prefiller.prefill->Prefill(c.get(), pr, &prefilled);
         if (s.ok()) break;
         s = grpc::Status(s.error_code(), "prefill on " + prefiller.address + " failed: " + s.error_message());
-        const bool next = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-                          s.error_code() == grpc::StatusCode::UNAVAILABLE;
-        if (!next || ctx.cancelled()) break;
-        fresh_reservation = s.error_code() == grpc::StatusCode::UNAVAILABLE;
-        if (fresh_reservation && i + 1 == prefillers.size() && prefillers.size() > 1) {
-          s = grpc::Status(s.error_code(), "every prefill worker failed (" + std::to_string(prefillers.size()) +
-                                               " tried, each with its own reservation); the last: " + s.error_message());
+        if (ctx.cancelled()) break;
+        std::erase(failed_prefill, prefiller.address);
+        failed_prefill.push_back(prefiller.address);  // the latest failure is tried last
+        if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+          // Full: the next worker with the same reservation, until every one has said so.
+          if (++exhausted >= prefillers.size()) break;
+          continue;
         }
+        if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+        // Unreachable, draining, or killed (maybe mid-shipment with part of the KV already in the
+        // reservation's pages): the old reservation is released now, before any wait (anything
+        // still arriving for it is dropped, its id and token being dead); the next try gets a
+        // fresh one.
+        exhausted = 0;
+        prefill_->MarkFailed(prefiller.address);
+        release(5);
+        decode_->AddInflight(decode_guard.address, -decode_guard.n);
+        decode_guard.n = 0;
+        if (++failures >= policy.attempts) {
+          s = grpc::Status(s.error_code(), "every prefill attempt failed (" + std::to_string(failures) +
+                                               " tried, each with its own reservation; router.retry_attempts); the last: " +
+                                               s.error_message());
+          gave_up = true;
+          break;
+        }
+        if (Status w = AwaitWorker(prefill_, "prefill", policy, failures, ctx, s.error_message());
+            !w.ok()) {
+          s = cluster::ToGrpc(w);
+          gave_up = true;
+          break;
+        }
+        fresh_reservation = true;
       }
     }
     grpc::Status ds;  // the outcome of this attempt's decode call
@@ -601,7 +663,8 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       release(5);
       // The first prefill's failure is the request's (nothing was sent yet). During a migration
       // the target decode worker may be what failed: try another one.
-      if (generated.empty() || s.error_code() != grpc::StatusCode::UNAVAILABLE || ctx.cancelled()) {
+      if (generated.empty() || s.error_code() != grpc::StatusCode::UNAVAILABLE || gave_up || ctx.cancelled()) {
+        if (ctx.cancelled()) return CancelledError("request cancelled by the client");
         return cluster::FromGrpc(s);
       }
       ds = s;
@@ -672,6 +735,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       release(migrations < config_.router.max_migrations ? 1 : 5);
       if (client_gone || ctx.cancelled()) return CancelledError("request cancelled by the client");
       ds = grpc::Status(ds.error_code(), "decode on " + decoder.address + " failed: " + ds.error_message());
+      if (ds.error_code() == grpc::StatusCode::UNAVAILABLE) decode_->MarkFailed(decoder.address);
       // The stream may have ended by a token rule before the failure reached us (the finish
       // response lost): then there is nothing to continue.
       const model::FinishReason done = token_rules.After(generated.back(), static_cast<int>(generated.size()),
@@ -682,7 +746,8 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       }
       if (ds.error_code() != grpc::StatusCode::UNAVAILABLE) return cluster::FromGrpc(ds);
     }
-    // Migrate: a new reservation on another decode worker for prompt + tokens so far.
+    // Migrate: a new reservation for prompt + tokens so far, on another decode worker when one is
+    // ready, else (the retry policy) on the first to become ready, the restarted one included.
     if (migrations >= config_.router.max_migrations) {
       return UnavailableError(ds.error_message() + "; gave up after " + std::to_string(migrations) +
                               " migrations (router.max_migrations) with " + std::to_string(generated.size()) +

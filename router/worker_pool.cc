@@ -112,7 +112,9 @@ void WorkerPool::Refresh(bool resolve) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [a, w] : workers_) snapshot.push_back(w);
   }
+  bool any_healthy = false;
   for (auto& w : snapshot) {
+    const auto started = std::chrono::steady_clock::now();
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     v1::StatsRequest req;
@@ -121,12 +123,51 @@ void WorkerPool::Refresh(bool resolve) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = workers_.find(w.address);
     if (it == workers_.end()) continue;
-    it->second.healthy = s.ok();
+    // A failure a request saw after this poll began outweighs the poll's success.
+    it->second.healthy = s.ok() && it->second.failed_at < started;
     if (s.ok()) it->second.stats = stats;
+    any_healthy = any_healthy || it->second.healthy;
+  }
+  if (any_healthy) cv_.notify_all();
+}
+
+std::chrono::milliseconds RetryPolicy::Backoff(int attempt) const {
+  int64_t ms = 50;
+  for (int i = 1; i < attempt && ms < 1000; ++i) ms *= 2;
+  return std::chrono::milliseconds(std::min<int64_t>(ms, 1000));
+}
+
+void WorkerPool::MarkFailed(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(address);
+  if (it == workers_.end()) return;
+  it->second.healthy = false;
+  it->second.failed_at = std::chrono::steady_clock::now();
+}
+
+Status WorkerPool::AwaitReady(const RetryPolicy& policy, int attempt, std::chrono::steady_clock::time_point until,
+                              const std::function<bool()>& cancelled) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kCheck = std::chrono::milliseconds(10);  // how soon a client's cancel ends the wait
+  const auto backoff_end = std::min(until, Clock::now() + policy.Backoff(std::max(1, attempt)));
+  std::unique_lock<std::mutex> lock(mu_);
+  auto healthy = [&] {
+    for (const auto& [a, w] : workers_) {
+      if (w.healthy) return true;
+    }
+    return false;
+  };
+  for (;;) {
+    if (cancelled()) return CancelledError("request cancelled by the client while waiting for a worker");
+    const auto now = Clock::now();
+    if (now >= backoff_end && healthy()) return Status::Ok();
+    if (now >= until) return DeadlineExceededError("no worker became ready in time");
+    if (stop_) return UnavailableError("the router is shutting down");
+    cv_.wait_until(lock, std::min(now + kCheck, now < backoff_end ? backoff_end : until));
   }
 }
 
-std::vector<WorkerInfo> WorkerPool::Ranked(int64_t claim) {
+std::vector<WorkerInfo> WorkerPool::Ranked(int64_t claim, const std::vector<std::string>& avoid) {
   auto load = [&](const WorkerInfo& w) {
     return kind_ == WorkerKind::kDecode ? w.stats.active_sequences() + w.inflight
                                         : w.stats.queued_prompt_tokens() + w.inflight;
@@ -134,8 +175,10 @@ std::vector<WorkerInfo> WorkerPool::Ranked(int64_t claim) {
   std::vector<WorkerInfo> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [a, w] : workers_) out.push_back(w);
+  auto avoided = [&](const WorkerInfo& w) { return std::find(avoid.begin(), avoid.end(), w.address) != avoid.end(); };
   std::stable_sort(out.begin(), out.end(), [&](const WorkerInfo& a, const WorkerInfo& b) {
     if (a.healthy != b.healthy) return a.healthy;
+    if (avoided(a) != avoided(b)) return !avoided(a);
     if (load(a) != load(b)) return load(a) < load(b);
     return a.stats.free_pages() > b.stats.free_pages();
   });

@@ -8,7 +8,9 @@
 #include <grpcpp/security/credentials.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,8 +31,21 @@ struct WorkerInfo {
   std::shared_ptr<v1::PrefillWorker::Stub> prefill;  // kind == kPrefill
   std::shared_ptr<v1::DecodeWorker::Stub> decode;    // kind == kDecode
   v1::WorkerStats stats;
-  bool healthy = false;    // the last Stats call succeeded
+  // The last Stats call succeeded, and no request's call failed UNAVAILABLE there since it began
+  // (MarkFailed).
+  bool healthy = false;
   int64_t inflight = 0;    // requests (decode) or prompt tokens (prefill) routed and not yet done
+  std::chrono::steady_clock::time_point failed_at{};  // the last MarkFailed
+};
+
+// How a request waits for a worker of one role to be ready again after a failure
+// (router.retry_wait_seconds, router.retry_attempts): the one retry policy of the router, used
+// by the reservation, the prefill retry and the migration.
+struct RetryPolicy {
+  double wait_seconds = 30;  // the longest one wait for a ready worker lasts
+  int attempts = 8;          // calls after a failure on workers that counted as ready
+  // Pause before retry `attempt` (1, 2, ...): 50 ms doubling, at most 1 s.
+  std::chrono::milliseconds Backoff(int attempt) const;
 };
 
 // Resolves "name:port" to every "ip:port" it has (IPv4 and IPv6). UNAVAILABLE when it does not
@@ -52,12 +67,26 @@ class WorkerPool {
 
   // Workers in order of preference: decode by (active sequences + inflight) ascending then free
   // pages descending; prefill by (queued prompt tokens + inflight tokens) ascending. Unhealthy
-  // workers come last. With claim != 0, `claim` is added to the first worker's inflight count in
-  // the same critical section (the caller moves or removes it with AddInflight later).
-  std::vector<WorkerInfo> Ranked(int64_t claim = 0);
+  // workers come last, and among the healthy (and among the unhealthy) those in `avoid` (workers
+  // that failed this request) come after the others. With claim != 0, `claim` is added to the
+  // first worker's inflight count in the same critical section (the caller moves or removes it
+  // with AddInflight later).
+  std::vector<WorkerInfo> Ranked(int64_t claim = 0, const std::vector<std::string>& avoid = {});
   size_t size() const;
   // True when at least one worker answered its last Stats call.
   bool AnyHealthy() const;
+
+  // A request's call to `address` failed UNAVAILABLE (unreachable, killed, draining): it counts
+  // as unhealthy (ranked last, not ready for AwaitReady) until a Stats call that starts after
+  // this moment succeeds. No-op for an unknown address.
+  void MarkFailed(const std::string& address);
+
+  // The retry policy's wait, before retry number `attempt` (1, 2, ...) of a call that failed:
+  // sleeps policy.Backoff(attempt), then waits until some worker of this pool is healthy.
+  // OK then; CANCELLED as soon as `cancelled()` is true (checked every 10 ms); DEADLINE_EXCEEDED
+  // when `until` passes first (the message says so; the caller names the role and the setting).
+  Status AwaitReady(const RetryPolicy& policy, int attempt, std::chrono::steady_clock::time_point until,
+                    const std::function<bool()>& cancelled);
 
   // Adjusts the router-side inflight count of `address` (no-op for an unknown address).
   void AddInflight(const std::string& address, int64_t delta);
@@ -74,7 +103,8 @@ class WorkerPool {
   const std::string server_name_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // stop_, and a worker's health
+
   std::map<std::string, WorkerInfo> workers_;  // guarded by mu_
   bool stop_ = false;                          // guarded by mu_
   std::thread thread_;

@@ -226,7 +226,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
                                          "kv_transfer_timeout_seconds", "max_waiting", "max_queue_wait_seconds",
                                          "max_streams", "http_port", "http_threads",
                                          "api_keys", "tls_cert_file", "tls_key_file", "max_migrations",
-                                         "drain_seconds", "write_timeout_seconds"}));
+                                         "drain_seconds", "write_timeout_seconds", "retry_wait_seconds",
+                                         "retry_attempts"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -245,6 +246,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.StringList("api_keys", &c.router.api_keys));
   ICE_RETURN_IF_ERROR(router.Number("max_migrations", &c.router.max_migrations, 0, 64));
   ICE_RETURN_IF_ERROR(router.Number("drain_seconds", &c.router.drain_seconds, 0.0, 86400.0));
+  ICE_RETURN_IF_ERROR(router.Number("retry_wait_seconds", &c.router.retry_wait_seconds, 0.0, 86400.0));
+  ICE_RETURN_IF_ERROR(router.Number("retry_attempts", &c.router.retry_attempts, 1, 1024));
   for (const auto& k : c.router.api_keys) {
     if (k.empty() || k.find_first_of(" \t\r\n") != std::string::npos) {
       return InvalidArgumentError(origin + ": router.api_keys: a key must be non-empty and hold no whitespace");
@@ -456,6 +459,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "tls_key_file" << YAML::Value << c.router.tls_key_file;
   out << YAML::Key << "max_migrations" << YAML::Value << c.router.max_migrations;
   out << YAML::Key << "drain_seconds" << YAML::Value << c.router.drain_seconds;
+  out << YAML::Key << "retry_wait_seconds" << YAML::Value << c.router.retry_wait_seconds;
+  out << YAML::Key << "retry_attempts" << YAML::Value << c.router.retry_attempts;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;

@@ -114,6 +114,16 @@ struct RouterSection {
   // period): the request is re-prefilled (prompt + tokens so far) on another prefill/decode pair
   // and the stream continues, at most this many times per request (0 = end with UNAVAILABLE).
   int max_migrations = 3;
+  // A reservation, a prefill retry or a migration that finds no worker of the role it needs
+  // ready (every one unreachable, restarting, or failing the call) waits up to this long for one
+  // to answer its health poll again (each such wait; attempts bound their number), backing off
+  // between attempts (50 ms doubling to 1 s), then ends with UNAVAILABLE "no <role> worker became
+  // ready within N s". 0 = fail at once.
+  double retry_wait_seconds = 30;
+  // Attempts per placement after a worker failed the call (UNAVAILABLE) while it counted as
+  // ready: a prefill on one more worker with a fresh reservation, a reservation on one more decode
+  // worker. Bounds the retries of a request whose workers keep failing; waits do not count.
+  int retry_attempts = 8;
   // SIGTERM: report NOT_SERVING, refuse new requests with UNAVAILABLE and let streams in progress
   // finish for up to this long, then stop.
   double drain_seconds = 30;

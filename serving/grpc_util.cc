@@ -36,6 +36,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int64_t ma
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // A peer that went away (a worker restarting) is reconnected to within 1 s of its return:
+  // gRPC's default backoff grows to 120 s, and calls fail at once while it waits.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX)));
   if (credentials && !server_name.empty()) args.SetSslTargetNameOverride(server_name);
   return grpc::CreateCustomChannel(target, credentials ? credentials : grpc::InsecureChannelCredentials(), args);

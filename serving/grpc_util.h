@@ -35,7 +35,8 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
                                                     int64_t max_message_bytes = kDefaultMaxMessageBytes,
                                                     std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
-// A channel to "host:port" with keepalive settings suited to long streams, receiving messages up
+// A channel to "host:port" with keepalive settings suited to long streams and a reconnect backoff
+// of at most 1 s (a restarted peer is reached again within a second), receiving messages up
 // to max_message_bytes. `credentials` null = plaintext; with TLS credentials, `server_name` (when
 // not empty) is the name the server's certificate must carry instead of the target's host.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,

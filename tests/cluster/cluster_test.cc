@@ -476,6 +476,7 @@ TEST(ClusterUnavailable, NoReachableDecodeWorker) {
   cfg.router.listen = "127.0.0.1:0";
   cfg.router.prefill.addresses = {"127.0.0.1:1"};
   cfg.router.decode.addresses = {"127.0.0.1:1"};
+  cfg.router.retry_wait_seconds = 0.5;  // the retry policy's wait for a worker that never comes
   auto r = router::RouterServer::Start(cfg);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   // Without any worker answering, the router does not report SERVING.
@@ -485,6 +486,8 @@ TEST(ClusterUnavailable, NoReachableDecodeWorker) {
   o.max_tokens = 2;
   Result res = Generate((*r)->address(), o);
   EXPECT_EQ(res.status.code(), StatusCode::kUnavailable) << res.status.ToString();
+  EXPECT_NE(res.status.message().find("no decode worker became ready within 0.5 s"), std::string::npos)
+      << res.status.ToString();
 }
 
 }  // namespace

@@ -199,10 +199,13 @@ TEST_F(ClusterFailureTest, PoisonedSequenceFailsAloneAndTheBatchContinues) {
   ExpectDecodeIdle(*cluster_->decode[0]);
 }
 
-// A prefill that fails after Reserve (the prefill worker is gone) releases the reservation on the
-// decode worker before the client hears the error.
+// A prefill that fails after Reserve (the prefill worker is gone, and does not come back within
+// router.retry_wait_seconds) releases the reservation on the decode worker before the client
+// hears the error.
 TEST(ClusterPrefillDown, PrefillFailureReleasesTheReservationAtOnce) {
-  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self");
+  auto c = LoopbackCluster::Start(::testing::TempDir() + "/icecache_cluster_model_failure", 1, 1, "tcp,sm,self",
+                                  true, 0, 60000, "reference", "f32",
+                                  [](cluster::ClusterConfig& cfg) { cfg.router.retry_wait_seconds = 0.5; });
   ASSERT_NE(c, nullptr);
   c->prefill[0]->Shutdown();
   const int64_t reservations = c->decode[0]->stats().reservations;
@@ -212,6 +215,9 @@ TEST(ClusterPrefillDown, PrefillFailureReleasesTheReservationAtOnce) {
   Result r = Generate(c->router->address(), o);
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
   EXPECT_NE(r.status.message().find("prefill"), std::string::npos) << r.status.message();
+  EXPECT_NE(r.status.message().find("no prefill worker became ready within 0.5 s (router.retry_wait_seconds)"),
+            std::string::npos)
+      << r.status.message();
   EXPECT_EQ(c->decode[0]->stats().reservations, reservations + 1) << "the request should have reserved";
   ExpectDecodeIdle(*c->decode[0]);
 }

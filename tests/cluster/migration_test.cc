@@ -1,9 +1,10 @@
 // Decode-worker failure on a cluster of real processes (icecache-router, icecache-prefill and
 // icecache-decode, fork/exec'd on loopback): kill -9 of a decode worker mid-stream migrates its
 // streams to another prefill/decode pair with exactly the tokens of an uninterrupted greedy run;
-// with no decode worker left they end with UNAVAILABLE; SIGTERM drains a decode worker (its
-// streams finish there), and a drain that outlasts decode.drain_seconds hands the rest over by
-// migration.
+// with no decode worker left they end with UNAVAILABLE once router.retry_wait_seconds has passed,
+// and a decode or prefill worker restarted within that wait carries them on (the retry policy);
+// a client's cancel ends that wait; SIGTERM drains a decode worker (its streams finish there),
+// and a drain that outlasts decode.drain_seconds hands the rest over by migration.
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -24,9 +25,11 @@
 #include <vector>
 
 #include "client/client.h"
+#include "icecache/v1/generation.grpc.pb.h"
 #include "kernels/dtype.h"
 #include "model/random_checkpoint.h"
 #include "tests/cluster/free_ports.h"
+#include "serving/grpc_util.h"
 #include "tests/cluster/process_util.h"
 
 namespace icecache::testing {
@@ -61,12 +64,15 @@ struct Process {
   std::string name;
   std::string address;
   pid_t pid = -1;
+  std::vector<std::string> args;  // to start it again
+  std::string log;
 };
 
 // 1 prefill + `num_decode` decode workers + a router as separate processes on loopback.
 class ProcessCluster {
  public:
-  ProcessCluster(int num_decode, const std::vector<std::string>& decode_sets) {
+  ProcessCluster(int num_decode, const std::vector<std::string>& decode_sets,
+                 const std::vector<std::string>& router_sets = {}) {
     const int base = testing::FreePortRange(3 + num_decode, 0x5eed + num_decode);
     EXPECT_GT(base, 0);
     model_ = ModelDir();
@@ -83,7 +89,9 @@ class ProcessCluster {
       std::vector<std::string> args = {kBin + binary, "--listen", p.address};
       args.insert(args.end(), common.begin(), common.end());
       args.insert(args.end(), extra.begin(), extra.end());
-      p.pid = Spawn(args, log_dir_ + "/" + name + ".log");
+      p.args = args;
+      p.log = log_dir_ + "/" + name + ".log";
+      p.pid = Spawn(args, p.log);
       return p;
     };
     prefill_ = start("icecache-prefill", "prefill", base + 1, {"--set", "prefill.threads=1"});
@@ -95,10 +103,16 @@ class ProcessCluster {
       decode_list += (i ? "," : "") + decode_.back().address;
     }
     metrics_port_ = base + 2 + num_decode;
-    router_ = start("icecache-router", "router", base,
-                    {"--metrics-port", std::to_string(metrics_port_), "--set",
-                     "router.prefill.addresses=" + prefill_.address, "--set", "router.decode.addresses=" + decode_list,
-                     "--set", "router.stats_refresh_seconds=0.1", "--set", "router.kv_transfer_timeout_seconds=20"});
+    std::vector<std::string> router_args = {"--metrics-port", std::to_string(metrics_port_), "--set",
+                                            "router.prefill.addresses=" + prefill_.address, "--set",
+                                            "router.decode.addresses=" + decode_list, "--set",
+                                            "router.stats_refresh_seconds=0.1", "--set",
+                                            "router.kv_transfer_timeout_seconds=20"};
+    for (const auto& kv : router_sets) {
+      router_args.push_back("--set");
+      router_args.push_back(kv);
+    }
+    router_ = start("icecache-router", "router", base, router_args);
   }
 
   ~ProcessCluster() {
@@ -120,6 +134,16 @@ class ProcessCluster {
     }
     return false;
   }
+
+  // kill -9 `p` (if it runs) and start it again on its port, its log going on in "<name>.N.log".
+  void Restart(Process* p) {
+    if (p->pid > 0) {
+      kill(p->pid, SIGKILL);
+      WaitExit(p->pid);
+    }
+    p->pid = Spawn(p->args, p->log + "." + std::to_string(++restarts_) + ".log");
+  }
+  Process* prefill() { return &prefill_; }
 
   std::vector<Process*> all() {
     std::vector<Process*> v = {&router_, &prefill_};
@@ -153,6 +177,7 @@ class ProcessCluster {
   Process router_, prefill_;
   std::vector<Process> decode_;
   int metrics_port_ = 0;
+  int restarts_ = 0;
 };
 
 struct StreamResult {
@@ -326,8 +351,11 @@ TEST(ClusterMigration, PenaltiesCountTheTokensGeneratedBeforeTheMove) {
   EXPECT_GE(c.Metric("icecache_request_migrations_total"), 1);
 }
 
+// The only decode worker killed and not back within router.retry_wait_seconds (1 s here): its
+// streams end with UNAVAILABLE saying so, after a prefix of the reference; once the worker is
+// started again the router serves with it.
 TEST(ClusterMigration, KillingTheOnlyDecodeWorkerEndsStreamsWithUnavailable) {
-  ProcessCluster c(/*num_decode=*/1, {});
+  ProcessCluster c(/*num_decode=*/1, {}, {"router.retry_wait_seconds=1"});
   ASSERT_TRUE(c.WaitHealthy()) << c.logs();
   const auto ref = Reference(c.router_address());
   std::string victim;
@@ -343,12 +371,111 @@ TEST(ClusterMigration, KillingTheOnlyDecodeWorkerEndsStreamsWithUnavailable) {
     }
     EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << i << ": " << r.status.ToString();
     EXPECT_NE(r.status.message().find("no other decode worker"), std::string::npos) << r.status.ToString();
+    EXPECT_NE(r.status.message().find("no decode worker became ready within 1 s (router.retry_wait_seconds)"),
+              std::string::npos)
+        << r.status.ToString();
     // What was sent before the end is the uninterrupted run's beginning: nothing wrong, nothing twice.
     ASSERT_LE(r.tokens.size(), ref[i].size());
     EXPECT_TRUE(std::equal(r.tokens.begin(), r.tokens.end(), ref[i].begin())) << i;
   }
   EXPECT_FALSE(results[0].status.ok()) << "stream 0 was running when its only decode worker was killed";
   EXPECT_EQ(c.Metric("icecache_request_migrations_total"), 0);
+  // Back (a fresh process on the same port): served again, with the same greedy tokens.
+  c.Restart(c.decode_at(victim));
+  ASSERT_TRUE(c.WaitHealthy()) << c.logs();
+  auto after = RunStreams(c.router_address(), 1, 20);
+  EXPECT_TRUE(after[0].status.ok()) << after[0].status.ToString() << "\n" << c.logs();
+  EXPECT_EQ(after[0].tokens, std::vector<int32_t>(ref[0].begin(), ref[0].begin() + 20));
+}
+
+// The only decode worker killed mid-stream and started again 1.5 s later, within
+// router.retry_wait_seconds: the streams wait for it and migrate onto the restarted process,
+// with exactly the tokens of an uninterrupted greedy run.
+TEST(ClusterRetryWait, OnlyDecodeWorkerRestartedWithinTheWaitCarriesTheStreamsOn) {
+  ProcessCluster c(/*num_decode=*/1, {}, {"router.retry_wait_seconds=50"});
+  ASSERT_TRUE(c.WaitHealthy()) << c.logs();
+  const auto ref = Reference(c.router_address());
+  std::thread restarter;
+  std::atomic<bool> killed{false};
+  size_t tokens_then = 0;
+  auto results = RunStreams(c.router_address(), kStreams, kMaxTokens, [&](int stream, size_t tokens, const std::string&) {
+    if (stream != 0 || tokens < kKillAt || killed.exchange(true)) return;
+    tokens_then = tokens;
+    Process* p = c.all()[2];
+    kill(p->pid, SIGKILL);
+    restarter = std::thread([&c, p] {
+      WaitExit(p->pid);
+      p->pid = -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      c.Restart(p);
+    });
+  });
+  ASSERT_TRUE(killed.load()) << "the decode worker was never killed";
+  restarter.join();
+  EXPECT_LT(tokens_then, static_cast<size_t>(kMaxTokens)) << "killed after the stream ended: proves nothing";
+  for (int i = 0; i < kStreams; ++i) {
+    const auto& r = results[i];
+    EXPECT_TRUE(r.status.ok()) << "stream " << i << ": " << r.status.ToString() << "\n" << c.logs();
+    EXPECT_EQ(r.tokens, ref[i]) << "stream " << i;
+    EXPECT_EQ(r.completion_tokens, kMaxTokens) << i;
+  }
+  EXPECT_GE(c.Metric("icecache_request_migrations_total"), 1);
+}
+
+// The only prefill worker down when a request comes and started again 1.5 s later, within
+// router.retry_wait_seconds: the request waits for it (a fresh reservation) and gets the greedy
+// tokens.
+TEST(ClusterRetryWait, OnlyPrefillWorkerRestartedWithinTheWaitServesTheRequest) {
+  ProcessCluster c(/*num_decode=*/1, {}, {"router.retry_wait_seconds=50"});
+  ASSERT_TRUE(c.WaitHealthy()) << c.logs();
+  const auto ref = RunStreams(c.router_address(), 1, 30);
+  ASSERT_TRUE(ref[0].status.ok()) << ref[0].status.ToString();
+  Process* p = c.prefill();
+  kill(p->pid, SIGKILL);
+  WaitExit(p->pid);
+  p->pid = -1;
+  std::thread restarter([&c, p] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    c.Restart(p);
+  });
+  auto r = RunStreams(c.router_address(), 1, 30);
+  restarter.join();
+  EXPECT_TRUE(r[0].status.ok()) << r[0].status.ToString() << "\n" << c.logs();
+  EXPECT_EQ(r[0].tokens, ref[0].tokens);
+  EXPECT_GE(c.Metric("icecache_request_prefill_retries_total"), 1);
+}
+
+// A request waiting for a decode worker to come back (none is, router.retry_wait_seconds 120)
+// ends as soon as its client cancels: CANCELLED, and the router no longer counts it waiting.
+TEST(ClusterRetryWait, ClientCancelEndsTheWaitAtOnce) {
+  ProcessCluster c(/*num_decode=*/1, {}, {"router.retry_wait_seconds=120"});
+  ASSERT_TRUE(c.WaitHealthy()) << c.logs();
+  Process* d = c.all()[2];
+  kill(d->pid, SIGKILL);
+  WaitExit(d->pid);
+  d->pid = -1;
+  auto stub = v1::Generation::NewStub(cluster::MakeChannel(c.router_address()));
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  for (int32_t t : Prompt(0)) req.mutable_token_ids()->add_ids(t);
+  req.set_max_tokens(20);
+  req.mutable_cache()->set_full(true);
+  auto reader = stub->Generate(&ctx, req);
+  auto poll = [&](double want) {
+    double v = -1;
+    for (int i = 0; i < 200 && v != want; ++i) {  // up to 20 s
+      v = c.Metric("icecache_requests_waiting");
+      if (v != want) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return v;
+  };
+  EXPECT_EQ(poll(1), 1) << "the request never waited";
+  ctx.TryCancel();
+  v1::GenerateResponse ignored;
+  EXPECT_FALSE(reader->Read(&ignored));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // Well within the 120 s wait: the cancel ended it.
+  EXPECT_EQ(poll(0), 0) << c.logs();
 }
 
 TEST(ClusterMigration, SigtermDrainLetsStreamsFinishOnTheirWorker) {

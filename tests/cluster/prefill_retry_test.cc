@@ -5,7 +5,8 @@
 // with kill -9. The router releases the half-filled reservation, reserves again and prefills on
 // the other prefill worker: the request completes with the tokens of an uninterrupted greedy run
 // and both decode pools return to zero. With every prefill worker killed that way the request
-// ends UNAVAILABLE, again with both pools at zero.
+// ends UNAVAILABLE once router.retry_wait_seconds has passed with none back, again with both
+// pools at zero.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -112,7 +113,8 @@ class RetryCluster {
                     {"--metrics-port", std::to_string(base + 5), "--set",
                      "router.prefill.addresses=" + prefill_[0].address + "," + prefill_[1].address, "--set",
                      "router.decode.addresses=" + decode_[0].address + "," + decode_[1].address, "--set",
-                     "router.stats_refresh_seconds=0.1", "--set", "router.kv_transfer_timeout_seconds=20"});
+                     "router.stats_refresh_seconds=0.1", "--set", "router.kv_transfer_timeout_seconds=20",
+                     "--set", "router.retry_wait_seconds=2"});
     router_.metrics_port = base + 5;
   }
 
@@ -317,7 +319,9 @@ TEST(ClusterPrefillRetry, EveryPrefillWorkerKilledMidShipmentIsUnavailable) {
   }
   request.join();
   EXPECT_EQ(out.status.code(), StatusCode::kUnavailable) << out.status.ToString();
-  EXPECT_NE(out.status.message().find("every prefill worker failed (2 tried"), std::string::npos)
+  // Both gone: the retry policy waited router.retry_wait_seconds for one to come back.
+  EXPECT_NE(out.status.message().find("no prefill worker became ready within 2 s (router.retry_wait_seconds)"),
+            std::string::npos)
       << out.status.ToString();
   EXPECT_TRUE(out.tokens.empty());
   EXPECT_EQ(c.RouterMetric("icecache_request_prefill_retries_total"), 1);
