@@ -173,7 +173,8 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // 0.998 of the tree's best pages' attention mass on average, min 0.992 over layers (Tuned():
 // 0.995, min 0.964), and more than Tuned() on each of six harder synthetic families at 8k and 32k
 // (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
-// leaf-layout round ("The leaf layout").
+// leaf-layout round ("The leaf layout"), its cells sticky (sticky_margin 0.1) since the
+// cell-assignment round ("Cell assignment").
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
