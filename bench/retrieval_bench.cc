@@ -120,6 +120,7 @@ void Usage() {
                "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
+               "  [--sticky-margin M (DciParams::sticky_margin)]\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
@@ -208,6 +209,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--dci-candidates") a->dci.dci_parent_candidates = std::atoi(v);
     else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else if (k == "--bf16-parents") a->dci.bf16_parent_search = std::atoi(v) != 0;
+    else if (k == "--sticky-margin") a->dci.sticky_margin = std::atof(v);
     else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
     else if (k == "--leaf-layout") {
       const std::string l = v;
@@ -568,6 +570,7 @@ int RunRetrieval(int argc, char** argv) {
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
                   {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search},
+                  {"sticky_margin", a.dci.sticky_margin},
                   {"leaf_layout", a.dci.leaf_layout == kvstore::LeafLayout::kPosition ? "position" : "projection"}}}};
 
 #ifdef ICECACHE_HAVE_FAISS

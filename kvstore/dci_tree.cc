@@ -42,6 +42,8 @@ Status ValidateDciParams(const DciParams& p) {
   if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))
     return InvalidArgumentError("DciParams.promote_fraction must be in [0, 1), got " + Num(p.promote_fraction));
   if (!(p.norm_headroom >= 1)) return InvalidArgumentError("DciParams.norm_headroom must be >= 1, got " + Num(p.norm_headroom));
+  if (!(p.sticky_margin >= 0 && p.sticky_margin <= 100))
+    return InvalidArgumentError("DciParams.sticky_margin must be in [0, 100], got " + Num(p.sticky_margin));
   if (static_cast<uint8_t>(p.leaf_layout) > 1)
     return InvalidArgumentError("DciParams.leaf_layout must be kProjection (0) or kPosition (1), got " +
                                 std::to_string(static_cast<int>(p.leaf_layout)));

@@ -110,6 +110,13 @@ struct DciParams {
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling
   LeafLayout leaf_layout = LeafLayout::kProjection;  // how cells are cut into leaves (above)
+  // Sticky cells (keeps runs of consecutive similar keys in one cell): > 0 lets a level-0 key join
+  // the cell its predecessor (the previous position) is in -- the predecessor's parent, or the
+  // predecessor itself when it is a level-1 node -- instead of its nearest level-1 node, when that
+  // node is nearly as near: |k' - c'|^2 <= (1 + sticky_margin) |k' - b'|^2 in the augmented space,
+  // b the nearest node found by the parent search, c the predecessor's. The same rule at build and
+  // at insertion (DciTree::StickyParent). 0: every key joins its nearest node (the reference).
+  double sticky_margin = 0;            // >= 0
 
   // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
@@ -138,6 +145,10 @@ struct DciParams {
   // attention mass kept than the projection layout on all six synthetic families at 8k, 32k and
   // 128k and on SmolLM2's real keys (mean and worst layer), build and query times equal within
   // noise, insertion moves no token (docs/BENCHMARKS.md, "The leaf layout").
+  // Sticky cells (sticky_margin 0.1, the cell-assignment round of issue 16): a run of consecutive
+  // similar keys stays in one cell; more attention mass kept on average over the six synthetic
+  // families at 8k and 32k on a held-out seed, the same on SmolLM2's real keys (mean and worst
+  // layer), build and query within noise (docs/BENCHMARKS.md, "Cell assignment").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -146,6 +157,7 @@ struct DciParams {
     p.centroid_cells = true;
     p.centroid_bonus = 1;
     p.leaf_layout = LeafLayout::kPosition;
+    p.sticky_margin = 0.1;
     return p;
   }
 };
@@ -161,7 +173,8 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // 0.998 of the tree's best pages' attention mass on average, min 0.992 over layers (Tuned():
 // 0.995, min 0.964), and more than Tuned() on each of six harder synthetic families at 8k and 32k
 // (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
-// leaf-layout round ("The leaf layout").
+// leaf-layout round ("The leaf layout"), its cells sticky (sticky_margin 0.1) since the
+// cell-assignment round ("Cell assignment").
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
@@ -305,6 +318,11 @@ class DciTree {
   void Rekey(float new_max_norm2);
   void UpperAug(int32_t t, float* out) const;  // [head_dim + 1] augmented key of an upper node
   int32_t FindParent(int level, const float* aug);  // node on `level` nearest to aug
+  // The parent of a level-0 token at tree-local index t (augmented key aug [head_dim + 1]) whose
+  // parent search found `best` (a level-1 node): the sticky_margin rule above. REQUIRES tokens
+  // [0, t) placed (their levels and parents set), level_keys_[1] holding best.
+  int32_t StickyParent(int32_t t, const float* aug, int32_t best) const;
+  float AugScore(int32_t node, const float* aug) const;  // aug . (node's augmented key), fp32
   DciIndex* LevelIndex(int level);                   // prioritized DCI over a level, kept current
   int32_t CellOf(int32_t node);                            // creates an empty cell if needed
   void ResortCell(int32_t cell);

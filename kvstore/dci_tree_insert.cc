@@ -149,7 +149,7 @@ Status DciTree::InsertOne(const TokenBlock& block, int i, int forced_level, int3
     if (u < params_.promote_fraction) level = 1;
   }
   if (level == 0) {
-    parent = known_parent >= 0 ? known_parent : FindParent(1, aug.data());
+    parent = StickyParent(static_cast<int32_t>(size()), aug.data(), known_parent >= 0 ? known_parent : FindParent(1, aug.data()));
   } else if (num_levels() > 2) {
     parent = FindParent(2, aug.data());
   }

@@ -12,6 +12,17 @@ namespace icecache::kvstore {
 void DciTree::AttachLevel(int l, const std::vector<int32_t>& members, const float* keys, size_t stride) {
   if (members.empty()) return;
   const int d = dim_;
+  // The sticky rule on level 0, after the search, in token order (members is) so that each key
+  // sees its predecessor's final parent.
+  auto stick = [&] {
+    if (l != 0 || params_.sticky_margin <= 0) return;
+    std::vector<float> aug(d + 1);
+    for (int32_t t : members) {
+      std::copy_n(keys + t * stride, d, aug.data());
+      aug[d] = AugExtra(norm2_[t]);
+      parent_[t] = StickyParent(t, aug.data(), parent_[t]);
+    }
+  };
   const auto& upper = level_nodes_[l + 1];
   const int nu = static_cast<int>(upper.size());
   if (nu > params_.exact_parent_max_nodes) {
@@ -21,6 +32,7 @@ void DciTree::AttachLevel(int l, const std::vector<int32_t>& members, const floa
       aug[d] = AugExtra(norm2_[t]);
       parent_[t] = FindParent(l + 1, aug.data());
     }
+    stick();
     return;
   }
   const int pairs = (d + 1) / 2, quads = I8Quads(d);
@@ -67,6 +79,26 @@ void DciTree::AttachLevel(int l, const std::vector<int32_t>& members, const floa
     }
     for (int i = 0; i < cnt; ++i) parent_[members[b + i]] = upper[best[i]];
   }
+  stick();
+}
+
+float DciTree::AugScore(int32_t node, const float* aug) const {
+  const int l = level_[node];
+  const auto& nodes = level_nodes_[l];
+  const size_t idx = std::lower_bound(nodes.begin(), nodes.end(), node) - nodes.begin();
+  return DotF32(level_keys_[l].data() + idx * dim_, aug, dim_) + aug[dim_] * AugExtra(norm2_[node]);
+}
+
+int32_t DciTree::StickyParent(int32_t t, const float* aug, int32_t best) const {
+  if (params_.sticky_margin <= 0 || t == 0 || best < 0) return best;
+  const int32_t pred = t - 1;
+  const int32_t cand = level_[pred] == 1 ? pred : level_[pred] == 0 ? parent_[pred] : -1;
+  if (cand < 0 || cand == best) return best;
+  // Both augmented vectors have squared norm M, so |a - b|^2 = 2 (M - a . b).
+  const double m = max_norm2_;
+  const double far_best = std::max(0.0, m - AugScore(best, aug));
+  const double far_cand = m - AugScore(cand, aug);
+  return far_cand <= (1.0 + params_.sticky_margin) * far_best ? cand : best;
 }
 
 }  // namespace icecache::kvstore

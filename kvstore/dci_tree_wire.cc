@@ -34,6 +34,7 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.norm_headroom);
   w->Put<uint64_t>(p.seed);
   w->Put<uint8_t>(static_cast<uint8_t>(p.leaf_layout));
+  w->Put(p.sticky_margin);
 }
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
@@ -64,6 +65,7 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&layout, "tree params leaf_layout"));
   if (layout > 1) return DataLossError("sequence wire form: tree params leaf_layout " + std::to_string(layout) + " is unknown");
   p->leaf_layout = static_cast<LeafLayout>(layout);
+  ICE_RETURN_IF_ERROR(r->Get(&p->sticky_margin, "tree params sticky_margin"));
   if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1 || flags[4] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];
@@ -134,7 +136,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (version != kKvWireVersion)
     return InvalidArgumentError("sequence wire form: tree version " + std::to_string(version) +
                                 " not supported (this build reads " + std::to_string(kKvWireVersion) +
-                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout)");
+                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout, version 4 DciParams.sticky_margin)");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
   ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));

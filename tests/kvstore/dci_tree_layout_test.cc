@@ -234,12 +234,14 @@ TEST(DciTreeLayoutTest, WireCarriesTheLayoutAndRefusesAnUnknownOne) {
     }
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
-  // The layout is the last byte of the params' wire form: an unknown value is DATA_LOSS.
+  // The layout is the byte before sticky_margin (a double, last) in the params' wire form: an
+  // unknown value is DATA_LOSS.
   WireWriter only;
   SerializeDciParams(DciParams::Flat(), &only);
   std::vector<uint8_t> bad = only.buffer();
-  ASSERT_EQ(bad.back(), 1);
-  bad.back() = 2;
+  const size_t layout_at = bad.size() - 1 - sizeof(double);
+  ASSERT_EQ(bad[layout_at], 1);
+  bad[layout_at] = 2;
   WireReader br(bad.data(), bad.size());
   DciParams back;
   Status s = DeserializeDciParams(&br, &back);
