@@ -1,7 +1,10 @@
 #include "serving/worker_main.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -9,6 +12,40 @@
 #include "common/logging.h"
 
 namespace icecache::cluster {
+namespace {
+
+// The stop-signal pipe: the handler writes the signal's number, the signal thread reads it.
+int g_stop_pipe[2] = {-1, -1};
+
+// Async-signal-safe: one write(2) to a non-blocking pipe, errno preserved.
+extern "C" void OnStopSignal(int sig) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = write(g_stop_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+// Installs OnStopSignal for SIGINT and SIGTERM. A handler rather than SIG_DFL + sigwait: with
+// SIG_DFL, a process-directed signal that the kernel hands to any thread not blocking it ends
+// the whole process, and threads that a shared library's constructor starts before main (e.g.
+// OpenBLAS's pool, whenever libopenblas is linked without --as-needed, as in every sanitizer
+// build) never blocked it. With a handler, whichever thread takes the signal only writes a byte.
+Status InstallStopHandler() {
+  if (pipe2(g_stop_pipe, O_CLOEXEC) != 0) return InternalError(std::string("pipe2: ") + std::strerror(errno));
+  if (fcntl(g_stop_pipe[1], F_SETFL, O_NONBLOCK) != 0) {
+    return InternalError(std::string("fcntl: ") + std::strerror(errno));
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) {
+    if (sigaction(sig, &sa, nullptr) != 0) return InternalError(std::string("sigaction: ") + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 int WorkerMain(int argc, char** argv, const std::string& section, const StartFn& start) {
   for (int i = 1; i < argc; ++i) {
@@ -25,7 +62,12 @@ int WorkerMain(int argc, char** argv, const std::string& section, const StartFn&
     std::fprintf(stderr, "%s: %s\n", argv[0], config.status().ToString().c_str());
     return 2;
   }
-  // Block the stop signals in every thread; one thread waits for them.
+  if (Status s = InstallStopHandler(); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], s.ToString().c_str());
+    return 1;
+  }
+  // The threads the server starts inherit the stop signals blocked (no EINTR in them); only the
+  // signal thread unblocks them, so the handler runs there unless a foreign thread takes it.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -37,15 +79,21 @@ int WorkerMain(int argc, char** argv, const std::string& section, const StartFn&
     return 1;
   }
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    ICE_LOG(INFO) << "signal " << sig << ": shutting down";
-    process->shutdown();
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    unsigned char sig = 0;
+    ssize_t n;
+    do {
+      n = read(g_stop_pipe[0], &sig, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n == 1 && sig != 0) {  // 0: the wake-up below, the server stopped by itself
+      ICE_LOG(INFO) << "signal " << static_cast<int>(sig) << ": shutting down";
+      process->shutdown();
+    }
   });
   process->wait();
   // wait() returned: either the signal thread shut us down, or the server stopped by itself.
   process->shutdown();
-  pthread_kill(waiter.native_handle(), SIGTERM);
+  OnStopSignal(0);  // wakes the signal thread if no signal came
   waiter.join();
   return 0;
 }

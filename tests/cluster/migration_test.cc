@@ -31,6 +31,7 @@
 #include "tests/cluster/free_ports.h"
 #include "serving/grpc_util.h"
 #include "tests/cluster/process_util.h"
+#include "tests/sanitizers.h"
 
 namespace icecache::testing {
 namespace {
@@ -201,7 +202,7 @@ router::RemoteGenerateOptions Options(const std::string& router, int i, int max_
   o.max_tokens = max_tokens;
   o.ignore_eos = true;
   o.budget_pages = 0;  // full attention: migration is exact (see docs/cluster.md)
-  o.timeout_seconds = 120;
+  o.timeout_seconds = sanitizer::kThread ? 900 : 120;  // TSan runs the processes 5-15x slower
   return o;
 }
 
@@ -233,7 +234,9 @@ std::vector<StreamResult> RunStreams(const std::string& router, int n, int max_t
 }
 
 constexpr int kStreams = 4;
-constexpr int kMaxTokens = 400;
+// Under TSan (processes 5-15x slower) shorter streams, the same checks: 400-token references
+// ran past their deadline on a loaded 2-core machine.
+constexpr int kMaxTokens = sanitizer::kThread ? 160 : 400;
 constexpr size_t kKillAt = 40;  // tokens stream 0 has received when its decode worker is stopped
 
 // The tokens of uninterrupted greedy runs of the same prompts on the same cluster.
@@ -479,7 +482,9 @@ TEST(ClusterRetryWait, ClientCancelEndsTheWaitAtOnce) {
 }
 
 TEST(ClusterMigration, SigtermDrainLetsStreamsFinishOnTheirWorker) {
-  ProcessCluster c(/*num_decode=*/2, {});
+  // A grace period longer than the streams take, also under TSan (the default 30 s is not: the
+  // drain then ends them and they migrate, which the next case checks on purpose).
+  ProcessCluster c(/*num_decode=*/2, {"--set", "decode.drain_seconds=600"});
   ASSERT_TRUE(c.WaitHealthy()) << c.logs();
   const auto ref = Reference(c.router_address());
   std::string victim;
