@@ -28,7 +28,7 @@
 #include "bench/workload.h"
 #include "kernels/attention.h"
 #include "kernels/backend.h"
-#include "kernels/blas_reference.h"
+#include "bench/blas_reference.h"
 #include "kernels/device_buffer.h"
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
@@ -449,13 +449,13 @@ int RunGemv(int argc, char** argv) {
   const double ours_us = ours.wall_us;
 
   Timing blas;
-  if (backend == Backend::kCpu && kernels::OpenBlasAvailable()) {
+  if (backend == Backend::kCpu && OpenBlasAvailable()) {
     std::vector<float> wf(welems);
     kernels::ConvertToF32(dtype, w.data(), wf.data(), welems);
     std::vector<float> yb(y.size());
     blas = MedianMicros(
         Backend::kCpu,
-        [&] { return kernels::OpenBlasMatmulF32(x.data(), wf.data(), yb.data(), m, n, k, kernels::CpuThreads()); },
+        [&] { return OpenBlasMatmulF32(x.data(), wf.data(), yb.data(), m, n, k, kernels::CpuThreads()); },
         before, 10, 1.0);
   }
   const double blas_us = blas.wall_us;

@@ -1,11 +1,11 @@
 // OpenBLAS as a measured baseline (benchmarks and docs/BENCHMARKS.md), not used by the ops.
-// Compiled against OpenBLAS when kernels/CMakeLists.txt finds it (blas_reference_openblas.cc),
+// Compiled against OpenBLAS when bench/CMakeLists.txt finds it (blas_reference_openblas.cc),
 // else as "unavailable" (blas_reference_none.cc).
 #pragma once
 
 #include "common/status.h"
 
-namespace icecache::kernels {
+namespace icecache::bench {
 
 bool OpenBlasAvailable();
 
@@ -13,4 +13,4 @@ bool OpenBlasAvailable();
 // m == 1) on `threads` threads. UNIMPLEMENTED when OpenBLAS was not found at build time.
 Status OpenBlasMatmulF32(const float* x, const float* w, float* y, int m, int n, int k, int threads);
 
-}  // namespace icecache::kernels
+}  // namespace icecache::bench

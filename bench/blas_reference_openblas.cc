@@ -1,8 +1,8 @@
 #include <cblas.h>
 
-#include "kernels/blas_reference.h"
+#include "bench/blas_reference.h"
 
-namespace icecache::kernels {
+namespace icecache::bench {
 
 bool OpenBlasAvailable() { return true; }
 
@@ -16,4 +16,4 @@ Status OpenBlasMatmulF32(const float* x, const float* w, float* y, int m, int n,
   return Status::Ok();
 }
 
-}  // namespace icecache::kernels
+}  // namespace icecache::bench
