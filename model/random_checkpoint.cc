@@ -4,7 +4,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <system_error>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -166,6 +169,23 @@ Status WriteRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec
 #else
   return UnimplementedError("make-model: this build has no tokenizer library; pass write_tokenizer=false");
 #endif
+}
+
+Status EnsureRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec) {
+  if (std::filesystem::exists(dir + "/config.json")) return Status::Ok();
+  const std::string tmp = dir + ".tmp." + std::to_string(getpid());
+  if (Status s = WriteRandomCheckpoint(tmp, spec); !s.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(tmp, ignored);
+    return s;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, dir, ec);
+  if (!ec) return Status::Ok();
+  std::error_code ignored;
+  std::filesystem::remove_all(tmp, ignored);
+  if (std::filesystem::exists(dir + "/config.json")) return Status::Ok();  // another process got there first
+  return UnavailableError(dir + ": cannot move the written checkpoint into place: " + ec.message());
 }
 
 }  // namespace icecache::model

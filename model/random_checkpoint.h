@@ -38,4 +38,9 @@ StatusOr<ModelConfig> RandomModelConfig(const RandomModelSpec& spec);
 // norm weights 1, biases N(0, 0.02²). Deterministic for a given seed. Creates DIR if needed.
 Status WriteRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec);
 
+// WriteRandomCheckpoint unless DIR/config.json exists already (a checkpoint cached across test
+// processes; it is not compared with `spec`). Safe when several processes race for the same DIR:
+// each writes beside it (DIR.tmp.PID) and renames into place; a loser drops its copy.
+Status EnsureRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec);
+
 }  // namespace icecache::model

@@ -51,13 +51,9 @@ struct LoopbackCluster {
       spec.dtype = kernels::DType::kF32;
       spec.seed = 7;
       spec.write_tokenizer = with_tokenizer;
-      // ctest runs test cases as parallel processes: write aside, then rename into place.
-      std::string tmp = dir + ".tmp." + std::to_string(getpid());
-      Status s = model::WriteRandomCheckpoint(tmp, spec);
+      // ctest runs test cases as parallel processes: EnsureRandomCheckpoint writes aside and renames.
+      Status s = model::EnsureRandomCheckpoint(dir, spec);
       EXPECT_TRUE(s.ok()) << s.ToString();
-      std::error_code ec;
-      std::filesystem::rename(tmp, dir, ec);
-      if (ec) std::filesystem::remove_all(tmp);  // another process got there first
     }
     auto& cfg = c->config;
     cfg.model.dir = dir;

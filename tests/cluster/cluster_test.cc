@@ -376,20 +376,14 @@ TEST_F(ClusterTest, ChatToModelWithoutTemplateIsFailedPrecondition) {
 
 TEST(ClusterChat, MessagesAreFormattedWithTheChatTemplate) {
   const std::string dir = ::testing::TempDir() + "/icecache_cluster_model_chat";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    model::RandomModelSpec spec;
-    spec.hidden = 64;
-    spec.layers = 3;
-    spec.vocab = 320;
-    spec.dtype = kernels::DType::kF32;
-    spec.seed = 11;
-    spec.chat_template = true;
-    const std::string tmp = dir + ".tmp." + std::to_string(getpid());
-    ASSERT_TRUE(model::WriteRandomCheckpoint(tmp, spec).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
+  model::RandomModelSpec spec;
+  spec.hidden = 64;
+  spec.layers = 3;
+  spec.vocab = 320;
+  spec.dtype = kernels::DType::kF32;
+  spec.seed = 11;
+  spec.chat_template = true;
+  ASSERT_TRUE(model::EnsureRandomCheckpoint(dir, spec).ok());
   auto c = LoopbackCluster::Start(dir, 1, 1, "tcp,sm,self");
   ASSERT_NE(c, nullptr);
   auto tok = tokenizer::Tokenizer::Load(dir);

@@ -42,22 +42,16 @@ const std::string kBin = std::string(ICECACHE_BINARY_DIR) + "/bin/";
 // still running when the test kills its worker), small enough to load in a blink.
 std::string ModelDir() {
   const std::string dir = ::testing::TempDir() + "/icecache_migration_model";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    model::RandomModelSpec spec;
-    spec.hidden = 256;
-    spec.layers = 6;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.vocab = 320;
-    spec.max_position = 4096;
-    spec.dtype = kernels::DType::kF32;
-    spec.seed = 11;
-    const std::string tmp = dir + ".tmp." + std::to_string(getpid());
-    EXPECT_TRUE(model::WriteRandomCheckpoint(tmp, spec).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
+  model::RandomModelSpec spec;
+  spec.hidden = 256;
+  spec.layers = 6;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.vocab = 320;
+  spec.max_position = 4096;
+  spec.dtype = kernels::DType::kF32;
+  spec.seed = 11;
+  EXPECT_TRUE(model::EnsureRandomCheckpoint(dir, spec).ok());
   return dir;
 }
 

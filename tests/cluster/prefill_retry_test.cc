@@ -38,22 +38,16 @@ constexpr int kStallAfter = 6;
 
 std::string ModelDir() {
   const std::string dir = ::testing::TempDir() + "/icecache_prefill_retry_model";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    model::RandomModelSpec spec;
-    spec.hidden = 64;
-    spec.layers = 4;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.vocab = 320;
-    spec.max_position = 4096;
-    spec.dtype = kernels::DType::kF32;
-    spec.seed = 23;
-    const std::string tmp = dir + ".tmp." + std::to_string(getpid());
-    EXPECT_TRUE(model::WriteRandomCheckpoint(tmp, spec).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
+  model::RandomModelSpec spec;
+  spec.hidden = 64;
+  spec.layers = 4;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.vocab = 320;
+  spec.max_position = 4096;
+  spec.dtype = kernels::DType::kF32;
+  spec.seed = 23;
+  EXPECT_TRUE(model::EnsureRandomCheckpoint(dir, spec).ok());
   return dir;
 }
 

@@ -8,6 +8,9 @@
 #include <functional>
 #include <random>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "model/dense_kv_cache.h"
@@ -239,6 +242,40 @@ TEST_F(CheckpointErrors, TokenIdsOutOfRange) {
   ids = {-1};
   in.tokens = ids;
   EXPECT_EQ((*m)->Forward({&in, 1}, cache, LogitsMode::kAllTokens, &logits).code(), StatusCode::kOutOfRange);
+}
+
+// Test processes race for one cached checkpoint: each forked process ensures the same directory;
+// all succeed, exactly one checkpoint is in place and loads, and no DIR.tmp.PID copy is left.
+TEST(RandomCheckpoint, EnsureIsSafeWhenProcessesRaceAndKeepsAnExistingCheckpoint) {
+  TempDir root;
+  const std::string dir = root.path() + "/model";
+  RandomModelSpec spec;
+  spec.vocab = 300;
+  spec.write_tokenizer = false;
+  spec.dtype = kernels::DType::kF32;
+  std::vector<pid_t> children;
+  for (int i = 0; i < 4; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) _exit(EnsureRandomCheckpoint(dir, spec).ok() ? 0 : 1);
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  auto m = Model::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(root.path())) entries.push_back(e.path().filename());
+  EXPECT_EQ(entries, std::vector<std::string>{"model"});
+
+  // An existing checkpoint is kept as it is (not compared with the spec, not rewritten).
+  WriteFile(dir + "/marker", "kept");
+  spec.seed = 99;
+  ASSERT_TRUE(EnsureRandomCheckpoint(dir, spec).ok());
+  EXPECT_EQ(ReadFile(dir + "/marker"), "kept");
 }
 
 }  // namespace
