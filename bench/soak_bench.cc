@@ -8,7 +8,6 @@
 // error (a non-empty message) after a prefix of the reference. Wrong, lost or duplicated tokens,
 // a success without a final response, pools not back to zero or router fds/threads growing make
 // the exit code 1.
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <signal.h>
@@ -32,6 +31,7 @@
 
 #include "bench/workload.h"
 #include "client/client.h"
+#include "common/subprocess.h"
 #include "kernels/dtype.h"
 #include "model/random_checkpoint.h"
 
@@ -47,24 +47,17 @@ struct Child {
   pid_t pid = -1;
 };
 
+// The child's stdout and stderr are appended to `log` (a restarted worker keeps its history).
 pid_t SpawnChild(const Child& c, const std::string& log) {
-  std::vector<std::string> all = {c.binary};
-  all.insert(all.end(), c.args.begin(), c.args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+  std::vector<std::string> argv = {c.binary};
+  argv.insert(argv.end(), c.args.begin(), c.args.end());
+  SpawnOptions o;
+  o.log_path = log;
+  o.append_log = true;
+  o.env = {{"OMP_WAIT_POLICY", "passive"}};
+  StatusOr<pid_t> pid = SpawnProcess(argv, o);
+  if (!pid.ok()) std::fprintf(stderr, "soak: %s\n", pid.status().ToString().c_str());
+  return pid.ok() ? *pid : -1;
 }
 
 std::string HttpGet(int port, const std::string& path) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/cluster/free_ports.h"
+#include "tests/cluster/process_util.h"
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -26,18 +27,6 @@ const std::string kBin = std::string(ICECACHE_BINARY_DIR) + "/bin/";
 
 int FreePortRange(int n) { return testing::FreePortRange(n, 7919u); }
 
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 // stdout of a shell command (stderr dropped).
 std::string Capture(const std::string& cmd) {
   std::string out;
@@ -48,12 +37,6 @@ std::string Capture(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
   pclose(f);
   return out;
-}
-
-int WaitExit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 TEST(ClusterProcess, StartsServesAndStopsOnSigterm) {

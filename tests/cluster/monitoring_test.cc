@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/cluster/free_ports.h"
+#include "tests/cluster/process_util.h"
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -189,15 +190,17 @@ TEST_F(MonitoringCluster, PrometheusScrapesTheCluster) {
                                             "      - targets: ['127.0.0.1:"
                                          << base_ << "', '127.0.0.1:" << base_ + 1 << "', '127.0.0.1:" << base_ + 2
                                          << "']\n";
-  pid_t prom = fork();
-  if (prom == 0) {
-    std::string cfg = "--config.file=" + dir + "/prometheus.yml";
-    std::string tsdb = "--storage.tsdb.path=" + dir + "/data";
-    std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(prom_port);
-    freopen("/dev/null", "w", stderr);
-    execlp("prometheus", "prometheus", cfg.c_str(), tsdb.c_str(), listen.c_str(), nullptr);
-    _exit(127);
+  // Prometheus's path resolved here: SpawnProcess runs a path, with its output in a log file.
+  std::string prom_bin;
+  for (const char* d : {"/usr/bin", "/usr/local/bin", "/bin"}) {
+    const std::filesystem::path candidate = std::filesystem::path(d) / "prometheus";
+    if (prom_bin.empty() && access(candidate.c_str(), X_OK) == 0) prom_bin = candidate.string();
   }
+  ASSERT_FALSE(prom_bin.empty()) << "prometheus is on PATH but not in /usr/bin, /usr/local/bin or /bin";
+  const pid_t prom = Spawn({prom_bin, "--config.file=" + dir + "/prometheus.yml", "--storage.tsdb.path=" + dir + "/data",
+                            "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
+                           dir + "/prometheus.log");
+  ASSERT_GT(prom, 0);
   // The scrape config above has no relabelling: the component label comes from the processes.
   std::string body;
   bool found = false;
@@ -227,7 +230,7 @@ TEST_F(MonitoringCluster, PrometheusScrapesTheCluster) {
   }
   EXPECT_GT(evaluated, 20);
   kill(prom, SIGTERM);
-  waitpid(prom, nullptr, 0);
+  WaitExit(prom);
   std::filesystem::remove_all(dir);
 }
 

@@ -1,12 +1,10 @@
 // Helpers for tests that run the cluster as real processes (icecache-router, -prefill, -decode
-// fork/exec'd on loopback): spawning with a log file, reaping, and reading a /metrics page.
+// fork/exec'd on loopback): spawning with a log file and reading a /metrics page.
 #pragma once
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,35 +12,21 @@
 #include <utility>
 #include <vector>
 
+#include "common/subprocess.h"
+
 namespace icecache::testing {
 
-// Starts `args` (args[0] = the binary's path) with stdout and stderr in `log` and OMP_WAIT_POLICY
-// passive, plus the environment variables `env` (name, value).
-inline pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
+// Starts `args` (args[0] = the binary's path; common/subprocess.h) with stdout and stderr in
+// `log` ("" keeps the test's own) and OMP_WAIT_POLICY passive, plus the environment variables
+// `env` (name, value). -1 when it cannot be started. Reap it with icecache::WaitExit.
+inline pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "",
                    const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits for `pid`: its exit code, or 128 + the signal that ended it (-1 when it is not a child).
-inline int WaitExit(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  SpawnOptions o;
+  o.log_path = log;
+  o.env = {{"OMP_WAIT_POLICY", "passive"}};
+  o.env.insert(o.env.end(), env.begin(), env.end());
+  StatusOr<pid_t> pid = SpawnProcess(args, o);
+  return pid.ok() ? *pid : -1;
 }
 
 // The body of GET http://127.0.0.1:port/metrics ("" when it cannot be read).

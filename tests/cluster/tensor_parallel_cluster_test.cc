@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tests/cluster/free_ports.h"
+#include "tests/cluster/process_util.h"
 
 namespace icecache::testing {
 namespace {
@@ -32,24 +33,6 @@ namespace {
 const std::string kBin = std::string(ICECACHE_BINARY_DIR) + "/bin/";
 
 std::string Fixture(const std::string& name) { return std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/models/" + name; }
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int WaitExit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 // stdout of a shell command (stderr dropped).
 std::string Capture(const std::string& cmd) {

@@ -241,7 +241,9 @@ TEST(Devices, ParseAndName) {
   EXPECT_TRUE(UseDevice({Backend::kCpu, 0}).ok());
   EXPECT_EQ(UseDevice({Backend::kCpu, 1}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(DeviceCount(Backend::kCpu), 1);
-  if (!CudaAvailable()) EXPECT_EQ(DeviceCount(Backend::kCuda), 0);
+  if (!CudaAvailable()) {
+    EXPECT_EQ(DeviceCount(Backend::kCuda), 0);
+  }
   EXPECT_EQ(ResolveDevice({Backend::kAuto, 0}).backend, CudaAvailable() ? Backend::kCuda : Backend::kCpu);
 }
 

@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "serving/cluster_config.h"
 #include "serving/internal_tls.h"
+#include "common/subprocess.h"
 #include "tools/cli/command.h"
 
 namespace icecache::cli {
@@ -54,20 +55,17 @@ struct Child {
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
+// -1 when it cannot start (the reason on stderr); when exec fails the child says so in its stderr
+// and exits 127, which the supervision loop reports.
 pid_t Spawn(const std::string& binary, const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(binary.c_str()));
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    execv(binary.c_str(), argv.data());
-    std::fprintf(stderr, "icecache cluster: cannot run %s: %s\n", binary.c_str(), std::strerror(errno));
-    _exit(127);
+  std::vector<std::string> argv = {binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  StatusOr<pid_t> pid = SpawnProcess(argv);
+  if (!pid.ok()) {
+    std::fprintf(stderr, "icecache cluster: %s\n", pid.status().ToString().c_str());
+    return -1;
   }
-  return pid;
+  return *pid;
 }
 
 // SIGTERM to every child (each drains for its *.drain_seconds), SIGKILL to those still there after
@@ -303,6 +301,13 @@ int RunCluster(int argc, char** argv) {
 
   bool serving = false;
   int exit_code = 0;
+  for (const auto& c : children) {
+    if (c.pid < 0) {  // Spawn said why
+      std::fprintf(stderr, "icecache cluster: %s did not start; stopping the cluster\n", c.name.c_str());
+      exit_code = 1;
+      g_stop = 1;
+    }
+  }
   auto started = std::chrono::steady_clock::now();
   while (!g_stop) {
     std::string how;
