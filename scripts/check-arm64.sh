@@ -14,8 +14,9 @@
 # -dev package can replace the host's amd64 one (libyaml-cpp-dev does) — but downloaded with
 # `apt-get download` and unpacked into BUILD_DIR/arm64-deps, which the build and QEMU use.
 # None of this is in scripts/setup.sh: only this script needs it.
-# Not in CI: a cold build took 1150 s on 2 shared cores and the tests ~2.5 minutes per target
-# under QEMU (docs/BENCHMARKS.md, "Arm (aarch64) under QEMU"): over the 10 minutes we allow a CI check.
+# Not in CI: a cold build took 1150 s on 2 shared cores and the tests ~8 minutes for both targets
+# and the no-dotprod run under QEMU (docs/BENCHMARKS.md, "Arm (aarch64) under QEMU"): over the 10
+# minutes we allow a CI check.
 # Environment: ICECACHE_JOBS (parallel build jobs, default: nproc); ICECACHE_ARM64_GTEST_FILTER
 # (a --gtest_filter for every binary, default all cases: QEMU runs scalar code 10-30x slower than
 # the host, and on a loaded machine the full set takes long); ICECACHE_ARM64_TARGETS (the SIMD
