@@ -234,12 +234,19 @@ inline void MullStrip(const uint32_t* const* xs, const uint32_t* r, int ld, int 
   }
 }
 
-// 16 rows (four q registers), one sdot per register and key: lanes are rows. Compiled for
-// Armv8.2 + dotprod (GCC 12 rejects "+dotprod" alone for the intrinsic; dotprod exists only from
-// Armv8.2 on), called only when the CPU has it (HasDotProd).
+// 16 rows (four q registers), one sdot per register and key: lanes are rows. Called only when
+// the CPU has dotprod (HasDotProd). Compiled for Armv8.2 + dotprod unless the build's -march
+// already has it (GCC 12 rejects "+dotprod" alone for the intrinsic; dotprod exists only from
+// Armv8.2 on). With a -march above that (e.g. armv9-a, ICECACHE_NATIVE on Grace) the attribute
+// would lower the function's target and keep the helpers above from being inlined into it.
+#if defined(__ARM_FEATURE_DOTPROD)
+#define ICE_DOTPROD_FN
+#else
+#define ICE_DOTPROD_FN __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
 constexpr int kSdotStripRows = 16;
-__attribute__((target("arch=armv8.2-a+dotprod"))) void SdotStrip(const uint32_t* const* xs, const uint32_t* r, int ld, int quads,
-                                                   int32x4_t (&d)[kI8Keys][4]) {
+ICE_DOTPROD_FN void SdotStrip(const uint32_t* const* xs, const uint32_t* r, int ld, int quads,
+                              int32x4_t (&d)[kI8Keys][4]) {
   int32x4_t acc[kI8Keys][4];
   for (int t = 0; t < kI8Keys; ++t)
     for (int c = 0; c < 4; ++c) acc[t][c] = vdupq_n_s32(0);
