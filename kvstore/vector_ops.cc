@@ -1,5 +1,6 @@
 // The vector ops of the store: each call goes to the active SIMD target's kernel
-// (kernels/cpu/vector_ops_cpu.cc, compiled once per target; kernels/simd_target.h).
+// (kernels/cpu/vector_ops_cpu.cc and int8_ops_cpu.cc, compiled once per target;
+// kernels/simd_target.h).
 #include "kvstore/vector_ops.h"
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 
 namespace icecache::kvstore {
 
-static_assert(kI8ExtraQuads == 1, "kernels/cpu/vector_ops_cpu.cc assumes one extra quad");
+static_assert(kI8ExtraQuads == 1, "kernels/cpu/int8_ops_cpu.cc assumes one extra quad");
 
 float DotF32(const float* a, const float* b, int n) { ICE_SIMD_DISPATCH(DotF32, a, b, n); }
 

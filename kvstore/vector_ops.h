@@ -1,9 +1,10 @@
 // Small vector kernels used by the IceCache store: dot products of an fp32 query against rows
 // stored as f32/f16/bf16 (the page element types of kernels/dtype.h), and row conversions.
 // All functions are pure and thread-safe. Each call runs the kernel of the active SIMD target
-// (kernels/simd_target.h: AVX-512, AVX2 or scalar, chosen at run time; the kernels are in
-// kernels/cpu/vector_ops_cpu.cc). Targets give the same results up to fp32 summation order; the
-// int8 kernels (QuantizeKeyI8, ArgmaxDotI8, ScoreRowsI8, ...) give identical results on all.
+// (kernels/simd_target.h: AVX-512, AVX2 or scalar on x86-64, NEON or scalar on aarch64, chosen at
+// run time; the kernels are in kernels/cpu/{vector_ops,int8_ops}_cpu.cc). Targets give the same
+// results up to fp32 summation order; the int8 kernels (QuantizeKeyI8, ArgmaxDotI8, ScoreRowsI8,
+// ...) give identical results on all.
 #pragma once
 
 #include <cstddef>
@@ -88,7 +89,7 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, flo
 
 // best[i] = argmax_r sum over bytes of x_i's (s8) times (rows_t's byte - 128), ties to the lowest
 // r: exact int32 arithmetic (AVX512_VNNI vpdpbusd on avx512, bytes widened to int16 and vpmaddwd
-// on avx2, else the same integers in scalar code). x: [nx, quads] (QuantizeKeyI8); x_sum: [nx] their byte sums; rows_t: [quads, ld]
+// on avx2, vmull_s8 + vpadalq_s16 on neon, else the same integers in scalar code). x: [nx, quads] (QuantizeKeyI8); x_sum: [nx] their byte sums; rows_t: [quads, ld]
 // (QuantizeRowsI8), ld a multiple of 32 >= nr, nr >= 1, quads <= kI8MaxQuads. Only the
 // ceil(nr / 32) blocks of 32 columns that hold rows are read (the rest may be insertion
 // headroom); columns nr.. of the last block are ignored whatever they hold.

@@ -1,8 +1,9 @@
 // CPU attention. Paged decode: per (sequence, kv head) one task; each K/V vector is converted to
 // fp32 once and used by every query head of the GQA group. AVX-512 fast path (head_dim % 16 == 0,
 // GQA 1/2/4/8): one pass with an online softmax, see DecodeOneListVec; AVX2 fast path
-// (head_dim % 8 == 0, GQA 1/2/3/4/8), the same scheme on 8 lanes: DecodeOneListAvx2. Otherwise:
-// scores kept for the whole selected set, exact softmax (two passes over the pages: K, then V).
+// (head_dim % 8 == 0, GQA 1/2/3/4/8), the same scheme on 8 lanes: DecodeOneListAvx2. Otherwise
+// (and on neon): scores kept for the whole selected set, exact softmax (two passes over the pages:
+// K, then V; NEON dots, Axpy and exps on neon).
 
 #include <algorithm>
 #include <cmath>
@@ -55,7 +56,19 @@ void DecodeOneList(const PagedDecodeAttentionParams& p, int b, int g, std::vecto
     float mx = -std::numeric_limits<float>::infinity();
     for (int j = 0; j < slots; ++j) mx = std::max(mx, sc[j]);
     float sum = 0.f;
-    for (int j = 0; j < slots; ++j) {
+    int j = 0;
+#if ICE_SIMD_NEON
+    // The exps four at a time (ExpNonPositive4: sc[j] - mx <= 0), summed per lane.
+    const float32x4_t mv = vdupq_n_f32(mx);
+    float32x4_t acc = vdupq_n_f32(0.f);
+    for (; j + 4 <= slots; j += 4) {
+      const float32x4_t e = ExpNonPositive4(vsubq_f32(vld1q_f32(sc + j), mv));
+      vst1q_f32(sc + j, e);
+      acc = vaddq_f32(acc, e);
+    }
+    sum = vaddvq_f32(acc);
+#endif
+    for (; j < slots; ++j) {
       sc[j] = std::exp(sc[j] - mx);
       sum += sc[j];
     }

@@ -1,9 +1,10 @@
 // y = x · Wᵀ (+ bias) on the CPU.
 //  * m <= kGemvMaxRows (decode, batched decode): GEMV-style. Weight rows are streamed once,
 //    converted to fp32 in registers and dotted with every (cache-resident) x row, three weight
-//    rows by up to eight x rows at a time. Memory-bound on W at m = 1, FMA-bound at m = 8..16.
+//    rows by up to eight x rows at a time (AVX-512, AVX2 and NEON register blocks). Memory-bound on W at m = 1, FMA-bound at m = 8..16.
 //  * larger m: per thread a panel of kPanelRows weight rows x kPanelK columns is converted to fp32
-//    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it.
+//    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it (AVX-512,
+//    AVX2 and NEON forms; plain loops on the scalar target).
 
 #include <algorithm>
 #include <vector>
@@ -20,7 +21,8 @@ constexpr int kGemvFeatures = 3;
 constexpr int kPanelRows = 64;
 constexpr int kPanelK = 512;
 // Panel rows per micro-kernel call: 4 x 4 zmm accumulators with AVX-512, 4 x 3 ymm with AVX2 (16
-// registers: 12 accumulators, 3 panel vectors, x).
+// registers: 12 accumulators, 3 panel vectors, x), 4 x 4 q registers with NEON
+// (21 of 32: 16 accumulators, 4 panel vectors, x).
 constexpr int kTileCols = ICE_SIMD_AVX512 || !ICE_SIMD_AVX2 ? 4 : 3;
 
 float BiasAt(const MatmulParams& p, int j) {
@@ -32,6 +34,17 @@ float BiasAt(const MatmulParams& p, int j) {
   }
   return LoadScalar<DType::kF32>(p.bias, j);
 }
+
+#if ICE_SIMD_NEON
+// Elements i .. i+count-1 of a typed array (count < 4) as fp32, zeros in the other lanes.
+template <DType T>
+inline float32x4_t Load4Tail(const void* base, size_t i, int count) {
+  constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  unsigned char buf[16] = {};
+  std::memcpy(buf, static_cast<const char*>(base) + i * kElem, static_cast<size_t>(count) * kElem);
+  return Load4<T>(buf, 0);
+}
+#endif
 
 // out[r * 4 + c] = dot(x row r, weight row c) for r < MR, c < NW: each converted weight vector
 // serves MR rows and each x vector NW weight rows (MR * NW <= 24 accumulators, FMA-bound rather
@@ -120,6 +133,33 @@ void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, in
     for (int r = 0; r < mr; ++r)
       for (int c = 0; c < NW; ++c) out[(r0 + r) * 4 + c] = HSum8(acc[r][c]);
   }
+#elif ICE_SIMD_NEON
+  // 32 q registers: all MR <= 8 rows in one pass (MR * NW <= 24 accumulators, NW weight vectors
+  // and x), so each weight vector is converted once for all rows. Every accumulator sees the same
+  // FMA sequence (the tail zero-padded) and reduction (vaddvq) whatever MR and NW are.
+  static_assert(NW >= 1 && NW <= 4 && MR * NW <= 24);
+  float32x4_t acc[MR][NW];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NW; ++c) acc[r][c] = vdupq_n_f32(0.f);
+  int i = 0;
+  for (; i + 4 <= k; i += 4) {
+    float32x4_t wv[NW];
+    for (int c = 0; c < NW; ++c) wv[c] = Load4<T>(w + c * w_row_bytes, i);
+    for (int r = 0; r < MR; ++r) {
+      const float32x4_t xv = vld1q_f32(x + r * ldx + i);
+      for (int c = 0; c < NW; ++c) acc[r][c] = vfmaq_f32(acc[r][c], xv, wv[c]);
+    }
+  }
+  if (i < k) {
+    float32x4_t wv[NW];
+    for (int c = 0; c < NW; ++c) wv[c] = Load4Tail<T>(w + c * w_row_bytes, i, k - i);
+    for (int r = 0; r < MR; ++r) {
+      const float32x4_t xv = Load4TailF32(x + r * ldx, i, k - i);
+      for (int c = 0; c < NW; ++c) acc[r][c] = vfmaq_f32(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NW; ++c) out[r * 4 + c] = vaddvq_f32(acc[r][c]);
 #else
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NW; ++c) out[r * 4 + c] = Dot<T>(x + r * ldx, w + c * w_row_bytes, k);
@@ -246,6 +286,31 @@ void MicroKernel(const float* x, size_t ldx, const float* panel, int ldp, int kc
     for (int r = 0; r < MR; ++r)
       for (int c = 0; c < nc; ++c) y[r * ldy + c0 + c] += HSum8(acc[r][c]);
   }
+#elif ICE_SIMD_NEON
+  // MR x NR <= 16 accumulators of 4 lanes (independent FMA chains enough to cover the latency),
+  // NR panel vectors and x: 21 of the 32 registers.
+  float32x4_t acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = vdupq_n_f32(0.f);
+  int i = 0;
+  for (; i + 4 <= kc; i += 4) {
+    float32x4_t wv[NR];
+    for (int c = 0; c < NR; ++c) wv[c] = vld1q_f32(panel + c * ldp + i);
+    for (int r = 0; r < MR; ++r) {
+      const float32x4_t xv = vld1q_f32(x + r * ldx + i);
+      for (int c = 0; c < NR; ++c) acc[r][c] = vfmaq_f32(acc[r][c], xv, wv[c]);
+    }
+  }
+  if (i < kc) {
+    float32x4_t wv[NR];
+    for (int c = 0; c < NR; ++c) wv[c] = Load4TailF32(panel + c * ldp, i, kc - i);
+    for (int r = 0; r < MR; ++r) {
+      const float32x4_t xv = Load4TailF32(x + r * ldx, i, kc - i);
+      for (int c = 0; c < NR; ++c) acc[r][c] = vfmaq_f32(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) y[r * ldy + c] += vaddvq_f32(acc[r][c]);
 #else
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) {

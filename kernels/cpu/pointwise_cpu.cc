@@ -94,6 +94,15 @@ inline __m256 SwiGlu8(__m256 g, __m256 u) {
   const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
   return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
 }
+#elif ICE_SIMD_NEON
+// SwiGlu16's arithmetic on 4 lanes (all valid).
+inline float32x4_t SwiGlu4(float32x4_t g, float32x4_t u) {
+  const float32x4_t e = ExpNonPositive4(vnegq_f32(vabsq_f32(g)));
+  const float32x4_t one = vdupq_n_f32(1.f);
+  const uint32x4_t neg = vcltq_f32(g, vdupq_n_f32(0.f));
+  const float32x4_t sig = vdivq_f32(vbslq_f32(neg, e, one), vaddq_f32(one, e));
+  return vmulq_f32(vmulq_f32(g, sig), u);
+}
 #endif
 
 Status SwiGlu(const SwiGluParams& p) {
@@ -117,6 +126,18 @@ Status SwiGlu(const SwiGluParams& p) {
       _mm256_storeu_ps(p.out + i, SwiGlu8(_mm256_loadu_ps(p.gate + i), _mm256_loadu_ps(p.up + i)));
     } else {
       Store8Tail(p.out + i, SwiGlu8(Load8Tail<DType::kF32>(p.gate, i, n), Load8Tail<DType::kF32>(p.up, i, n)), n);
+    }
+  }
+#elif ICE_SIMD_NEON
+  const long blocks = (p.n + 3) / 4;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (long b = 0; b < blocks; ++b) {
+    const long i = b * 4;
+    const int n = static_cast<int>(std::min<long>(4, p.n - i));
+    if (n == 4) {
+      vst1q_f32(p.out + i, SwiGlu4(vld1q_f32(p.gate + i), vld1q_f32(p.up + i)));
+    } else {
+      Store4Tail(p.out + i, SwiGlu4(Load4TailF32(p.gate, i, n), Load4TailF32(p.up, i, n)), n);
     }
   }
 #else

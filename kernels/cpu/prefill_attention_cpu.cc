@@ -5,8 +5,8 @@
 // Per key block of kKeyBlock keys: S = Q·Kᵀ from a transposed copy of the block (a 4-row ×
 // 64-key register tile), causal mask on the diagonal block only, online softmax (running max and
 // sum per row, vectorised exp), then O += P·V with a 4-row × 64-dim register tile. The driver
-// (PrefillTask) is shared by the avx512 and avx2 targets; the register tiles, the softmax step
-// and row scaling have one form per target. On the scalar target (or for head_dim not a
+// (PrefillTask) is shared by the avx512, avx2 and neon targets; the register tiles, the softmax
+// step and row scaling have one form per target. On the scalar target (or for head_dim not a
 // multiple of 16) a row-by-row version runs instead.
 
 
@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "kernels/cpu/simd.h"  // last: switches code generation to the target
+
+// The targets with the tiled form (register tiles, softmax step and row scaling below).
+#define ICE_PREFILL_TILED (ICE_SIMD_AVX2 || ICE_SIMD_NEON)
 
 namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
@@ -49,7 +52,7 @@ void PrefillRowsScalar(const PrefillAttentionParams& p, int kvh, int i0, int i1,
   }
 }
 
-#if ICE_SIMD_AVX2
+#if ICE_PREFILL_TILED
 constexpr int kKeyBlock = 64;  // keys per block: 4 zmm (8 ymm) of scores per row
 
 // Working memory of one task, reused across tasks of a thread.
@@ -243,9 +246,92 @@ inline void SoftmaxRow(float* s, int visible, float& m, float& l, float* o, int 
   m = m_new;
   if (alpha != 1.f) ScaleRow(o, o, alpha, d);
 }
+#elif ICE_SIMD_NEON
+// The NEON forms: 32 q registers hold a 4-row x 16-column tile (16 accumulators, 4 operand
+// vectors, the broadcasts), so the 64-key / 64-column tiles are four 16-wide strips as on AVX2.
+
+// S[r0..r0+R) = Q[r0..] · Kt for R <= 4 rows.
+template <int R>
+inline void ScoreRows(const float* q, int d, const float* kt, float* s) {
+  for (int c0 = 0; c0 < kKeyBlock; c0 += 16) {
+    float32x4_t acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = vdupq_n_f32(0.f);
+    for (int e = 0; e < d; ++e) {
+      const float* kr = kt + static_cast<size_t>(e) * kKeyBlock + c0;
+      float32x4_t kv[4];
+      for (int c = 0; c < 4; ++c) kv[c] = vld1q_f32(kr + 4 * c);
+      for (int r = 0; r < R; ++r) {
+        const float32x4_t qe = vld1q_dup_f32(q + static_cast<size_t>(r) * d + e);
+        for (int c = 0; c < 4; ++c) acc[r][c] = vfmaq_f32(acc[r][c], qe, kv[c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) vst1q_f32(s + static_cast<size_t>(r) * kKeyBlock + c0 + 4 * c, acc[r][c]);
+  }
+}
+
+// O[r0..r0+R)[c0..c0+16) += P[r0..] · V[block][c0..c0+16) for R <= 4 rows, nk keys.
+template <int R>
+inline void AccumulateRows16(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
+  float32x4_t acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = vld1q_f32(o + static_cast<size_t>(r) * d + c0 + 4 * c);
+  for (int j = 0; j < nk; ++j) {
+    float32x4_t vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = vld1q_f32(v + j * v_stride + c0 + 4 * c);
+    for (int r = 0; r < R; ++r) {
+      const float32x4_t pj = vld1q_dup_f32(s + static_cast<size_t>(r) * kKeyBlock + j);
+      for (int c = 0; c < 4; ++c) acc[r][c] = vfmaq_f32(acc[r][c], pj, vv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) vst1q_f32(o + static_cast<size_t>(r) * d + c0 + 4 * c, acc[r][c]);
+}
+
+template <int R>
+inline void AccumulateRows(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
+  for (int c = c0; c < c0 + 64; c += 16) AccumulateRows16<R>(s, v, v_stride, nk, o, d, c);
+}
+
+inline void ScaleRow(float* dst, const float* src, float a, int d) {
+  const float32x4_t av = vdupq_n_f32(a);
+  for (int e = 0; e < d; e += 4) vst1q_f32(dst + e, vmulq_f32(vld1q_f32(src + e), av));
+}
+
+inline void SoftmaxRow(float* s, int visible, float& m, float& l, float* o, int d) {
+  const int32x4_t lane = {0, 1, 2, 3};
+  const float32x4_t neg_inf = vdupq_n_f32(kNegInf);
+  constexpr int kVecs = kKeyBlock / 4;
+  uint32x4_t keep[kVecs];
+  float32x4_t sv[kVecs];
+  float32x4_t mx = neg_inf;
+  for (int c = 0; c < kVecs; ++c) {
+    keep[c] = vcgtq_s32(vdupq_n_s32(visible - 4 * c), lane);
+    sv[c] = vbslq_f32(keep[c], vld1q_f32(s + 4 * c), neg_inf);
+    mx = vmaxq_f32(mx, sv[c]);
+  }
+  const float m_new = std::max(m, vmaxvq_f32(mx));
+  if (m_new == kNegInf) {
+    for (int c = 0; c < kVecs; ++c) vst1q_f32(s + 4 * c, vdupq_n_f32(0.f));
+    return;
+  }
+  const float32x4_t mv = vdupq_n_f32(m_new);
+  float32x4_t sum = vdupq_n_f32(0.f);
+  for (int c = 0; c < kVecs; ++c) {
+    const float32x4_t e = vreinterpretq_f32_u32(
+        vandq_u32(keep[c], vreinterpretq_u32_f32(ExpNonPositive4(vsubq_f32(sv[c], mv)))));
+    vst1q_f32(s + 4 * c, e);
+    sum = vaddq_f32(sum, e);
+  }
+  const float alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
+  l = l * alpha + vaddvq_f32(sum);
+  m = m_new;
+  if (alpha != 1.f) ScaleRow(o, o, alpha, d);
+}
 #endif
 
-#if ICE_SIMD_AVX2
+#if ICE_PREFILL_TILED
 template <typename F>
 inline void ForRowQuads(int rows, F&& f) {
   int r = 0;
@@ -332,14 +418,14 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   const int positions_per_task = std::max(1, 128 / group);
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
-#if ICE_SIMD_AVX2
+#if ICE_PREFILL_TILED
   const bool vec = p.head_dim % 16 == 0;
 #else
   const bool vec = false;
 #endif
 #pragma omp parallel num_threads(CpuThreads())
   {
-#if ICE_SIMD_AVX2
+#if ICE_PREFILL_TILED
     Tile tile;
 #endif
     std::vector<float> sc;
@@ -348,7 +434,7 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
       const int block = blocks - 1 - task / p.num_kv_heads;
       const int kvh = task % p.num_kv_heads;
       const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
-#if ICE_SIMD_AVX2
+#if ICE_PREFILL_TILED
       if (vec) {
         PrefillTask(p, kvh, i0, i1, tile);
         continue;

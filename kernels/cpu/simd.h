@@ -3,7 +3,7 @@
 // it includes the standard and intrinsic headers the kernels use, then switches code generation
 // to the target (#pragma GCC target; everything defined below it, in this header and in the
 // including source, is compiled for that target) and opens the target's namespace macros:
-//   ICE_SIMD_NS      scalar | avx2 | avx512, the namespace (under icecache::kernels::cpu) of
+//   ICE_SIMD_NS      scalar | avx2 | avx512 | neon, the namespace (under icecache::kernels::cpu) of
 //                    everything the source defines, so no inline function or template of one
 //                    target can be merged by the linker with another target's;
 //   ICE_SIMD_AVX2    1 on the avx2 and avx512 targets (AVX2 + FMA + F16C usable);
@@ -12,7 +12,8 @@
 // Standard headers must not be included after this one: their inline functions would be compiled
 // for the target under their usual (shared) names. (GCC does not define __AVX2__ and friends
 // after #pragma GCC target in C++, hence our own macros.)
-// Helpers: loads of f32/f16/bf16 converting to 16 (AVX-512) or 8 (AVX2) fp32 lanes on the fly;
+// Helpers: loads of f32/f16/bf16 converting to 16 (AVX-512), 8 (AVX2) or 4 (NEON) fp32 lanes on
+// the fly; the softmax exp polynomial on each target's vectors;
 // Dot/Axpy/ToF32 with the widest vectors the target has, scalar loops on the scalar target.
 #pragma once
 
@@ -237,6 +238,38 @@ inline float HMax8(__m256 v) {
 #endif
 
 #if ICE_SIMD_NEON
+// exp(x) for x <= 0, ExpNonPositive's polynomial on 4 lanes (vrndnq rounds to nearest even as
+// the x86 forms do; 2^n built in the exponent field: n >= -126 after the clamp, a normal float).
+inline float32x4_t ExpNonPositive4(float32x4_t x) {
+  x = vmaxq_f32(x, vdupq_n_f32(-87.f));
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.f)), p, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+// Elements i .. i+count-1 of an fp32 array (count < 4), zeros in the other lanes.
+inline float32x4_t Load4TailF32(const float* base, size_t i, int count) {
+  float buf[4] = {0.f, 0.f, 0.f, 0.f};
+  std::memcpy(buf, base + i, static_cast<size_t>(count) * sizeof(float));
+  return vld1q_f32(buf);
+}
+
+// Lanes 0 .. count-1 of v to dst (count < 4).
+inline void Store4Tail(float* dst, float32x4_t v, int count) {
+  float buf[4];
+  vst1q_f32(buf, v);
+  std::memcpy(dst, buf, static_cast<size_t>(count) * sizeof(float));
+}
+
 // 4 consecutive elements starting at element i, as fp32.
 template <DType T>
 inline float32x4_t Load4(const void* base, size_t i) {

@@ -1,7 +1,8 @@
 // The IceCache store's vector kernels (contracts: kvstore/vector_ops.h, which dispatches to the
 // active SIMD target's copy of this file): scoring of f32/f16/bf16 rows, the batched arg-max of
-// the DCI-tree parent search (fp32, bf16 pairs, exact int8), the int8 row blocks of a query's
-// upper levels, row conversions and streaming stores.
+// the DCI-tree parent search (fp32, bf16 pairs), row conversions and streaming stores. The int8
+// kernels (exact int8 parent search, the int8 row blocks of a query's upper levels) are in
+// int8_ops_cpu.cc.
 #include <atomic>
 #include <climits>
 
@@ -9,11 +10,6 @@
 
 namespace icecache::kernels::cpu::ICE_SIMD_NS {
 namespace {
-
-// kI8ExtraQuads of kvstore/vector_ops.h: the words of the MIPS extra coordinate.
-constexpr int kI8ExtraQuads = 1;
-// kI8MaxQuads of kvstore/vector_ops.h.
-constexpr int kI8MaxQuadsKernel = 256;
 
 #if ICE_SIMD_AVX512
 // 16 floats to bf16, the rounding of F32ToBf16 (nearest even; NaN stays NaN, quieted).
@@ -40,6 +36,17 @@ inline __m128i Bf16x8(const float* src) {
   r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
   // Every lane is in [0, 0xffff]: the unsigned-saturating pack keeps it.
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+#endif
+
+#if ICE_SIMD_NEON
+// 4 floats to bf16, the rounding of F32ToBf16 (as Bf16x16).
+inline uint16x4_t Bf16x4(const float* src) {
+  const uint32x4_t u = vld1q_u32(reinterpret_cast<const uint32_t*>(src));
+  const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+  const uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7fff)), lsb), 16);
+  const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000));
+  return vmovn_u32(vbslq_u32(nan, vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40)), r));
 }
 #endif
 
@@ -282,6 +289,66 @@ void ArgmaxAugPairs(int nx, const float* x_extra, int nr, const float* row_extra
 }
 #endif
 
+#if ICE_SIMD_NEON
+// The NEON kernels of ArgmaxAugDot and ArgmaxAugDotBf16: kArgmaxQueriesNeon queries against 16
+// rows (four q registers) per pass, 16 accumulators. block(src, rb, a) adds to a[t][0..3] (zeroed)
+// the plain dot products of query src[t] with rows rb..rb+15; the augmented extras are added
+// here. The running arg-max is kept per lane (best score and its row, strictly greater wins, so a
+// lane keeps its earliest row), reduced at the end: the best score, then the lowest row holding
+// it. A ragged tail repeats the last query.
+constexpr int kArgmaxQueriesNeon = 4;
+using ArgmaxAccNeon = float32x4_t[kArgmaxQueriesNeon][4];
+
+template <typename Block>
+void ArgmaxAugStrips(int nx, const float* x_extra, int nr, const float* row_extra, Block&& block, int32_t* best) {
+  constexpr int kT = kArgmaxQueriesNeon;
+  const int32x4_t lane = {0, 1, 2, 3};
+  for (int i = 0; i < nx; i += kT) {
+    int src[kT];
+    for (int t = 0; t < kT; ++t) src[t] = std::min(i + t, nx - 1);
+    float32x4_t bv[kT][4];
+    int32x4_t bi[kT][4];
+    for (int t = 0; t < kT; ++t)
+      for (int c = 0; c < 4; ++c) {
+        bv[t][c] = vdupq_n_f32(-INFINITY);
+        bi[t][c] = vdupq_n_s32(0);
+      }
+    // 16-row strips inside the 32-row blocks that hold rows (past nr: headroom, -inf extras).
+    for (int rb = 0; rb < nr; rb += 16) {
+      ArgmaxAccNeon a;
+      for (int t = 0; t < kT; ++t)
+        for (int c = 0; c < 4; ++c) a[t][c] = vdupq_n_f32(0.f);
+      block(src, rb, a);
+      for (int c = 0; c < 4; ++c) {
+        const float32x4_t e = vld1q_f32(row_extra + rb + 4 * c);
+        const int32x4_t idx = vaddq_s32(lane, vdupq_n_s32(rb + 4 * c));
+        for (int t = 0; t < kT; ++t) {
+          // -inf extras times a zero x_extra give NaN; an ordered compare never selects them.
+          const float32x4_t sc = vfmaq_f32(a[t][c], vdupq_n_f32(x_extra[src[t]]), e);
+          const uint32x4_t gt = vcgtq_f32(sc, bv[t][c]);
+          bv[t][c] = vbslq_f32(gt, sc, bv[t][c]);
+          bi[t][c] = vbslq_s32(gt, idx, bi[t][c]);
+        }
+      }
+    }
+    for (int t = 0; t < kT && i + t < nx; ++t) {
+      const float mv = vmaxvq_f32(vmaxq_f32(vmaxq_f32(bv[t][0], bv[t][1]), vmaxq_f32(bv[t][2], bv[t][3])));
+      int32x4_t m = vdupq_n_s32(INT32_MAX);
+      for (int c = 0; c < 4; ++c) m = vminq_s32(m, vbslq_s32(vceqq_f32(bv[t][c], vdupq_n_f32(mv)), bi[t][c], m));
+      // A lane that never beat -inf keeps row 0, as the scalar rule does.
+      const int32_t arg = vminvq_s32(m);
+      best[i + t] = arg == INT32_MAX ? 0 : arg;
+    }
+  }
+}
+
+// a[c] += lane L of u times r[c] for the four row vectors of a strip.
+template <int L>
+inline void FmaLane4(float32x4_t (&a)[4], const float32x4_t (&r)[4], float32x4_t u) {
+  for (int c = 0; c < 4; ++c) a[c] = vfmaq_laneq_f32(a[c], r[c], u, L);
+}
+#endif
+
 void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx, const float* rows_t, int ld,
                   const float* row_extra, int nr, int dim, int32_t* best) {
   int i = 0;
@@ -317,6 +384,36 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
         a[0][c] = _mm256_fmadd_ps(u, rc, a[0][c]);
         a[1][c] = _mm256_fmadd_ps(v, rc, a[1][c]);
       }
+    }
+  }, best);
+  i = nx;
+#elif ICE_SIMD_NEON
+  // Four queries against 16 rows per pass: four dimensions of each query in one register, used
+  // lane by lane (vfmaq_laneq), so 4 row loads feed 16 FMAs.
+  ArgmaxAugStrips(nx, x_extra, nr, row_extra, [&](const int* src, int rb, ArgmaxAccNeon& a) {
+    const float* xs[kArgmaxQueriesNeon];
+    for (int t = 0; t < kArgmaxQueriesNeon; ++t) xs[t] = x + static_cast<size_t>(src[t]) * x_stride;
+    auto rows_at = [&](int j, float32x4_t (&r)[4]) {
+      const float* p = rows_t + static_cast<size_t>(j) * ld + rb;
+      for (int c = 0; c < 4; ++c) r[c] = vld1q_f32(p + 4 * c);
+    };
+    int j = 0;
+    for (; j + 4 <= dim; j += 4) {
+      float32x4_t u[kArgmaxQueriesNeon], r[4];
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) u[t] = vld1q_f32(xs[t] + j);
+      rows_at(j, r);
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) FmaLane4<0>(a[t], r, u[t]);
+      rows_at(j + 1, r);
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) FmaLane4<1>(a[t], r, u[t]);
+      rows_at(j + 2, r);
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) FmaLane4<2>(a[t], r, u[t]);
+      rows_at(j + 3, r);
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) FmaLane4<3>(a[t], r, u[t]);
+    }
+    for (; j < dim; ++j) {
+      float32x4_t r[4];
+      rows_at(j, r);
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) FmaLane4<0>(a[t], r, vdupq_n_f32(xs[t][j]));
     }
   }, best);
   i = nx;
@@ -378,6 +475,52 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
     }
   }, best);
   i = nx;
+#elif ICE_SIMD_NEON
+  // As the AVX2 form, the pairs widened to fp32 (exact), two FMAs per pair; four pairs of each
+  // query widened at once and used lane by lane.
+  ArgmaxAugStrips(nx, x_extra, nr, row_extra, [&](const int* src, int rb, ArgmaxAccNeon& a) {
+    const uint32_t* xs[kArgmaxQueriesNeon];
+    for (int t = 0; t < kArgmaxQueriesNeon; ++t) xs[t] = x + static_cast<size_t>(src[t]) * pairs;
+    const uint32x4_t hi_mask = vdupq_n_u32(0xffff0000u);
+    auto rows_at = [&](int j, float32x4_t (&lo)[4], float32x4_t (&hi)[4]) {
+      const uint32_t* p = rows_t + static_cast<size_t>(j) * ld + rb;
+      for (int c = 0; c < 4; ++c) {
+        const uint32x4_t w = vld1q_u32(p + 4 * c);
+        lo[c] = vreinterpretq_f32_u32(vshlq_n_u32(w, 16));
+        hi[c] = vreinterpretq_f32_u32(vandq_u32(w, hi_mask));
+      }
+    };
+    auto pair_step = [&]<int L>(int j, const float32x4_t (&ulo)[kArgmaxQueriesNeon], const float32x4_t (&uhi)[kArgmaxQueriesNeon]) {
+      float32x4_t lo[4], hi[4];
+      rows_at(j, lo, hi);
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) {
+        FmaLane4<L>(a[t], lo, ulo[t]);
+        FmaLane4<L>(a[t], hi, uhi[t]);
+      }
+    };
+    int j = 0;
+    for (; j + 4 <= pairs; j += 4) {
+      float32x4_t ulo[kArgmaxQueriesNeon], uhi[kArgmaxQueriesNeon];
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) {
+        const uint32x4_t w = vld1q_u32(xs[t] + j);
+        ulo[t] = vreinterpretq_f32_u32(vshlq_n_u32(w, 16));
+        uhi[t] = vreinterpretq_f32_u32(vandq_u32(w, hi_mask));
+      }
+      pair_step.template operator()<0>(j, ulo, uhi);
+      pair_step.template operator()<1>(j + 1, ulo, uhi);
+      pair_step.template operator()<2>(j + 2, ulo, uhi);
+      pair_step.template operator()<3>(j + 3, ulo, uhi);
+    }
+    for (; j < pairs; ++j) {
+      float32x4_t ulo[kArgmaxQueriesNeon], uhi[kArgmaxQueriesNeon];
+      for (int t = 0; t < kArgmaxQueriesNeon; ++t) {
+        ulo[t] = vdupq_n_f32(Bf16ToF32(static_cast<uint16_t>(xs[t][j])));
+        uhi[t] = vdupq_n_f32(Bf16ToF32(static_cast<uint16_t>(xs[t][j] >> 16)));
+      }
+      pair_step.template operator()<0>(j, ulo, uhi);
+    }
+  }, best);
+  i = nx;
 #endif
   for (; i < nx; ++i) {
     const uint32_t* xi = x + static_cast<size_t>(i) * pairs;
@@ -394,390 +537,6 @@ void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uin
       if (s > bs) { bs = s; arg = r; }
     }
     best[i] = arg;
-  }
-}
-
-namespace {
-
-float MaxAbs(const float* v, int n) {
-  float mx = 0.f;
-  int j = 0;
-#if ICE_SIMD_AVX512
-  __m512 m = _mm512_setzero_ps();
-  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
-  mx = _mm512_reduce_max_ps(m);
-#elif ICE_SIMD_AVX2
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 m = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(abs_mask, _mm256_loadu_ps(v + j)));
-  mx = HMax8(m);
-#endif
-  for (; j < n; ++j) mx = std::max(mx, std::fabs(v[j]));
-  return mx;
-}
-
-#if ICE_SIMD_AVX2
-// The 8 int32 lanes of v (each in [-128, 127]) as 8 bytes at q (saturating packs: never clip).
-inline void StoreI8x8(int8_t* q, __m256i v) {
-  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));
-}
-#endif
-
-// q[j] = round(v[j] * inv) (nearest, ties to even), |v[j] * inv| <= 127 up to rounding.
-void RoundToI8(const float* v, int n, float inv, int8_t* q) {
-  int j = 0;
-#if ICE_SIMD_AVX512
-  // cvtps rounds in the current mode as nearbyint does; the saturating narrow never clips.
-  const __m512 vi = _mm512_set1_ps(inv);
-  for (; j + 16 <= n; j += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), vi))));
-#elif ICE_SIMD_AVX2
-  const __m256 vi = _mm256_set1_ps(inv);
-  for (; j + 8 <= n; j += 8) StoreI8x8(q + j, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j), vi)));
-#endif
-  for (; j < n; ++j) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.f, 127.f));
-}
-
-#if ICE_SIMD_AVX2
-// The AVX2 int8 dot (no vpdpbusd; vpmaddubsw saturates at int16, 2 * 255 * 127 > 32767): a row
-// word's u8 bytes split into even (0, 2) and odd (1, 3) bytes as int16 pairs (w & 0x00ff00ff,
-// (w >> 8) & 0x00ff00ff), a key word's s8 bytes likewise, sign-extended; vpmaddwd then gives
-// exact int32 sums of two products.
-// kl[j] = s8 bytes (0, 2) of w[j] as int16 pairs, kh[j] = bytes (1, 3), for j < quads.
-inline void SplitS8Words(const uint32_t* w, int quads, int32_t* kl, int32_t* kh) {
-  auto pair = [](uint32_t lo, uint32_t hi) {
-    return static_cast<int32_t>(static_cast<uint16_t>(static_cast<int8_t>(lo)) |
-                                static_cast<uint32_t>(static_cast<uint16_t>(static_cast<int8_t>(hi))) << 16);
-  };
-  for (int j = 0; j < quads; ++j) {
-    kl[j] = pair(w[j], w[j] >> 16);
-    kh[j] = pair(w[j] >> 8, w[j] >> 24);
-  }
-}
-
-// acc + per lane the 4-byte dot of the row word (split as even / odd) with the key word (kl, kh).
-inline __m256i AddDotPairs(__m256i acc, __m256i even, __m256i odd, __m256i kl, __m256i kh) {
-  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(even, kl), _mm256_madd_epi16(odd, kh)));
-}
-#endif
-
-// Four bytes of one word (byte b = value b).
-uint32_t Word(int b0, int b1, int b2, int b3) {
-  return static_cast<uint32_t>(b0 & 0xff) | static_cast<uint32_t>(b1 & 0xff) << 8 |
-         static_cast<uint32_t>(b2 & 0xff) << 16 | static_cast<uint32_t>(b3 & 0xff) << 24;
-}
-
-// q[0..3] as a row word: each value + 128 (u8).
-uint32_t OffsetWord(const int8_t* q) { return Word(q[0] + 128, q[1] + 128, q[2] + 128, q[3] + 128); }
-
-// The four products of a key / query word (s8 bytes) with a row word (u8 bytes, value + 128),
-// summed: what one vpdpbusd lane adds, with the row offset removed.
-int32_t DotS8U8(uint32_t s8, uint32_t u8) {
-  int32_t d = 0;
-  for (int k = 0; k < 4; ++k) d += static_cast<int8_t>(s8 >> (8 * k)) * (static_cast<int32_t>((u8 >> (8 * k)) & 0xff) - 128);
-  return d;
-}
-
-}  // namespace
-
-float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int ld, uint32_t* rows_t) {
-  const int dq = (dim + 3) / 4;
-  float mx = 0.f;
-  for (int r = 0; r < nr; ++r) mx = std::max({mx, MaxAbs(rows + static_cast<size_t>(r) * dim, dim), extra[r] / 4.f});
-  const float s = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
-  std::vector<int8_t> q(static_cast<size_t>(dq) * 4, 0);
-  for (int r = 0; r < nr; ++r) {
-    RoundToI8(rows + static_cast<size_t>(r) * dim, dim, inv, q.data());
-    for (int j = 0; j < dq; ++j) rows_t[static_cast<size_t>(j) * ld + r] = OffsetWord(&q[4 * j]);
-    // The augmented coordinate: e <= 508 as four bytes of at most 127 (with the key's t in all
-    // four bytes of its extra quad, the quad's dot is t * e).
-    const int e = static_cast<int>(std::clamp(std::nearbyint(extra[r] * inv), 0.f, 508.f));
-    int8_t b[4];
-    for (int k = 0; k < 4; ++k) b[k] = static_cast<int8_t>(std::min(127, std::max(0, e - 127 * k)));
-    for (int k = 0; k < kI8ExtraQuads; ++k) rows_t[static_cast<size_t>(dq + k) * ld + r] = OffsetWord(b);
-  }
-  return s;
-}
-
-int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale) {
-  const int dq = (dim + 3) / 4;
-  const float mx = std::max(MaxAbs(key, dim), extra);
-  const float inv = mx > 0.f ? 127.f / mx : 0.f;
-  if (scale != nullptr) *scale = mx / 127.f;
-  // The words' bytes, in order (little-endian: byte b of word j is value 4j + b); pad bytes 0.
-  std::memset(dst, 0, static_cast<size_t>(dq) * 4);
-  int8_t* b = reinterpret_cast<int8_t*>(dst);
-  int32_t sum = 0;
-  int j = 0;
-#if ICE_SIMD_AVX512
-  // RoundToI8's conversion with the byte sum taken on the way (one pass instead of two).
-  const __m512 vi = _mm512_set1_ps(inv);
-  __m512i acc = _mm512_setzero_si512();
-  for (; j + 16 <= dim; j += 16) {
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(key + j), vi));
-    acc = _mm512_add_epi32(acc, v);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(b + j), _mm512_cvtsepi32_epi8(v));
-  }
-  sum = _mm512_reduce_add_epi32(acc);
-#elif ICE_SIMD_AVX2
-  const __m256 vi = _mm256_set1_ps(inv);
-  __m256i acc = _mm256_setzero_si256();
-  for (; j + 8 <= dim; j += 8) {
-    const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(key + j), vi));
-    acc = _mm256_add_epi32(acc, v);
-    StoreI8x8(b + j, v);
-  }
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
-  for (int t = 0; t < 8; ++t) sum += lanes[t];
-#endif
-  RoundToI8(key + j, dim - j, inv, b + j);
-  for (; j < dim; ++j) sum += b[j];
-  const int t = static_cast<int>(std::clamp(std::nearbyint(extra * inv), 0.f, 127.f));
-  dst[dq] = Word(t, t, t, t);
-  return sum + 4 * t;
-}
-
-namespace {
-
-// ArgmaxDotI8 of key i alone, in scalar code: the same integers (u8 row bytes minus 128 times s8
-// key bytes), ties to the lowest row.
-int32_t ArgmaxDotI8One(const uint32_t* x, int i, const uint32_t* rows_t, int ld, int nr, int quads) {
-  const uint32_t* xi = x + static_cast<size_t>(i) * quads;
-  int32_t bs = INT32_MIN, arg = 0;
-  for (int r = 0; r < nr; ++r) {
-    int32_t dot = 0;
-    for (int j = 0; j < quads; ++j) dot += DotS8U8(xi[j], rows_t[static_cast<size_t>(j) * ld + r]);
-    if (dot > bs) { bs = dot; arg = r; }
-  }
-  return arg;
-}
-
-}  // namespace
-
-void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,
-                 int32_t* best) {
-  int i = 0;
-#if ICE_SIMD_AVX512
-  // kT keys against 32 rows per pass: one vpdpbusd (four u8 row bytes x s8 key bytes per lane)
-  // per quad, the key's word broadcast; accumulators start at -128 * the key's byte sum, which
-  // removes the rows' +128 offset. A row's running best per lane is kept as one int32,
-  // dot * 128 + (127 - block), so a max picks the larger dot and, on ties, the earlier block;
-  // rows are scanned in chunks of 128 blocks and the chunks' winners compared by dot.
-  constexpr int kT = 5;
-  const int nb = (nr + 31) / 32;
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (; i < nx; i += kT) {
-    const uint32_t* xs[kT];
-    __m512i init[kT];
-    int32_t best_dot[kT], best_row[kT];
-    for (int t = 0; t < kT; ++t) {
-      const int src = std::min(i + t, nx - 1);
-      xs[t] = x + static_cast<size_t>(src) * quads;
-      init[t] = _mm512_set1_epi32(-128 * x_sum[src]);
-      best_dot[t] = INT32_MIN;
-      best_row[t] = 0;
-    }
-    for (int c0 = 0; c0 < nb; c0 += 128) {
-      const int c1 = std::min(nb, c0 + 128);
-      __m512i bk[kT][2];
-      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = _mm512_set1_epi32(INT32_MIN);
-      for (int b = c0; b < c1; ++b) {
-        __m512i acc[kT][2];
-        for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
-        const uint32_t* r = rows_t + static_cast<size_t>(b) * 32;
-        for (int j = 0; j < quads; ++j, r += ld) {
-          const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + 16);
-          for (int t = 0; t < kT; ++t) {
-            const __m512i u = _mm512_set1_epi32(static_cast<int>(xs[t][j]));
-            acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], r0, u);
-            acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], r1, u);
-          }
-        }
-        // Lanes past nr (the last block's padding) never count.
-        const __m512i rem = _mm512_set1_epi32(nr - b * 32);
-        const __mmask16 v0 = _mm512_cmplt_epi32_mask(lane, rem);
-        const __mmask16 v1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), rem);
-        const __m512i c = _mm512_set1_epi32(127 - (b - c0));
-        for (int t = 0; t < kT; ++t) {
-          bk[t][0] = _mm512_mask_max_epi32(bk[t][0], v0, bk[t][0], _mm512_add_epi32(_mm512_slli_epi32(acc[t][0], 7), c));
-          bk[t][1] = _mm512_mask_max_epi32(bk[t][1], v1, bk[t][1], _mm512_add_epi32(_mm512_slli_epi32(acc[t][1], 7), c));
-        }
-      }
-      for (int t = 0; t < kT; ++t) {
-        // The best key; among lanes holding it, the lowest (same block, same dot).
-        const int32_t m = _mm512_reduce_max_epi32(_mm512_max_epi32(bk[t][0], bk[t][1]));
-        const __m512i mv = _mm512_set1_epi32(m);
-        const uint32_t eq = _mm512_cmpeq_epi32_mask(bk[t][0], mv) | static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(bk[t][1], mv)) << 16;
-        const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - block
-        if (dot > best_dot[t]) {
-          best_dot[t] = dot;
-          best_row[t] = (c0 + 127 - (m & 127)) * 32 + __builtin_ctz(eq);
-        }
-      }
-    }
-    for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
-  }
-#elif ICE_SIMD_AVX2
-  // Exact int32 dots by AddDotPairs (each key's words split once). kT keys against 16 rows per
-  // pass; the running best per lane and the chunk scheme are those of the AVX-512 kernel, with
-  // strips of 16 rows in place of blocks of 32.
-  constexpr int kT = 4;
-  const int ns = (nr + 15) / 16;
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i even = _mm256_set1_epi32(0x00ff00ff);
-  const __m256i int_min = _mm256_set1_epi32(INT32_MIN);
-  alignas(32) int32_t kl[kT][kI8MaxQuadsKernel], kh[kT][kI8MaxQuadsKernel];
-  for (; i < nx; i += kT) {
-    __m256i init[kT];
-    int32_t best_dot[kT], best_row[kT];
-    for (int t = 0; t < kT; ++t) {
-      const int src = std::min(i + t, nx - 1);
-      const uint32_t* xs = x + static_cast<size_t>(src) * quads;
-      SplitS8Words(xs, quads, kl[t], kh[t]);
-      init[t] = _mm256_set1_epi32(-128 * x_sum[src]);
-      best_dot[t] = INT32_MIN;
-      best_row[t] = 0;
-    }
-    for (int c0 = 0; c0 < ns; c0 += 128) {
-      const int c1 = std::min(ns, c0 + 128);
-      __m256i bk[kT][2];
-      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = int_min;
-      for (int b = c0; b < c1; ++b) {
-        __m256i acc[kT][2];
-        for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
-        const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
-        for (int j = 0; j < quads; ++j, r += ld) {
-          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
-          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
-          const __m256i e0 = _mm256_and_si256(r0, even), o0 = _mm256_and_si256(_mm256_srli_epi32(r0, 8), even);
-          const __m256i e1 = _mm256_and_si256(r1, even), o1 = _mm256_and_si256(_mm256_srli_epi32(r1, 8), even);
-          for (int t = 0; t < kT; ++t) {
-            const __m256i ul = _mm256_set1_epi32(kl[t][j]), uh = _mm256_set1_epi32(kh[t][j]);
-            acc[t][0] = AddDotPairs(acc[t][0], e0, o0, ul, uh);
-            acc[t][1] = AddDotPairs(acc[t][1], e1, o1, ul, uh);
-          }
-        }
-        // Lanes past nr never count.
-        const __m256i rem = _mm256_set1_epi32(nr - b * 16);
-        const __m256i v0 = _mm256_cmpgt_epi32(rem, lane);
-        const __m256i v1 = _mm256_cmpgt_epi32(rem, _mm256_add_epi32(lane, _mm256_set1_epi32(8)));
-        const __m256i c = _mm256_set1_epi32(127 - (b - c0));
-        for (int t = 0; t < kT; ++t) {
-          const __m256i s0 = _mm256_add_epi32(_mm256_slli_epi32(acc[t][0], 7), c);
-          const __m256i s1 = _mm256_add_epi32(_mm256_slli_epi32(acc[t][1], 7), c);
-          bk[t][0] = _mm256_max_epi32(bk[t][0], _mm256_blendv_epi8(int_min, s0, v0));
-          bk[t][1] = _mm256_max_epi32(bk[t][1], _mm256_blendv_epi8(int_min, s1, v1));
-        }
-      }
-      for (int t = 0; t < kT; ++t) {
-        // The best key; among lanes holding it, the lowest (same strip, same dot).
-        __m256i mv = _mm256_max_epi32(bk[t][0], bk[t][1]);
-        mv = _mm256_max_epi32(mv, _mm256_permute2x128_si256(mv, mv, 1));
-        mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0x4e));
-        mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0xb1));
-        const int32_t m = _mm256_cvtsi256_si32(mv);
-        const uint32_t eq = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[t][0], mv)))) |
-                            static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[t][1], mv)))) << 8;
-        const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - strip
-        if (dot > best_dot[t]) {
-          best_dot[t] = dot;
-          best_row[t] = (c0 + 127 - (m & 127)) * 16 + __builtin_ctz(eq);
-        }
-      }
-    }
-    for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
-  }
-#endif
-  for (; i < nx; ++i) best[i] = ArgmaxDotI8One(x, i, rows_t, ld, nr, quads);
-}
-
-float QuantizeRowI8(const float* v, int dim, uint32_t* words, size_t stride) {
-  const int quads = (dim + 3) / 4;
-  const float mx = MaxAbs(v, dim);
-  const float inv = mx > 0.f ? 127.f / mx : 0.f;
-  std::vector<int8_t> q(static_cast<size_t>(quads) * 4, 0);
-  RoundToI8(v, dim, inv, q.data());
-  for (int j = 0; j < quads; ++j) words[j * stride] = OffsetWord(&q[4 * j]);
-  return mx;
-}
-
-void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, const uint32_t* qw, int qstride,
-                 const int32_t* q_sum, const float* q_scale, int nq, float* out) {
-  for (int h0 = 0; h0 < nq; h0 += 4) {
-    const int nh = std::min(4, nq - h0);
-#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
-    // The queries' words split once for all blocks (AddDotPairs).
-    int32_t kl[4][kI8MaxQuadsKernel], kh[4][kI8MaxQuadsKernel];
-    for (int h = 0; h < nh; ++h) SplitS8Words(qw + static_cast<size_t>(h0 + h) * qstride, quads, kl[h], kh[h]);
-#endif
-    for (int b = 0; b * 32 < nr; ++b) {
-      const uint32_t* blk = words + static_cast<size_t>(b) * quads * 32;
-      const int r0 = b * 32, cnt = std::min(32, nr - r0);
-#if ICE_SIMD_AVX512
-      // As ArgmaxDotI8: s8 query words broadcast against u8 row bytes, the accumulators started
-      // at -128 * the query's byte sum.
-      __m512i acc[4][2];
-      for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm512_set1_epi32(-128 * q_sum[h0 + h]);
-      for (int j = 0; j < quads; ++j) {
-        const __m512i a = _mm512_loadu_si512(blk + j * 32), c = _mm512_loadu_si512(blk + j * 32 + 16);
-        for (int h = 0; h < nh; ++h) {
-          const __m512i u = _mm512_set1_epi32(static_cast<int>(qw[static_cast<size_t>(h0 + h) * qstride + j]));
-          acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], a, u);
-          acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], c, u);
-        }
-      }
-      const __mmask16 m0 = cnt >= 16 ? 0xffff : static_cast<__mmask16>((1u << cnt) - 1);
-      const __mmask16 m1 = cnt <= 16 ? 0 : cnt >= 32 ? 0xffff : static_cast<__mmask16>((1u << (cnt - 16)) - 1);
-      const __m512 s0 = _mm512_maskz_loadu_ps(m0, scale + r0), s1 = _mm512_maskz_loadu_ps(m1, scale + r0 + 16);
-      for (int h = 0; h < nh; ++h) {
-        const __m512 qs = _mm512_set1_ps(q_scale[h0 + h]);
-        float* o = out + static_cast<size_t>(h0 + h) * nr + r0;
-        _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0]), _mm512_mul_ps(qs, s0)));
-        _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][1]), _mm512_mul_ps(qs, s1)));
-      }
-#elif ICE_SIMD_AVX2
-      // As ArgmaxDotI8's AVX2 kernel (AddDotPairs), 16 rows of the block per pass.
-      const __m256i even = _mm256_set1_epi32(0x00ff00ff);
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      for (int half = 0; half * 16 < cnt; ++half) {
-        __m256i acc[4][2];
-        for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm256_set1_epi32(-128 * q_sum[h0 + h]);
-        for (int j = 0; j < quads; ++j) {
-          const uint32_t* rw = blk + j * 32 + half * 16;
-          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
-          const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));
-          const __m256i ae = _mm256_and_si256(a, even), ao = _mm256_and_si256(_mm256_srli_epi32(a, 8), even);
-          const __m256i ce = _mm256_and_si256(c, even), co = _mm256_and_si256(_mm256_srli_epi32(c, 8), even);
-          for (int h = 0; h < nh; ++h) {
-            const __m256i ul = _mm256_set1_epi32(kl[h][j]), uh = _mm256_set1_epi32(kh[h][j]);
-            acc[h][0] = AddDotPairs(acc[h][0], ae, ao, ul, uh);
-            acc[h][1] = AddDotPairs(acc[h][1], ce, co, ul, uh);
-          }
-        }
-        const int base = r0 + half * 16, n16 = std::min(16, cnt - half * 16);
-        const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n16), lane);
-        const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n16 - 8), lane);
-        const __m256 s0 = _mm256_maskload_ps(scale + base, m0), s1 = _mm256_maskload_ps(scale + base + 8, m1);
-        for (int h = 0; h < nh; ++h) {
-          const __m256 qs = _mm256_set1_ps(q_scale[h0 + h]);
-          float* o = out + static_cast<size_t>(h0 + h) * nr + base;
-          _mm256_maskstore_ps(o, m0, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][0]), _mm256_mul_ps(qs, s0)));
-          _mm256_maskstore_ps(o + 8, m1, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][1]), _mm256_mul_ps(qs, s1)));
-        }
-      }
-#else
-      for (int h = 0; h < nh; ++h) {
-        const uint32_t* q = qw + static_cast<size_t>(h0 + h) * qstride;
-        for (int r = 0; r < cnt; ++r) {
-          int32_t dot = 0;
-          for (int j = 0; j < quads; ++j) dot += DotS8U8(q[j], blk[j * 32 + r]);
-          out[static_cast<size_t>(h0 + h) * nr + r0 + r] = static_cast<float>(dot) * (q_scale[h0 + h] * scale[r0 + r]);
-        }
-      }
-#endif
-    }
   }
 }
 
@@ -824,10 +583,9 @@ void StoreFence() {
 float DotF32(const float* a, const float* b, int n) { return DotRow<DType::kF32>(a, 0, b, n); }
 
 void SelfAndCrossDotF32(const float* a, const float* b, int n, float* aa, float* ab) {
+#if ICE_SIMD_AVX2
   // DotRow's arithmetic twice over one read of a: the same values as DotF32(a, a) and DotF32(b, a).
   int i = 0;
-  float s = 0.f, x = 0.f;
-#if ICE_SIMD_AVX2
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), x0 = _mm256_setzero_ps(), x1 = _mm256_setzero_ps();
   for (; i + 16 <= n; i += 16) {
     const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
@@ -841,15 +599,21 @@ void SelfAndCrossDotF32(const float* a, const float* b, int n, float* aa, float*
     s0 = _mm256_fmadd_ps(a0, a0, s0);
     x0 = _mm256_fmadd_ps(_mm256_loadu_ps(b + i), a0, x0);
   }
-  s = HSum8(_mm256_add_ps(s0, s1));
-  x = HSum8(_mm256_add_ps(x0, x1));
-#endif
+  float s = HSum8(_mm256_add_ps(s0, s1));
+  float x = HSum8(_mm256_add_ps(x0, x1));
   for (; i < n; ++i) {
     s += a[i] * a[i];
     x += b[i] * a[i];
   }
   *aa = s;
   *ab = x;
+#else
+  // DotF32 itself, twice (the second read of a comes from L1): a second copy of its loop need not
+  // round alike where the compiler contracts s += x * y into FMAs (aarch64: the scalar and neon
+  // targets' one-pass loops differed from DotF32 by an ulp or two).
+  *aa = DotF32(a, a, n);
+  *ab = DotF32(b, a, n);
+#endif
 }
 
 void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q, float* out) {
@@ -897,6 +661,8 @@ void RowFromF32(DType dtype, const float* src, void* dst, int n) {
       for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), Bf16x16(src + i));
 #elif ICE_SIMD_AVX2
       for (; i + 8 <= n; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), Bf16x8(src + i));
+#elif ICE_SIMD_NEON
+      for (; i + 4 <= n; i += 4) vst1_u16(d + i, Bf16x4(src + i));
 #endif
       for (; i < n; ++i) d[i] = F32ToBf16(src[i]);
       return;

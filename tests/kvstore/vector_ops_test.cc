@@ -9,7 +9,12 @@
 #include <cmath>
 #include <functional>
 #include <cstring>
+#include <iostream>
 #include <random>
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 namespace icecache::kvstore {
 namespace {
@@ -119,8 +124,10 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, ScoreRowsTest,
 TEST(VectorOpsTest, ArgmaxAugDotMatchesNaive) {
   std::mt19937 rng(5);
   std::normal_distribution<float> g;
-  for (int nr : {1, 7, 32, 45, 100}) {
-    const int dim = 24, nx = 9, ld = (nr + 31) / 32 * 32;
+  // dim 27 and 5: the SIMD forms' dimension tails (NEON takes dimensions four at a time).
+  for (const auto& [nr, dim] : {std::pair{1, 24}, std::pair{7, 24}, std::pair{32, 24}, std::pair{45, 24},
+                                std::pair{100, 24}, std::pair{45, 27}, std::pair{100, 5}}) {
+    const int nx = 9, ld = (nr + 31) / 32 * 32;
     std::vector<float> rows(nr * dim), x(nx * dim), xe(nx), re(ld, -INFINITY), rows_t(dim * ld, 0.f);
     for (auto& v : rows) v = g(rng);
     for (auto& v : x) v = g(rng);
@@ -138,7 +145,7 @@ TEST(VectorOpsTest, ArgmaxAugDotMatchesNaive) {
         for (int j = 0; j < dim; ++j) s += double(x[i * dim + j]) * rows[r * dim + j];
         if (s > bs) { bs = s; arg = r; }
       }
-      EXPECT_EQ(best[i], arg) << "nr=" << nr << " i=" << i;
+      EXPECT_EQ(best[i], arg) << "nr=" << nr << " dim=" << dim << " i=" << i;
     }
   }
 }
@@ -211,6 +218,11 @@ TEST(VectorOpsTest, KthLargestMatchesNthElement) {
 // words whose bytes span the whole s8 / u8 ranges (-128 * 0 ... 127 * 255: the pair sums that an
 // int16-saturating multiply-add would clip), so every target must give the same integers.
 TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
+#if defined(__aarch64__)
+  // The neon int8 kernels take the sdot form where the CPU has dotprod, else the vmull_s8 form
+  // (scripts/check-arm64.sh runs both CPU models and looks for this line).
+  std::cout << "note: this CPU " << ((getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0 ? "has dotprod (sdot form)" : "lacks dotprod (vmull_s8 form)") << "\n";
+#endif
   std::mt19937 rng(7);
   const int quads = 17, nr = 75, ld = 96, nx = 9;
   std::vector<uint32_t> x(static_cast<size_t>(nx) * quads), rows_t(static_cast<size_t>(quads) * ld);
@@ -271,6 +283,77 @@ TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
     for (int i = 0; i < nx; ++i)
       for (int r = 0; r < nr; ++r)
         ASSERT_EQ(out[static_cast<size_t>(i) * nr + r], static_cast<float>(dot(x.data() + static_cast<size_t>(i) * quads, r))) << i << " " << r;
+  }
+  ASSERT_TRUE(kernels::SetSimdTarget(saved).ok());
+}
+
+// SelfAndCrossDotF32's contract: DotF32(a, a) and DotF32(b, a) bit for bit, on every target and
+// for lengths around each target's vector widths (tails included).
+TEST(VectorOpsTest, SelfAndCrossDotIsDotF32BitForBitOnEveryTarget) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> g;
+  const kernels::SimdTarget saved = kernels::ActiveSimdTarget();
+  for (kernels::SimdTarget t : kernels::SupportedSimdTargets()) {
+    SCOPED_TRACE(std::string(kernels::SimdTargetName(t)));
+    ASSERT_TRUE(kernels::SetSimdTarget(t).ok());
+    for (int n : {1, 3, 4, 5, 8, 15, 16, 17, 31, 33, 64, 100}) {
+      std::vector<float> a(n), b(n);
+      for (auto& v : a) v = g(rng);
+      for (auto& v : b) v = g(rng);
+      float aa = 0.f, ab = 0.f;
+      SelfAndCrossDotF32(a.data(), b.data(), n, &aa, &ab);
+      const float want_aa = DotF32(a.data(), a.data(), n), want_ab = DotF32(b.data(), a.data(), n);
+      EXPECT_EQ(std::memcmp(&aa, &want_aa, 4), 0) << "n=" << n << " " << aa << " vs " << want_aa;
+      EXPECT_EQ(std::memcmp(&ab, &want_ab, 4), 0) << "n=" << n << " " << ab << " vs " << want_ab;
+    }
+  }
+  ASSERT_TRUE(kernels::SetSimdTarget(saved).ok());
+}
+
+// The int8 quantisers (QuantizeKeyI8, QuantizeRowsI8, RowBlocksI8::Append) write the same words,
+// sums and scales on every target: the vector forms round (nearest, ties to even) and clamp as the
+// scalar form does. Values include exact .5 ties (scale 1: max |v| = 127) and every dim tail.
+TEST(VectorOpsTest, Int8QuantisersGiveTheSameWordsOnEveryTarget) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> g;
+  const kernels::SimdTarget saved = kernels::ActiveSimdTarget();
+  for (int dim : {1, 3, 4, 7, 8, 9, 13, 16, 17, 33, 64, 100}) {
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    const int nr = 5, quads = I8Quads(dim), ld = 32;
+    std::vector<float> rows(static_cast<size_t>(nr) * dim), extra(nr);
+    for (auto& v : rows) v = 30.f * g(rng);  // below 127: row 0's first value, 127, is the key's max
+    for (int j = 0; j < dim; j += 2) rows[j] = static_cast<float>(j % 7) - 3.5f;  // row 0: ties
+    rows[0] = 127.f;
+    for (auto& e : extra) e = std::fabs(100.f * g(rng));
+    std::vector<uint32_t> want_key, want_rows, want_block;
+    int32_t want_sum = 0;
+    float want_scale = 0.f, want_s = 0.f, want_mx = 0.f;
+    for (kernels::SimdTarget t : kernels::SupportedSimdTargets()) {
+      SCOPED_TRACE(std::string(kernels::SimdTargetName(t)));
+      ASSERT_TRUE(kernels::SetSimdTarget(t).ok());
+      std::vector<uint32_t> key(quads), rows_t(static_cast<size_t>(quads) * ld, 0u);
+      float scale = 0.f;
+      const int32_t sum = QuantizeKeyI8(rows.data(), dim, 3.5f, key.data(), &scale);
+      const float s = QuantizeRowsI8(rows.data(), nr, dim, extra.data(), ld, rows_t.data());
+      RowBlocksI8 block;
+      block.Reset(dim);
+      for (int r = 0; r < nr; ++r) block.Append(rows.data() + static_cast<size_t>(r) * dim);
+      if (t == kernels::SimdTarget::kScalar) {
+        want_key = key, want_rows = rows_t, want_block = block.words;
+        want_sum = sum, want_scale = scale, want_s = s, want_mx = block.max_scale;
+        int32_t bytes = 0;
+        for (int b = 0; b < 4 * quads; ++b) bytes += static_cast<int8_t>(key[b / 4] >> (8 * (b % 4)));
+        EXPECT_EQ(sum, bytes);
+        continue;
+      }
+      EXPECT_EQ(key, want_key);
+      EXPECT_EQ(sum, want_sum);
+      EXPECT_EQ(scale, want_scale);
+      EXPECT_EQ(rows_t, want_rows);
+      EXPECT_EQ(s, want_s);
+      EXPECT_EQ(block.words, want_block);
+      EXPECT_EQ(block.max_scale, want_mx);
+    }
   }
   ASSERT_TRUE(kernels::SetSimdTarget(saved).ok());
 }
