@@ -50,8 +50,11 @@ void WriteWatchdog::Loop() {
       continue;
     }
     auto first = pending_.begin();
-    if (Clock::now() < first->second.deadline) {
-      cv_.wait_until(lock, first->second.deadline);
+    // A copy: wait_until reads its deadline again after it reacquires mu_, when Guard may have
+    // erased the entry (ASan: heap-use-after-free in cluster_e2e_test, 2026-12-02).
+    const Clock::time_point deadline = first->second.deadline;
+    if (Clock::now() < deadline) {
+      cv_.wait_until(lock, deadline);
       continue;
     }
     // Expired: cancel it and forget it (the write returns on its own once cancelled).
