@@ -361,7 +361,7 @@ TEST(DciTreeFlatTest, SequenceWireVersion2IsRefused) {
   uint32_t version = 0;
   std::memcpy(&version, wire.metadata.data() + 4, 4);
   EXPECT_EQ(version, kKvWireVersion);
-  EXPECT_EQ(kKvWireVersion, 5u);  // 5: DciParams.sticky_margin (kvstore/wire.h)
+  EXPECT_EQ(kKvWireVersion, 6u);  // 6: DciParams.leaf_rank and its three fields (kvstore/wire.h)
   const uint32_t v2 = 2;
   std::memcpy(wire.metadata.data() + 4, &v2, 4);
   auto r = SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), wire.pages.data(), wire.pages.size(), pool.get());
