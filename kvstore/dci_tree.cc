@@ -466,9 +466,7 @@ void DciTree::Release() {
   level_index_.clear();
   level1_matrix_ = LevelMatrix{};
   ResetSummaries();
-  leaf_sums_.rows.clear();
-  leaf_sums_.bonus.clear();
-  leaf_sums_.dirty.clear();
+  leaf_sums_ = LeafSummaries{};
 }
 
 std::vector<int64_t> DciTree::LeafPositions(int32_t leaf) const {

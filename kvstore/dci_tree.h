@@ -138,7 +138,7 @@ struct DciParams {
   // heads' best leaves, taken rank by rank up to ceil(group_fov * leaf_rank_leaves * fov) (each
   // head's best ceil(leaf_rank_leaves * fov) with group_fov = 0).
   LeafRank leaf_rank = LeafRank::kOff;
-  double leaf_rank_cells = 4;          // > 0: cells whose leaves are ranked, in units of fov
+  double leaf_rank_cells = 1.5;        // > 0: cells whose leaves are ranked, in units of fov
   double leaf_rank_leaves = 3;         // > 0: leaves scored exactly, in units of fov
   double leaf_bonus = 1;               // >= 0: kCentroid's spread bonus weight
 
@@ -173,6 +173,11 @@ struct DciParams {
   // the six synthetic families and the same on SmolLM2's real keys, but raised the perplexity
   // ratio to full KV of SmolLM2 on an 8k real text from 1.133 to 1.160 at 16 pages
   // (docs/BENCHMARKS.md, "Cell assignment"), so it is an option, not the default.
+  // Leaves ranked (LeafRank::kCentroid over 1.5 fov cells, 3 fov leaves scored exactly, since the
+  // leaf-ranking round of issue 16): IceCache / own oracle over the six synthetic families 0.884 ->
+  // 0.909 at 32k and 0.960 -> 0.970 at 8k (seed 11; held-out seed 23: 0.896 -> 0.910, 0.956 ->
+  // 0.962), SmolLM2's real keys per-layer mass mean and worst layer not lower, query CPU 1.05-1.17x
+  // single-query and 1.10-1.15x per GQA group at 32k (docs/BENCHMARKS.md, "Leaf ranking").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -181,6 +186,9 @@ struct DciParams {
     p.centroid_cells = true;
     p.centroid_bonus = 1;
     p.leaf_layout = LeafLayout::kPosition;
+    p.leaf_rank = LeafRank::kCentroid;
+    p.leaf_rank_cells = 1.5;
+    p.leaf_rank_leaves = 3;
     return p;
   }
 };
@@ -444,10 +452,20 @@ class DciTree {
     std::vector<uint8_t> rows;    // [num_leaves, row_bytes]
     std::vector<float> bonus;     // [num_leaves] kCentroid: spread * sqrt(2 ln v / head_dim); kBox: 0
     std::vector<int32_t> dirty;   // leaves changed since the last refresh (may repeat)
+    // kCentroid with kPosition leaves: per cell, the running fold of its open (last) leaf, whose
+    // slots only ever grow at the end, so an insertion folds in just the new slots (the same
+    // additions in the same order as a fold from scratch: bit-equal summaries).
+    std::vector<int32_t> open_leaf;   // [cells] the leaf folded, -1 none
+    std::vector<int32_t> open_count;  // [cells] its slots folded
+    std::vector<float> open_sum;      // [cells, head_dim]
+    std::vector<double> open_sumsq;   // [cells]
   };
   LeafSummaries leaf_sums_;
   bool leaf_rank_on() const { return params_.leaf_rank != LeafRank::kOff; }
   void SummarizeLeaf(int32_t leaf);       // leaf_sums_' row and bonus of `leaf` from its page
+  // kCentroid: folds slots [from, leaf_valid) of `leaf` into sum [head_dim] / sumsq, then writes
+  // the leaf's row and bonus from them.
+  void FoldLeaf(int32_t leaf, int from, float* sum, double* sumsq);
   void SummarizeAllLeaves();
   void RefreshDirtyLeaves();              // SummarizeLeaf for each dirty leaf, then clears the list
   // Ranks the leaves of `cells` for the nq query heads qs ([nq, head_dim]) by their summaries

@@ -8,16 +8,71 @@
 
 namespace icecache::kvstore {
 
-void DciTree::SummarizeLeaf(int32_t leaf) {
+void DciTree::FoldLeaf(int32_t leaf, int from, float* sum, double* sumsq) {
   LeafSummaries& m = leaf_sums_;
   const int v = leaf_valid_[leaf];
   const size_t d = static_cast<size_t>(dim_);
   thread_local std::vector<float> keys, row;
-  keys.resize(static_cast<size_t>(std::max(v, 1)) * d);
-  row.assign(static_cast<size_t>(m.dim), 0.f);
-  if (v > 0) RowToF32(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), keys.data(), v * dim_);  // rows [v, head_dim]
+  if (v > from) {
+    keys.resize(static_cast<size_t>(v - from) * d);
+    RowToF32(pool_->dtype(), pool_->KRow(leaf_page(leaf, 0), from), keys.data(), (v - from) * dim_);  // rows [v - from, head_dim]
+  }
+  for (int s = 0; s < v - from; ++s) {
+    const float* k = keys.data() + s * d;
+    for (size_t e = 0; e < d; ++e) sum[e] += k[e];
+    *sumsq += DotF32(k, k, dim_);
+  }
+  row.assign(d, 0.f);
   float bonus = 0.f;
-  if (v > 0 && params_.leaf_rank == LeafRank::kBox) {
+  if (v > 0) {
+    const float inv = 1.f / static_cast<float>(v);
+    for (size_t e = 0; e < d; ++e) row[e] = sum[e] * inv;
+    const double var = std::max(0.0, *sumsq / v - static_cast<double>(DotF32(row.data(), row.data(), dim_)));
+    bonus = static_cast<float>(std::sqrt(var) * std::sqrt(2.0 * std::log(static_cast<double>(v)) / dim_));
+  }
+  RowFromF32(pool_->dtype(), row.data(), m.rows.data() + static_cast<size_t>(leaf) * m.row_bytes, dim_);
+  m.bonus[leaf] = bonus;
+}
+
+void DciTree::SummarizeLeaf(int32_t leaf) {
+  LeafSummaries& m = leaf_sums_;
+  const size_t d = static_cast<size_t>(dim_);
+  if (params_.leaf_rank == LeafRank::kCentroid) {
+    if (params_.leaf_layout == LeafLayout::kPosition) {
+      // Fold into the cell's open-leaf state: from where it stopped when `leaf` is the one it
+      // holds (only slots past that were added since), from scratch otherwise.
+      const size_t c = static_cast<size_t>(leaf_cell_[leaf]);
+      if (m.open_leaf.size() <= c) {
+        const size_t nc = std::max(c + 1, cells_.size());
+        m.open_leaf.resize(nc, -1);
+        m.open_count.resize(nc, 0);
+        m.open_sum.resize(nc * d, 0.f);
+        m.open_sumsq.resize(nc, 0.0);
+      }
+      float* sum = m.open_sum.data() + c * d;
+      if (m.open_leaf[c] != leaf || m.open_count[c] > leaf_valid_[leaf]) {
+        m.open_leaf[c] = leaf;
+        m.open_count[c] = 0;
+        std::fill_n(sum, d, 0.f);
+        m.open_sumsq[c] = 0.0;
+      }
+      FoldLeaf(leaf, m.open_count[c], sum, &m.open_sumsq[c]);
+      m.open_count[c] = leaf_valid_[leaf];
+      return;
+    }
+    thread_local std::vector<float> sum;
+    sum.assign(d, 0.f);
+    double sumsq = 0;
+    FoldLeaf(leaf, 0, sum.data(), &sumsq);
+    return;
+  }
+  // kBox: [hi, lo] over the leaf's keys.
+  const int v = leaf_valid_[leaf];
+  thread_local std::vector<float> keys, row;
+  keys.resize(static_cast<size_t>(std::max(v, 1)) * d);
+  row.assign(2 * d, 0.f);
+  if (v > 0) {
+    RowToF32(pool_->dtype(), pool_->PageK(leaf_page(leaf, 0)), keys.data(), v * dim_);  // rows [v, head_dim]
     float* hi = row.data();
     float* lo = row.data() + d;
     std::copy_n(keys.data(), d, hi);
@@ -29,20 +84,9 @@ void DciTree::SummarizeLeaf(int32_t leaf) {
         lo[e] = std::min(lo[e], k[e]);
       }
     }
-  } else if (v > 0) {
-    double sumsq = 0;
-    for (int s = 0; s < v; ++s) {
-      const float* k = keys.data() + s * d;
-      for (size_t e = 0; e < d; ++e) row[e] += k[e];
-      sumsq += DotF32(k, k, dim_);
-    }
-    const float inv = 1.f / static_cast<float>(v);
-    for (size_t e = 0; e < d; ++e) row[e] *= inv;
-    const double var = std::max(0.0, sumsq / v - static_cast<double>(DotF32(row.data(), row.data(), dim_)));
-    bonus = static_cast<float>(std::sqrt(var) * std::sqrt(2.0 * std::log(static_cast<double>(v)) / dim_));
   }
   RowFromF32(pool_->dtype(), row.data(), m.rows.data() + static_cast<size_t>(leaf) * m.row_bytes, m.dim);
-  m.bonus[leaf] = bonus;
+  m.bonus[leaf] = 0.f;
 }
 
 void DciTree::SummarizeAllLeaves() {
@@ -52,6 +96,10 @@ void DciTree::SummarizeAllLeaves() {
   m.rows.assign(static_cast<size_t>(num_leaves()) * m.row_bytes, 0);
   m.bonus.assign(num_leaves(), 0.f);
   m.dirty.clear();
+  m.open_leaf.assign(cells_.size(), -1);
+  m.open_count.assign(cells_.size(), 0);
+  m.open_sum.assign(cells_.size() * static_cast<size_t>(dim_), 0.f);
+  m.open_sumsq.assign(cells_.size(), 0.0);
   for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) SummarizeLeaf(leaf);
 }
 

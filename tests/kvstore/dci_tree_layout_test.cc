@@ -205,6 +205,7 @@ TEST(DciTreeLayoutTest, ValidateRefusesAPartialCellScanAndUnknownLayouts) {
   EXPECT_NE(s.message().find("DciParams.leaf_layout"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("cell_score_fraction"), std::string::npos) << s.ToString();
   p.leaf_layout = LeafLayout::kProjection;
+  p.leaf_rank = LeafRank::kOff;  // leaf ranking also needs whole cells
   EXPECT_TRUE(ValidateDciParams(p).ok());
   p = DciParams::Flat();
   p.leaf_layout = static_cast<LeafLayout>(9);

@@ -25,6 +25,13 @@ TokenBlock Block(const SyntheticData& d, int offset, int count, const float** kp
   return TokenBlock{offset, count, kp, vp, static_cast<size_t>(d.dim)};
 }
 
+// Flat() without leaf ranking: the reference rule, every leaf of the fov cells scored.
+DciParams FlatCells() {
+  DciParams p = DciParams::Flat();
+  p.leaf_rank = LeafRank::kOff;
+  return p;
+}
+
 DciParams FixedFov(DciParams p, int fov) {
   p.fov_min = fov;
   p.fov_fraction = 0;
@@ -58,7 +65,7 @@ TEST(DciTreeLeafRankTest, UnboundedBudgetIsWholeCellScoringOfTheWiderSet) {
   ranked.leaf_rank = LeafRank::kCentroid;
   ranked.leaf_rank_cells = 3;
   ranked.leaf_rank_leaves = 1000;
-  const DciParams wide = FixedFov(DciParams::Flat(), 3 * fov);
+  const DciParams wide = FixedFov(FlatCells(), 3 * fov);
   auto a = DciTree::Build(ranked, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   auto b = DciTree::Build(wide, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   for (int i = 0; i < 3 * nq; ++i) {
@@ -84,17 +91,16 @@ TEST(DciTreeLeafRankTest, UnboundedBudgetIsWholeCellScoringOfTheWiderSet) {
 TEST(DciTreeLeafRankTest, FindsBestLeavesInCellsBeyondTheFieldOfView) {
   // Queries whose oracle-best leaf the reference rule (fov cells, every leaf scored) misses: the
   // best leaf lies in a cell ranked beyond fov. Leaf ranking over 2 fov cells with a budget of
-  // 3 fov leaves (about as many leaves as the fov cells hold) finds most of them, and keeps more
+  // 3 fov leaves (about as many leaves as the fov cells hold) finds a share of them, and keeps more
   // of the oracle's best leaves overall, for single queries and GQA groups.
   const int dim = 64, n = 16384, nq = 4, groups = 25, k = 12;
   auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
   auto data = Scattered(n, dim, nq * groups, 11);
   const float *kp, *vp;
-  const DciParams plain = DciParams::Flat();
-  DciParams ranked = plain;
-  ranked.leaf_rank = LeafRank::kCentroid;
-  ranked.leaf_rank_cells = 2;
-  ranked.leaf_rank_leaves = 3;
+  const DciParams plain = FlatCells();
+  DciParams ranked = DciParams::Flat();
+  ranked.leaf_rank_cells = 2;  // Flat() ranks 1.5 fov cells: 3 of 19 found, 0.707 -> 0.728 kept
+  ASSERT_EQ(ranked.leaf_rank, LeafRank::kCentroid);
   auto a = DciTree::Build(plain, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   auto b = DciTree::Build(ranked, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   ASSERT_EQ(a->num_leaves(), b->num_leaves());  // the same tree: leaf_rank does not shape it
