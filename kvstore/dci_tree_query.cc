@@ -522,8 +522,9 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
       auto& r = g.ranked[j];
       r.resize(n);
       for (size_t i = 0; i < n; ++i) r[i] = {qs_plan->rank_score[j * n + i], qs_plan->ranked[i]};
-      std::partial_sort(r.begin(), r.begin() + budget, r.end(), Better{});
+      if (budget < n) std::nth_element(r.begin(), r.begin() + budget, r.end(), Better{});
       r.resize(budget);
+      std::sort(r.begin(), r.end(), Better{});
     }
     auto& order = qs_plan->order;
     order.clear();
