@@ -177,7 +177,7 @@ struct DciParams {
   // leaf-ranking round of issue 16): IceCache / own oracle over the six synthetic families 0.884 ->
   // 0.909 at 32k and 0.960 -> 0.970 at 8k (seed 11; held-out seed 23: 0.896 -> 0.910, 0.956 ->
   // 0.962), SmolLM2's real keys per-layer mass mean and worst layer not lower, query CPU 1.05-1.17x
-  // single-query and 1.10-1.15x per GQA group at 32k (docs/BENCHMARKS.md, "Leaf ranking").
+  // single-query and 0.96-1.17x per GQA group at 32k (docs/BENCHMARKS.md, "Leaf ranking").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -207,7 +207,7 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // leaf-layout round ("The leaf layout"); sticky cells were tried and not made the default
 // ("Cell assignment"); it ranks leaves (LeafRank::kCentroid) since the leaf-ranking round
 // ("Leaf ranking": IceCache / own oracle 0.884 -> 0.909 at 32k on the six synthetic families,
-// real-key mass mean and worst layer not lower, query CPU 1.05-1.17x single, 1.10-1.15x per group).
+// real-key mass mean and worst layer not lower, query CPU 1.05-1.17x single, 0.96-1.17x per group).
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
