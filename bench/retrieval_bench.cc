@@ -121,6 +121,7 @@ void Usage() {
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
                "  [--sticky-margin M (DciParams::sticky_margin)]\n"
+               "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; --flat: centroid)\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
@@ -210,6 +211,19 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else if (k == "--bf16-parents") a->dci.bf16_parent_search = std::atoi(v) != 0;
     else if (k == "--sticky-margin") a->dci.sticky_margin = std::atof(v);
+    else if (k == "--leaf-rank-cells") a->dci.leaf_rank_cells = std::atof(v);
+    else if (k == "--leaf-rank-leaves") a->dci.leaf_rank_leaves = std::atof(v);
+    else if (k == "--leaf-bonus") a->dci.leaf_bonus = std::atof(v);
+    else if (k == "--leaf-rank") {
+      const std::string l = v;
+      if (l == "off") a->dci.leaf_rank = kvstore::LeafRank::kOff;
+      else if (l == "centroid") a->dci.leaf_rank = kvstore::LeafRank::kCentroid;
+      else if (l == "box") a->dci.leaf_rank = kvstore::LeafRank::kBox;
+      else {
+        std::fprintf(stderr, "--leaf-rank must be off, centroid or box, got '%s'\n", v);
+        return false;
+      }
+    }
     else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
     else if (k == "--leaf-layout") {
       const std::string l = v;
@@ -571,6 +585,8 @@ int RunRetrieval(int argc, char** argv) {
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
                   {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search},
                   {"sticky_margin", a.dci.sticky_margin},
+                  {"leaf_rank", static_cast<int>(a.dci.leaf_rank)}, {"leaf_rank_cells", a.dci.leaf_rank_cells},
+                  {"leaf_rank_leaves", a.dci.leaf_rank_leaves}, {"leaf_bonus", a.dci.leaf_bonus},
                   {"leaf_layout", a.dci.leaf_layout == kvstore::LeafLayout::kPosition ? "position" : "projection"}}}};
 
 #ifdef ICECACHE_HAVE_FAISS

@@ -92,6 +92,10 @@ bool ParseVariant(const std::string& spec, Variant* v) {
     else if (key == "bonus") v->dci.centroid_bonus = val;
     else if (key == "p1") v->dci.p1 = val;
     else if (key == "owners") v->dci.score_level1_keys = val != 0;
+    else if (key == "leaf_rank") v->dci.leaf_rank = static_cast<kvstore::LeafRank>(static_cast<int>(val));  // 0 off, 1 centroid, 2 box
+    else if (key == "leaf_cells") v->dci.leaf_rank_cells = val;
+    else if (key == "leaf_leaves") v->dci.leaf_rank_leaves = val;
+    else if (key == "leaf_bonus") v->dci.leaf_bonus = val;
     else return false;
   }
   return !v->name.empty();
@@ -126,7 +130,8 @@ int Run(int argc, char** argv) {
       if (!ParseVariant(next(), &v)) {
         std::fprintf(stderr,
                      "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt,"
-                     " group_fov, centroid, bonus, p1, owners)\n");
+                     " group_fov, centroid, bonus, p1, owners, leaf_rank (0 off, 1 centroid, 2 box), leaf_cells,"
+                     " leaf_leaves, leaf_bonus)\n");
         return 2;
       }
       variants.push_back(v);

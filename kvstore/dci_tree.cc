@@ -50,6 +50,18 @@ Status ValidateDciParams(const DciParams& p) {
   if (PositionLayout(p.leaf_layout) && p.cell_score_fraction != 1)
     return InvalidArgumentError("DciParams.leaf_layout kPosition needs cell_score_fraction = 1 (a partial cell scan walks "
                                 "leaves in projection order), got cell_score_fraction " + Num(p.cell_score_fraction));
+  if (static_cast<uint8_t>(p.leaf_rank) > 2)
+    return InvalidArgumentError("DciParams.leaf_rank must be kOff (0), kCentroid (1) or kBox (2), got " +
+                                std::to_string(static_cast<int>(p.leaf_rank)));
+  if (!(p.leaf_rank_cells > 0 && p.leaf_rank_cells <= 1e3))
+    return InvalidArgumentError("DciParams.leaf_rank_cells must be in (0, 1000], got " + Num(p.leaf_rank_cells));
+  if (!(p.leaf_rank_leaves > 0 && p.leaf_rank_leaves <= 1e4))
+    return InvalidArgumentError("DciParams.leaf_rank_leaves must be in (0, 10000], got " + Num(p.leaf_rank_leaves));
+  if (!(p.leaf_bonus >= 0 && p.leaf_bonus <= 100))
+    return InvalidArgumentError("DciParams.leaf_bonus must be in [0, 100], got " + Num(p.leaf_bonus));
+  if (p.leaf_rank != LeafRank::kOff && (!p.exhaustive_upper || p.cell_score_fraction != 1))
+    return InvalidArgumentError("DciParams.leaf_rank needs exhaustive_upper and cell_score_fraction = 1 (it ranks the "
+                                "leaves of whole level-1 cells)");
   return Status::Ok();
 }
 
@@ -238,6 +250,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   for (int t = 0; t < n; ++t) WriteToken(tok_leaf_[t], tok_slot_[t], block, t, /*stream=*/true);
   StoreFence();
   if (params_.centroid_cells) FoldSummaries(keys, stride, false);
+  if (leaf_rank_on()) SummarizeAllLeaves();
   return Status::Ok();
 }
 
@@ -453,6 +466,7 @@ void DciTree::Release() {
   level_index_.clear();
   level1_matrix_ = LevelMatrix{};
   ResetSummaries();
+  leaf_sums_ = LeafSummaries{};
 }
 
 std::vector<int64_t> DciTree::LeafPositions(int32_t leaf) const {

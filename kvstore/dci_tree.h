@@ -78,6 +78,21 @@ enum class LeafLayout : uint8_t {
   kPosition = 1,
 };
 
+// Which leaves of the chosen level-1 cells a query scores exactly; docs/kvstore.md, "Leaf ranking".
+enum class LeafRank : uint8_t {
+  // Every leaf of the fov best cells (the reference).
+  kOff = 0,
+  // The leaves of the ceil(leaf_rank_cells * fov) best cells are ranked by a per-leaf summary,
+  // q . c + leaf_bonus * |q| * b (c the mean of the leaf's keys as stored in its page,
+  // b = spread * sqrt(2 ln v / head_dim), spread the RMS distance of its v keys to c), and the best
+  // ceil(leaf_rank_leaves * fov) of them are scored exactly.
+  kCentroid = 1,
+  // As kCentroid, ranked by the leaf's per-channel bounding box instead: sum_i max(q_i lo_i, q_i hi_i)
+  // (lo/hi the channel's min/max over the leaf's keys, an upper bound on the leaf's best q.k up to
+  // the rounding of lo/hi to the pool dtype).
+  kBox = 2,
+};
+
 struct DciParams {
   int num_simple = 1;                  // m: simple indices per composite index
   int num_composite = 1;               // L: composite indices
@@ -117,6 +132,15 @@ struct DciParams {
   // b the nearest node found by the parent search, c the predecessor's. The same rule at build and
   // at insertion (DciTree::StickyParent). 0: every key joins its nearest node (the reference).
   double sticky_margin = 0;            // >= 0
+  // Leaf ranking (LeafRank above). REQUIRES exhaustive_upper and cell_score_fraction = 1 when on.
+  // A GQA group (QueryGroup) ranks the leaves of its cells (at most ceil(group_fov *
+  // leaf_rank_cells * fov) with group_fov > 0) for every head and scores exactly the union of the
+  // heads' best leaves, taken rank by rank up to ceil(group_fov * leaf_rank_leaves * fov) (each
+  // head's best ceil(leaf_rank_leaves * fov) with group_fov = 0).
+  LeafRank leaf_rank = LeafRank::kOff;
+  double leaf_rank_cells = 1.5;        // > 0: cells whose leaves are ranked, in units of fov
+  double leaf_rank_leaves = 3;         // > 0: leaves scored exactly, in units of fov
+  double leaf_bonus = 1;               // >= 0: kCentroid's spread bonus weight
 
   // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
   // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
@@ -149,6 +173,11 @@ struct DciParams {
   // the six synthetic families and the same on SmolLM2's real keys, but raised the perplexity
   // ratio to full KV of SmolLM2 on an 8k real text from 1.133 to 1.160 at 16 pages
   // (docs/BENCHMARKS.md, "Cell assignment"), so it is an option, not the default.
+  // Leaves ranked (LeafRank::kCentroid over 1.5 fov cells, 3 fov leaves scored exactly, since the
+  // leaf-ranking round of issue 16): IceCache / own oracle over the six synthetic families 0.884 ->
+  // 0.909 at 32k and 0.960 -> 0.970 at 8k (seed 11; held-out seed 23: 0.896 -> 0.910, 0.956 ->
+  // 0.962), SmolLM2's real keys per-layer mass mean and worst layer not lower, query CPU 1.05-1.17x
+  // single-query and 0.96-1.17x per GQA group at 32k (docs/BENCHMARKS.md, "Leaf ranking").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -157,6 +186,9 @@ struct DciParams {
     p.centroid_cells = true;
     p.centroid_bonus = 1;
     p.leaf_layout = LeafLayout::kPosition;
+    p.leaf_rank = LeafRank::kCentroid;
+    p.leaf_rank_cells = 1.5;
+    p.leaf_rank_leaves = 3;
     return p;
   }
 };
@@ -173,7 +205,9 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // 0.995, min 0.964), and more than Tuned() on each of six harder synthetic families at 8k and 32k
 // (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
 // leaf-layout round ("The leaf layout"); sticky cells were tried and not made the default
-// ("Cell assignment").
+// ("Cell assignment"); it ranks leaves (LeafRank::kCentroid) since the leaf-ranking round
+// ("Leaf ranking": IceCache / own oracle 0.884 -> 0.909 at 32k on the six synthetic families,
+// real-key mass mean and worst layer not lower, query CPU 1.05-1.17x single, 0.96-1.17x per group).
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
@@ -201,6 +235,7 @@ struct QueryStats {
   int64_t tokens_scored = 0;
   int64_t leaves_scored = 0;
   int64_t cells_expanded = 0;
+  int64_t leaves_ranked = 0;  // leaf summaries scored (leaf_rank), per head
 };
 
 struct TokenLocation {
@@ -409,6 +444,42 @@ class DciTree {
   // the nodes touched, or of all nodes with all_rows.
   void FoldSummaries(const float* keys, size_t stride, bool all_rows) const;
   void ResetSummaries();
+  // Leaf summaries (leaf_rank != kOff): a function of each leaf's page contents only, so they are
+  // not on the wire (Deserialize recomputes them from the shipped pages). Written by BuildFrom and
+  // Deserialize for every leaf, and by Insert for the leaves it changed (NoteWritten and MoveSlot
+  // list them in dirty; Insert recomputes them before it returns, also after an error).
+  struct LeafSummaries {
+    int dim = 0;                  // summary row length: head_dim (kCentroid) or 2 head_dim (kBox: hi, then lo)
+    size_t row_bytes = 0;         // of one summary row in the pool dtype
+    std::vector<uint8_t> rows;    // [num_leaves, row_bytes]
+    std::vector<float> bonus;     // [num_leaves] kCentroid: spread * sqrt(2 ln v / head_dim); kBox: 0
+    std::vector<int32_t> dirty;   // leaves changed since the last refresh (may repeat)
+    // kCentroid with kPosition leaves: per cell, the running fold of its open (last) leaf, whose
+    // slots only ever grow at the end, so an insertion folds in just the new slots (the same
+    // additions in the same order as a fold from scratch: bit-equal summaries).
+    std::vector<int32_t> open_leaf;   // [cells] the leaf folded, -1 none
+    std::vector<int32_t> open_count;  // [cells] its slots folded
+    std::vector<float> open_sum;      // [cells, head_dim]
+    std::vector<double> open_sumsq;   // [cells]
+  };
+  LeafSummaries leaf_sums_;
+  bool leaf_rank_on() const { return params_.leaf_rank != LeafRank::kOff; }
+  void SummarizeLeaf(int32_t leaf);       // leaf_sums_' row and bonus of `leaf` from its page
+  // kCentroid: folds slots [from, leaf_valid) of `leaf` into sum [head_dim] / sumsq, then writes
+  // the leaf's row and bonus from them.
+  void FoldLeaf(int32_t leaf, int from, float* sum, double* sumsq);
+  void SummarizeAllLeaves();
+  void RefreshDirtyLeaves();              // SummarizeLeaf for each dirty leaf, then clears the list
+  // Ranks the leaves of `cells` for the nq query heads qs ([nq, head_dim]) by their summaries
+  // (score[j * leaves.size() + i] for leaf leaves[i]; empty leaves skipped).
+  void ScoreLeafSummaries(const std::vector<int32_t>& cells, const float* qs, int nq, std::vector<int32_t>* leaves,
+                          std::vector<float>* score) const;
+  // Leaves scored exactly under leaf ranking: ceil(leaf_rank_leaves * units * fov).
+  size_t LeafBudget(int64_t fov, double units) const {
+    return static_cast<size_t>(std::ceil(params_.leaf_rank_leaves * units * static_cast<double>(fov)));
+  }
+  // s->order = the leaves to score (set by the caller); fills s->rows / s->valid and prefetches.
+  void PlanLeaves(Scratch* s) const;
   std::vector<int64_t> level_counts_;  // nodes per level (level 0 first)
   LevelMatrix level1_matrix_;          // cache for insertions (not serialised)
   struct CachedIndex {

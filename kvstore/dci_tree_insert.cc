@@ -21,10 +21,15 @@ uint64_t SplitMix64(uint64_t* state) {
 }  // namespace
 
 Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pages) {
-  if (written_pages == nullptr) return InsertBlock(block);
+  if (written_pages == nullptr) {
+    Status s = InsertBlock(block);
+    RefreshDirtyLeaves();
+    return s;
+  }
   written_pages->clear();
   written_ = written_pages;
   Status s = InsertBlock(block);
+  RefreshDirtyLeaves();
   written_ = nullptr;
   std::sort(written_pages->begin(), written_pages->end());
   written_pages->erase(std::unique(written_pages->begin(), written_pages->end()), written_pages->end());
@@ -32,6 +37,7 @@ Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pa
 }
 
 void DciTree::NoteWritten(int32_t leaf) {
+  if (leaf_rank_on()) leaf_sums_.dirty.push_back(leaf);
   if (written_ == nullptr) return;
   for (int p = 0; p < num_payloads_; ++p) written_->push_back(leaf_page(leaf, p));
 }
@@ -200,6 +206,7 @@ void DciTree::MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to
     std::memmove(pool_->VRow(tp, to_slot), pool_->VRow(fp, from_slot), rb);
   }
   NoteWritten(to_leaf);
+  if (leaf_rank_on()) leaf_sums_.dirty.push_back(from_leaf);  // its page is unchanged, its contents not
   const int32_t t = leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot];
   leaf_tokens_[static_cast<size_t>(to_leaf) * page_size_ + to_slot] = t;
   leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot] = -1;

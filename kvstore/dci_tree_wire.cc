@@ -35,6 +35,10 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put<uint64_t>(p.seed);
   w->Put<uint8_t>(static_cast<uint8_t>(p.leaf_layout));
   w->Put(p.sticky_margin);
+  w->Put<uint8_t>(static_cast<uint8_t>(p.leaf_rank));
+  w->Put(p.leaf_rank_cells);
+  w->Put(p.leaf_rank_leaves);
+  w->Put(p.leaf_bonus);
 }
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
@@ -66,6 +70,13 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   if (layout > 1) return DataLossError("sequence wire form: tree params leaf_layout " + std::to_string(layout) + " is unknown");
   p->leaf_layout = static_cast<LeafLayout>(layout);
   ICE_RETURN_IF_ERROR(r->Get(&p->sticky_margin, "tree params sticky_margin"));
+  uint8_t rank = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&rank, "tree params leaf_rank"));
+  if (rank > 2) return DataLossError("sequence wire form: tree params leaf_rank " + std::to_string(rank) + " is unknown");
+  p->leaf_rank = static_cast<LeafRank>(rank);
+  ICE_RETURN_IF_ERROR(r->Get(&p->leaf_rank_cells, "tree params leaf_rank_cells"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->leaf_rank_leaves, "tree params leaf_rank_leaves"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->leaf_bonus, "tree params leaf_bonus"));
   if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1 || flags[4] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];
@@ -136,7 +147,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (version != kKvWireVersion)
     return InvalidArgumentError("sequence wire form: tree version " + std::to_string(version) +
                                 " not supported (this build reads " + std::to_string(kKvWireVersion) +
-                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout, version 4 DciParams.sticky_margin)");
+                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout, version 4 DciParams.sticky_margin, version 5 DciParams.leaf_rank)");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
   ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));
@@ -250,6 +261,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     return DataLossError("sequence wire form: tree fails its invariants: " + inv.message());
   }
   if (params.centroid_cells) t->FoldSummaries(nullptr, 0, true);  // rows from the shipped sums, then catch up
+  if (t->leaf_rank_on()) t->SummarizeAllLeaves();                  // from the shipped pages
   return t;
 }
 

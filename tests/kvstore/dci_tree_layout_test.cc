@@ -205,6 +205,7 @@ TEST(DciTreeLayoutTest, ValidateRefusesAPartialCellScanAndUnknownLayouts) {
   EXPECT_NE(s.message().find("DciParams.leaf_layout"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("cell_score_fraction"), std::string::npos) << s.ToString();
   p.leaf_layout = LeafLayout::kProjection;
+  p.leaf_rank = LeafRank::kOff;  // leaf ranking also needs whole cells
   EXPECT_TRUE(ValidateDciParams(p).ok());
   p = DciParams::Flat();
   p.leaf_layout = static_cast<LeafLayout>(9);
@@ -234,12 +235,12 @@ TEST(DciTreeLayoutTest, WireCarriesTheLayoutAndRefusesAnUnknownOne) {
     }
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
-  // The layout is the byte before sticky_margin (a double, last) in the params' wire form: an
-  // unknown value is DATA_LOSS.
+  // The layout is the byte before sticky_margin (a double, then the leaf_rank byte and three
+  // doubles, last) in the params' wire form: an unknown value is DATA_LOSS.
   WireWriter only;
   SerializeDciParams(DciParams::Flat(), &only);
   std::vector<uint8_t> bad = only.buffer();
-  const size_t layout_at = bad.size() - 1 - sizeof(double);
+  const size_t layout_at = bad.size() - 1 - sizeof(double) - (1 + 3 * sizeof(double));
   ASSERT_EQ(bad[layout_at], 1);
   bad[layout_at] = 2;
   WireReader br(bad.data(), bad.size());
