@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "         [--methods full,icecache,quest,window,oracle] [--budget-pages 16 (pages of 16 tokens, sink and window\n"
     "         included; a list runs each)] [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16]\n"
     "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
-    "         [--dci reference|tuned|flat (default: the serving preset)] [--json]\n"
+    "         [--dci reference|tuned|flat (default: the serving preset)]\n"
+    "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
 double Wall() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -56,7 +57,7 @@ double Nll(const std::vector<float>& logits, int vocab, int32_t target) {
 
 int RunPerplexity(int argc, char** argv) {
   std::string dir, text_path, methods_s = "full,icecache,quest,window", budgets_s = "16", kv_dtype = "bf16";
-  int context = 8192, eval_tokens = 512;
+  int context = 8192, eval_tokens = 512, ice_group = 1;
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
@@ -75,13 +76,14 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--page-size" && has) layout.page_size = std::atoi(argv[++i]);
     else if (f == "--kv-dtype" && has) kv_dtype = argv[++i];
     else if (f == "--dci" && has) dci = kvstore::DciParamsPreset(argv[++i]);
+    else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--json") json = true;
     else {
       std::fprintf(stderr, "perplexity: bad argument '%s'\n%s", f.c_str(), kUsage);
       return 2;
     }
   }
-  if (dir.empty() || text_path.empty() || eval_tokens < 1 || context < eval_tokens + 2) {
+  if (dir.empty() || text_path.empty() || eval_tokens < 1 || context < eval_tokens + 2 || ice_group < 1) {
     std::fprintf(stderr, "perplexity: --model and --text are required; --context must exceed --eval-tokens + 1\n%s", kUsage);
     return 2;
   }
@@ -98,11 +100,11 @@ int RunPerplexity(int argc, char** argv) {
   std::vector<KvMethod> methods;
   for (const std::string& name : Split(methods_s)) {
     if (name == "full") {
-      methods.push_back({name, 0, *dci, 1, false});
+      methods.push_back({name, 0, *dci, ice_group, false});
       continue;
     }
     for (const std::string& b : Split(budgets_s)) {
-      methods.push_back({name, std::atoi(b.c_str()), *dci, 1, false});
+      methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false});
       Status st = ValidateKvMethod(methods.back(), layout);
       if (!st.ok()) {
         std::fprintf(stderr, "perplexity: %s\n", st.message().c_str());
@@ -182,6 +184,7 @@ int RunPerplexity(int argc, char** argv) {
     if (meth.name == "full") full_ppl = ppl;
     nlohmann::json r = {{"method", meth.name}, {"perplexity", ppl}, {"seconds", Wall() - t0}};
     if (meth.name != "full") r["budget_pages"] = meth.budget_pages;
+    r["ice_group"] = meth.ice_group;
     rows.push_back(r);
     std::fprintf(stderr, "perplexity: %-16s %.4f (%.1f s)\n", MethodLabel(meth).c_str(), ppl, Wall() - t0);
   }

@@ -121,7 +121,7 @@ void Usage() {
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
                "  [--sticky-margin M (DciParams::sticky_margin)]\n"
-               "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; --flat: centroid)\n"
+               "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; off in every preset)\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"

@@ -173,11 +173,12 @@ struct DciParams {
   // the six synthetic families and the same on SmolLM2's real keys, but raised the perplexity
   // ratio to full KV of SmolLM2 on an 8k real text from 1.133 to 1.160 at 16 pages
   // (docs/BENCHMARKS.md, "Cell assignment"), so it is an option, not the default.
-  // Leaves ranked (LeafRank::kCentroid over 1.5 fov cells, 3 fov leaves scored exactly, since the
-  // leaf-ranking round of issue 16): IceCache / own oracle over the six synthetic families 0.884 ->
-  // 0.909 at 32k and 0.960 -> 0.970 at 8k (seed 11; held-out seed 23: 0.896 -> 0.910, 0.956 ->
-  // 0.962), SmolLM2's real keys per-layer mass mean and worst layer not lower, query CPU 1.05-1.17x
-  // single-query and 0.96-1.17x per GQA group at 32k (docs/BENCHMARKS.md, "Leaf ranking").
+  // Leaves are not ranked (leaf_rank kOff): LeafRank::kCentroid over 1.5 fov cells with 3 fov
+  // leaves scored exactly kept more of the own oracle's mass on the six synthetic families (0.884 ->
+  // 0.909 at 32k, 0.960 -> 0.970 at 8k; held-out seed 23: 0.896 -> 0.910, 0.956 -> 0.962) and the
+  // same on SmolLM2's real keys, but raised SmolLM2's perplexity ratio on the 8k docs text at 16
+  // pages from 1.133 to 1.144, at 1.05-1.17x the query CPU and ~5 % more tree memory
+  // (docs/BENCHMARKS.md, "Leaf ranking"), so it is an option, not the default.
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -186,9 +187,6 @@ struct DciParams {
     p.centroid_cells = true;
     p.centroid_bonus = 1;
     p.leaf_layout = LeafLayout::kPosition;
-    p.leaf_rank = LeafRank::kCentroid;
-    p.leaf_rank_cells = 1.5;
-    p.leaf_rank_leaves = 3;
     return p;
   }
 };
@@ -205,9 +203,8 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // 0.995, min 0.964), and more than Tuned() on each of six harder synthetic families at 8k and 32k
 // (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
 // leaf-layout round ("The leaf layout"); sticky cells were tried and not made the default
-// ("Cell assignment"); it ranks leaves (LeafRank::kCentroid) since the leaf-ranking round
-// ("Leaf ranking": IceCache / own oracle 0.884 -> 0.909 at 32k on the six synthetic families,
-// real-key mass mean and worst layer not lower, query CPU 1.05-1.17x single, 0.96-1.17x per group).
+// ("Cell assignment"), nor leaf ranking ("Leaf ranking": more synthetic-family mass, the same on
+// real keys, a higher perplexity on real text).
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
