@@ -367,7 +367,12 @@ TEST(ClusterMigration, KillingTheOnlyDecodeWorkerEndsStreamsWithUnavailable) {
       continue;
     }
     EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << i << ": " << r.status.ToString();
-    EXPECT_NE(r.status.message().find("no other decode worker"), std::string::npos) << r.status.ToString();
+    // A stream that was decoding could not migrate; one whose KV was still being shipped (the
+    // other streams on a slow machine, e.g. under ASan) could not be placed again. Both say why.
+    const bool was_decoding = r.status.message().find("no other decode worker") != std::string::npos;
+    const bool was_shipping = r.status.message().find("no decode worker took the retry") != std::string::npos;
+    EXPECT_TRUE(was_decoding || was_shipping) << r.status.ToString();
+    if (i == 0) EXPECT_TRUE(was_decoding) << r.status.ToString();
     EXPECT_NE(r.status.message().find("no decode worker became ready within 1 s (router.retry_wait_seconds)"),
               std::string::npos)
         << r.status.ToString();
