@@ -16,6 +16,10 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT on a server's socket by default, so a second server on a port already
+  // served binds without an error and the kernel splits connections between the two processes (a
+  // worker started twice on one port would take half of another's requests). One port, one server.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(listen, credentials ? credentials : grpc::InsecureServerCredentials(), &port);
   for (grpc::Service* s : services) builder.RegisterService(s);
