@@ -32,7 +32,6 @@
 #include "bench/workload.h"
 #include "client/client.h"
 #include "common/subprocess.h"
-#include "kernels/dtype.h"
 #include "model/random_checkpoint.h"
 
 namespace icecache::bench {
@@ -205,16 +204,7 @@ int RunSoak(int argc, char** argv) {
   fs::create_directories(work);
   if (model.empty()) {
     model = work + "/model";
-    model::RandomModelSpec spec;
-    spec.hidden = 256;
-    spec.layers = 6;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.vocab = 320;
-    spec.max_position = 4096;
-    spec.dtype = kernels::DType::kF32;
-    spec.seed = 11;
-    if (Status s = model::WriteRandomCheckpoint(model, spec); !s.ok()) {
+    if (Status s = model::WriteRandomCheckpoint(model, model::FailureTestModelSpec()); !s.ok()) {
       std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
       return 1;
     }

@@ -30,6 +30,23 @@ struct RandomModelSpec {
   bool chat_template = false;
 };
 
+// The model of the failure tests and the soak bench (tests/cluster/migration_test.cc,
+// bench/soak_bench.cc): f32, hidden 256, 6 layers, 4 heads over 2 kv heads, 320 ids, seed 11. Big
+// enough that a 4-stream batch takes a few ms per step on one core (a stream is still running when
+// a worker is killed), small enough to load in a blink; one spec, so both run the same model.
+inline RandomModelSpec FailureTestModelSpec() {
+  RandomModelSpec spec;
+  spec.hidden = 256;
+  spec.layers = 6;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.vocab = 320;
+  spec.max_position = 4096;
+  spec.dtype = kernels::DType::kF32;
+  spec.seed = 11;
+  return spec;
+}
+
 // Builds the ModelConfig a spec describes (INVALID_ARGUMENT for inconsistent sizes).
 StatusOr<ModelConfig> RandomModelConfig(const RandomModelSpec& spec);
 
