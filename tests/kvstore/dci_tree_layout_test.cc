@@ -76,7 +76,9 @@ TEST(DciTreeLayoutTest, PositionBuildFillsLeavesInTokenOrder) {
     for (size_t i = 0; i < toks.size(); ++i) {
       const TokenLocation loc = pos_tree->Locate(toks[i]);
       EXPECT_EQ(loc.slot, static_cast<int>(i % ps)) << "token " << toks[i];
-      if (i % ps != 0) EXPECT_EQ(loc.leaf, pos_tree->Locate(toks[i - 1]).leaf) << "token " << toks[i];
+      if (i % ps != 0) {
+        EXPECT_EQ(loc.leaf, pos_tree->Locate(toks[i - 1]).leaf) << "token " << toks[i];
+      }
     }
   }
 }

@@ -329,8 +329,9 @@ TEST(DciTreeTest, QueryGroupSharesOneTraversal) {
         // The group scores a superset of what each head scores alone: rank by rank, its scores
         // are at least as high; with a full field of view both are exact.
         for (size_t r = 0; r < alone.size(); ++r) EXPECT_GE(group[j][r].score, alone[r].score);
-        if (fov_fraction == 1.0)
+        if (fov_fraction == 1.0) {
           for (size_t r = 0; r < exact.size(); ++r) EXPECT_EQ(group[j][r].leaf, exact[r].leaf);
+        }
       }
     }
   }

@@ -172,17 +172,26 @@ TEST_P(SequenceCacheShapeTest, PagesChangedCoversEveryRewrittenPage) {
     for (int64_t p = 0; p < pages; ++p) {
       const bool listed_p = std::binary_search(changed.begin(), changed.end(), static_cast<int32_t>(p));
       const bool bytes_changed = std::memcmp(before.data() + p * pb, base + p * pb, pb) != 0;
-      if (bytes_changed && !token_page[p]) ASSERT_TRUE(listed_p) << "page " << p << " changed at position " << t;
+      if (bytes_changed && !token_page[p]) {
+        ASSERT_TRUE(listed_p) << "page " << p << " changed at position " << t;
+      }
       // A page the append freed (it may be allocated again at once, as a new window page).
-      if (held_before[p] && (!pool->IsAllocated(static_cast<int32_t>(p)) || opened_reused[p]))
+      if (held_before[p] && (!pool->IsAllocated(static_cast<int32_t>(p)) || opened_reused[p])) {
         ASSERT_TRUE(listed_p) << "freed page " << p << " at position " << t;
+      }
     }
     listed += static_cast<int64_t>(changed.size());
     if (seq->window_start() != window_start && o.window_pages > 0) ++pushes;
-    if (o.window_pages > 0 && seq->window_start() == window_start) ASSERT_TRUE(changed.empty()) << "position " << t;
+    if (o.window_pages > 0 && seq->window_start() == window_start) {
+      ASSERT_TRUE(changed.empty()) << "position " << t;
+    }
   }
-  if (o.window_pages > 0 && sh.total - sh.prefill >= 16 * (o.window_pages + 1)) EXPECT_GT(pushes, 0);
-  if (pushes > 0 || o.window_pages == 0) EXPECT_GT(listed, 0);
+  if (o.window_pages > 0 && sh.total - sh.prefill >= 16 * (o.window_pages + 1)) {
+    EXPECT_GT(pushes, 0);
+  }
+  if (pushes > 0 || o.window_pages == 0) {
+    EXPECT_GT(listed, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SequenceCacheShapeTest,
