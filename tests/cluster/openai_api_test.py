@@ -122,7 +122,7 @@ def setUpModule():
                     "--dtype", "f32", "--chat-template", "--seed", "3"], check=True, stdout=subprocess.DEVNULL)
     STATE["model_dir"] = model_dir
     STATE.update(start_cluster(model_dir, os.path.join(tmp, "cluster.log"),
-                               ["cache.page_size=8", "limits.max_message_bytes=65536", "limits.max_tokens=512"]))
+                               ["cache.page_size=8", "limits.max_message_bytes=65536", "limits.max_tokens=4000"]))
 
 
 def tearDownModule():
@@ -409,7 +409,10 @@ class OpenAiApiTest(unittest.TestCase):
 
     def test_disconnect_cancels_the_generation(self):
         before = metric("icecache_request_errors_total", 'code="CANCELLED"')
-        stream = self.client.completions.create(model=MODEL, prompt="go on", max_tokens=500, stream=True,
+        # Long enough that the generation is still running when the client goes (the tiny model
+        # writes 500 tokens in well under 0.1 s on a fast CPU, before a loaded client has closed),
+        # and more than the socket buffers hold, so a client that stops reading holds it back.
+        stream = self.client.completions.create(model=MODEL, prompt="go on", max_tokens=4000, stream=True,
                                                 **GREEDY)
         next(iter(stream))
         stream.close()
