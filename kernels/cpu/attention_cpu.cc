@@ -1,9 +1,10 @@
 // CPU attention. Paged decode: per (sequence, kv head) one task; each K/V vector is converted to
 // fp32 once and used by every query head of the GQA group. AVX-512 fast path (head_dim % 16 == 0,
 // GQA 1/2/4/8): one pass with an online softmax, see DecodeOneListVec; AVX2 fast path
-// (head_dim % 8 == 0, GQA 1/2/3/4/8), the same scheme on 8 lanes: DecodeOneListAvx2. Otherwise
-// (and on neon): scores kept for the whole selected set, exact softmax (two passes over the pages:
-// K, then V; NEON dots, Axpy and exps on neon).
+// (head_dim % 8 == 0, GQA 1/2/3/4/8), the same scheme on 8 lanes: DecodeOneListAvx2; NEON fast
+// path (head_dim % 4 == 0, GQA 1/2/3/4/8), the AVX2 scheme with each 8-lane score block as two
+// 4-lane vectors: DecodeOneListNeon. Otherwise: scores kept for the whole selected set, exact
+// softmax (two passes over the pages: K, then V; NEON dots, Axpy and exps on neon).
 
 #include <algorithm>
 #include <cmath>
@@ -468,6 +469,149 @@ void DecodeOneListAvx2(const PagedDecodeAttentionParams& p, int b, int g, std::v
 }
 #endif
 
+#if ICE_SIMD_NEON
+// {sum of a[0]'s lanes, a[1]'s, a[2]'s, a[3]'s} (pairwise adds, the same tree for each input).
+inline float32x4_t ReduceAdd4x4(const float32x4_t a[4]) {
+  return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));
+}
+
+// The NEON fast path (head_dim % 4 == 0, GQA group G <= 8): DecodeOneListAvx2's scheme and score
+// layout, an 8-lane score block held as two float32x4_t (lanes 0-3, 4-7) so that G = 8 fits and
+// the per-head folds add the same lanes in the same order. One pass over the pages with an online
+// softmax; per page:
+//  * scores: TB = 8 / G tokens at a time (lane t * G + h: token t, head h; G = 3 leaves two lanes
+//    unused), each K vector converted once for the G heads, 4 columns per step, one joint
+//    reduction of the 8 accumulators per block;
+//  * the page's max, exps (ExpNonPositive4) and sums per head (the per-head folds scalar);
+//  * V: G heads x CC column chunks of 4 in registers (at most 16 accumulators and 8 V vectors of
+//    NEON's 32 registers) while the page's V rows stream by.
+// No software prefetch (the AVX2 form's is tuned on x86; nothing measured on Arm).
+template <DType T, int G>
+void DecodeOneListNeon(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores) {
+  constexpr int TB = 8 / G;
+  constexpr int CC = std::min(8, 16 / G);
+  const int d = p.head_dim, chunks = d / 4, P = p.page_size;
+  const int list = b * p.num_kv_heads + g;
+  const int begin = p.page_indptr[list], end = p.page_indptr[list + 1];
+  const size_t head0 = static_cast<size_t>(b) * p.num_q_heads + static_cast<size_t>(g) * G;
+  float* out = p.out + head0 * d;
+  for (int i = 0; i < G * d; ++i) out[i] = 0.f;
+  const int max_blocks = (P + TB - 1) / TB;
+  scores.resize(static_cast<size_t>(max_blocks) * 8);
+  float* sc = scores.data();
+  const float* q = p.q + head0 * d;
+  const char* pages = static_cast<const char*>(p.pages);
+  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(T);
+  const size_t block_bytes = static_cast<size_t>(P) * row_bytes;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const float32x4_t neg_inf = vdupq_n_f32(kNegInf);
+  const float32x4_t zero = vdupq_n_f32(0.f);
+  const int32x4_t lane_lo = {0, 1, 2, 3}, lane_hi = {4, 5, 6, 7};
+  float m[G], l[G];
+  for (int h = 0; h < G; ++h) {
+    m[h] = kNegInf;
+    l[h] = 0.f;
+  }
+  for (int i = begin; i < end; ++i) {
+    const int n = p.page_valid[i];
+    if (n == 0) continue;
+    const char* kbase = pages + static_cast<size_t>(p.page_ids[i]) * 2 * block_bytes;
+    const char* vbase = kbase + block_bytes;
+    const int blocks = (n + TB - 1) / TB;
+    float32x4_t max_lo = neg_inf, max_hi = neg_inf;
+    for (int blk = 0; blk < blocks; ++blk) {
+      const char* krow[TB];
+      // Rows past the valid ones repeat the last valid row (finite data); their lanes are masked.
+      for (int t = 0; t < TB; ++t) krow[t] = kbase + std::min(blk * TB + t, n - 1) * row_bytes;
+      float32x4_t acc[8];
+      for (int a = 0; a < 8; ++a) acc[a] = zero;
+      for (int c = 0; c < chunks; ++c) {
+        for (int t = 0; t < TB; ++t) {
+          const float32x4_t kv = Load4<T>(krow[t], c * 4);
+          for (int h = 0; h < G; ++h) acc[t * G + h] = vfmaq_f32(acc[t * G + h], vld1q_f32(q + h * d + c * 4), kv);
+        }
+      }
+      const int32x4_t valid_lanes = vdupq_n_s32(std::min(TB, n - blk * TB) * G);
+      const float32x4_t s_lo =
+          vbslq_f32(vcltq_s32(lane_lo, valid_lanes), vmulq_n_f32(ReduceAdd4x4(acc), p.scale), neg_inf);
+      const float32x4_t s_hi =
+          vbslq_f32(vcltq_s32(lane_hi, valid_lanes), vmulq_n_f32(ReduceAdd4x4(acc + 4), p.scale), neg_inf);
+      vst1q_f32(sc + blk * 8, s_lo);
+      vst1q_f32(sc + blk * 8 + 4, s_hi);
+      max_lo = vmaxq_f32(max_lo, s_lo);
+      max_hi = vmaxq_f32(max_hi, s_hi);
+    }
+    float lanes[8];
+    vst1q_f32(lanes, max_lo);
+    vst1q_f32(lanes + 4, max_hi);
+    float m_new[G], alpha[G];
+    for (int h = 0; h < G; ++h) {
+      m_new[h] = m[h];
+      for (int t = 0; t < TB; ++t) m_new[h] = std::max(m_new[h], lanes[t * G + h]);
+      // exp(-inf - m_new) must be 0 exactly: the first page sets alpha to 0.
+      alpha[h] = m[h] == kNegInf ? 0.f : std::exp(m[h] - m_new[h]);
+    }
+    float mrow[8];
+    for (int j = 0; j < 8; ++j) mrow[j] = j < TB * G ? m_new[j % G] : 0.f;
+    const float32x4_t mv_lo = vld1q_f32(mrow), mv_hi = vld1q_f32(mrow + 4);
+    float32x4_t sum_lo = zero, sum_hi = zero;
+    for (int blk = 0; blk < blocks; ++blk) {
+      // Masked lanes (-inf) get 0, not ExpNonPositive4's clamped exp(-87). s > -inf is false for
+      // NaN too, as the AVX2 form's ordered not-equal compare.
+      const float32x4_t s_lo = vld1q_f32(sc + blk * 8), s_hi = vld1q_f32(sc + blk * 8 + 4);
+      const float32x4_t e_lo = vbslq_f32(vcgtq_f32(s_lo, neg_inf), ExpNonPositive4(vsubq_f32(s_lo, mv_lo)), zero);
+      const float32x4_t e_hi = vbslq_f32(vcgtq_f32(s_hi, neg_inf), ExpNonPositive4(vsubq_f32(s_hi, mv_hi)), zero);
+      vst1q_f32(sc + blk * 8, e_lo);
+      vst1q_f32(sc + blk * 8 + 4, e_hi);
+      sum_lo = vaddq_f32(sum_lo, e_lo);
+      sum_hi = vaddq_f32(sum_hi, e_hi);
+    }
+    vst1q_f32(lanes, sum_lo);
+    vst1q_f32(lanes + 4, sum_hi);
+    for (int h = 0; h < G; ++h) {
+      float sh = 0.f;
+      for (int t = 0; t < TB; ++t) sh += lanes[t * G + h];
+      l[h] = l[h] * alpha[h] + sh;
+      m[h] = m_new[h];
+    }
+    // V columns in groups of CC chunks of 4.
+    for (int c0 = 0; c0 < chunks; c0 += CC) {
+      const int cc = std::min(CC, chunks - c0);
+      float32x4_t o[G][CC];
+      for (int h = 0; h < G; ++h) {
+        for (int c = 0; c < CC; ++c) {
+          if (c < cc) o[h][c] = vmulq_n_f32(vld1q_f32(out + h * d + (c0 + c) * 4), alpha[h]);
+        }
+      }
+      for (int t = 0; t < n; ++t) {
+        const char* vrow = vbase + t * row_bytes;
+        const float* e = sc + (t / TB) * 8 + (t % TB) * G;
+        float32x4_t v[CC];
+        for (int c = 0; c < CC; ++c) {
+          if (c < cc) v[c] = Load4<T>(vrow, (c0 + c) * 4);
+        }
+        for (int h = 0; h < G; ++h) {
+          for (int c = 0; c < CC; ++c) {
+            if (c < cc) o[h][c] = vfmaq_n_f32(o[h][c], v[c], e[h]);
+          }
+        }
+      }
+      for (int h = 0; h < G; ++h)
+        for (int c = 0; c < CC; ++c) {
+          if (c < cc) vst1q_f32(out + h * d + (c0 + c) * 4, o[h][c]);
+        }
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    if (l[h] > 0.f) {
+      const float inv = 1.f / l[h];
+      for (int e = 0; e < d; ++e) out[h * d + e] *= inv;
+    }
+    if (p.lse != nullptr) p.lse[head0 + h] = l[h] > 0.f ? m[h] + std::log(l[h]) : kNegInf;
+  }
+}
+#endif
+
 // The decode routine for this dtype and layout.
 template <DType T>
 void DecodeList(const PagedDecodeAttentionParams& p, int b, int g, std::vector<float>& scores,
@@ -490,6 +634,17 @@ void DecodeList(const PagedDecodeAttentionParams& p, int b, int g, std::vector<f
       case 3: return DecodeOneListAvx2<T, 3>(p, b, g, scores);
       case 4: return DecodeOneListAvx2<T, 4>(p, b, g, scores);
       case 8: return DecodeOneListAvx2<T, 8>(p, b, g, scores);
+      default: break;
+    }
+  }
+#elif ICE_SIMD_NEON
+  if (p.head_dim % 4 == 0) {
+    switch (p.num_q_heads / p.num_kv_heads) {
+      case 1: return DecodeOneListNeon<T, 1>(p, b, g, scores);
+      case 2: return DecodeOneListNeon<T, 2>(p, b, g, scores);
+      case 3: return DecodeOneListNeon<T, 3>(p, b, g, scores);
+      case 4: return DecodeOneListNeon<T, 4>(p, b, g, scores);
+      case 8: return DecodeOneListNeon<T, 8>(p, b, g, scores);
       default: break;
     }
   }

@@ -153,6 +153,16 @@ std::vector<DecodeCase> DecodeCases() {
   cases.push_back({1, 3, 3, 144, 7, DType::kF32, 20});
   // Long lists: pages prefetched ahead, many online-softmax rescalings.
   cases.push_back({1, 32, 8, 128, 16, DType::kBF16, 300});
+  // The (GQA group, dtype) pairs not above (GQA 2: f16; GQA 3: every dtype), and head_dim 36 / 52
+  // / 44 (a multiple of 4, not of 8: the neon fast path, the generic one on x86; 9 / 13 / 11
+  // column chunks of 4, so the neon V pass ends on a partial register block), 56 (GQA 3: 14
+  // chunks of 4, a partial block too).
+  cases.push_back({2, 4, 2, 64, 16, DType::kF32, 5});
+  cases.push_back({1, 6, 3, 36, 9, DType::kF16, 8});
+  cases.push_back({2, 9, 3, 64, 16, DType::kBF16, 6});  // SmolLM2's 9 / 3 heads
+  cases.push_back({1, 3, 1, 52, 16, DType::kF16, 12});
+  cases.push_back({2, 6, 2, 56, 7, DType::kF32, 10});
+  cases.push_back({1, 8, 1, 44, 8, DType::kF32, 6});
   return cases;
 }
 
@@ -200,6 +210,30 @@ TEST(PagedDecodeAttentionTest, SlotsPastValidAreNeverUsed) {
     // Same bounds as CpuMatchesNaive; a NaN anywhere fails them.
     ExpectClose(got, want, 2e-5, 1e-5, c.Name() + " out");
     ExpectClose(got_lse, want_lse, 1e-5, 1e-5, c.Name() + " lse");
+  }
+}
+
+// Every SIMD target this CPU supports against the scalar target (the generic two-pass kernel) on
+// the same inputs, in one process: the one-pass kernels (avx512, avx2, neon) for every GQA group
+// and dtype of DecodeCases.
+TEST(PagedDecodeAttentionTest, EveryTargetMatchesScalar) {
+  uint32_t seed = 2003;
+  for (const DecodeCase& c : DecodeCases()) {
+    const DecodeInputs in = MakeDecodeInputs(c, seed += 10);
+    const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> want, want_lse;
+    testing::ForEachSimdTarget([&](SimdTarget t) {
+      std::vector<float> got, got_lse;
+      RunDecode(Backend::kCpu, c, in, scale, &got, &got_lse);
+      if (t == SimdTarget::kScalar) {
+        want = got;
+        want_lse = got_lse;
+      } else {
+        // Both within CpuMatchesNaive's bounds of the naive reference: twice those apart.
+        ExpectClose(got, want, 4e-5, 2e-5, c.Name() + " out");
+        ExpectClose(got_lse, want_lse, 2e-5, 2e-5, c.Name() + " lse");
+      }
+    });
   }
 }
 

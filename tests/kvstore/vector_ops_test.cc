@@ -39,6 +39,35 @@ TEST(VectorOpsTest, HalfConversionsMatchIeee) {
   }
 }
 
+// Every finite half through each target's vector f16 load (F16C's vcvtph2ps on avx2 / avx512,
+// vcvt_f32_f16 on neon; the scalar target's F16ToF32) gives F16ToF32's value, subnormals and
+// signed zeros included: rows of 16 halves scored against one-hot queries (x * 1 plus zeros, exact).
+TEST(VectorOpsTest, F16RowsLoadExactlyOnEveryTarget) {
+  constexpr int kDim = 16;
+  std::vector<uint16_t> halves;
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) != 0x7c00) halves.push_back(static_cast<uint16_t>(h));  // not inf / NaN
+  }
+  ASSERT_EQ(halves.size() % kDim, 0u);
+  const int rows = static_cast<int>(halves.size() / kDim);
+  std::vector<float> q(kDim), out(rows);
+  const kernels::SimdTarget saved = kernels::ActiveSimdTarget();
+  for (kernels::SimdTarget t : kernels::SupportedSimdTargets()) {
+    SCOPED_TRACE(std::string(kernels::SimdTargetName(t)));
+    ASSERT_TRUE(kernels::SetSimdTarget(t).ok());
+    for (int j = 0; j < kDim; ++j) {
+      std::fill(q.begin(), q.end(), 0.f);
+      q[j] = 1.f;
+      ScoreRows(DType::kF16, halves.data(), rows, kDim, q.data(), out.data());
+      for (int r = 0; r < rows; ++r) {
+        const uint16_t h = halves[static_cast<size_t>(r) * kDim + j];
+        ASSERT_EQ(out[r], kernels::F16ToF32(h)) << "half bits " << h;  // == : -0 scores as +0
+      }
+    }
+  }
+  ASSERT_TRUE(kernels::SetSimdTarget(saved).ok());
+}
+
 TEST(VectorOpsTest, Bf16RowConversionMatchesScalar) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<uint32_t> bits;
