@@ -26,7 +26,8 @@ inline constexpr int64_t kDefaultMaxMessageBytes = 16 << 20;
 // `services`, grpc.health.v1.Health (status SERVING for "" and each service name) and server
 // reflection. Requests larger than max_message_bytes are refused by gRPC (RESOURCE_EXHAUSTED)
 // before any handler runs. *bound_port receives the port. UNAVAILABLE when the address cannot be
-// bound, also when another server (of any process) listens there: SO_REUSEPORT is off. `credentials`: how clients must connect (serving/internal_tls.h for the workers' mTLS);
+// bound, also when another server (of any process) listens there: SO_REUSEPORT is off.
+// `credentials`: how clients must connect (serving/internal_tls.h for the workers' mTLS);
 // null = plaintext.
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& listen,
                                                     const std::vector<grpc::Service*>& services,

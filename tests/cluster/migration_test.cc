@@ -368,7 +368,9 @@ TEST(ClusterMigration, KillingTheOnlyDecodeWorkerEndsStreamsWithUnavailable) {
     const bool was_decoding = r.status.message().find("no other decode worker") != std::string::npos;
     const bool was_shipping = r.status.message().find("no decode worker took the retry") != std::string::npos;
     EXPECT_TRUE(was_decoding || was_shipping) << r.status.ToString();
-    if (i == 0) EXPECT_TRUE(was_decoding) << r.status.ToString();
+    if (i == 0) {
+      EXPECT_TRUE(was_decoding) << r.status.ToString();
+    }
     EXPECT_NE(r.status.message().find("no decode worker became ready within 1 s (router.retry_wait_seconds)"),
               std::string::npos)
         << r.status.ToString();
