@@ -447,6 +447,26 @@ int RunGemv(int argc, char** argv) {
   const Timing ours = MedianMicros(backend, [&] { return kernels::Matmul(p, backend); }, before, 10, 1.0);
   if (ours.wall_us < 0) return Fail(InternalError("Matmul failed"));
   const double ours_us = ours.wall_us;
+  // The prefill GEMM with bf16-rounded activations (MatmulParams::bf16_activations), in the same
+  // run: its speed-up over fp32 activations and how far its outputs move (largest difference
+  // relative to the largest |y|).
+  Timing bf16x;
+  double bf16x_rel_diff = 0;
+  if (backend == Backend::kCpu && dtype == DType::kBF16 && m > 16) {
+    std::vector<float> y32(y.size()), ybf(y.size());
+    if (!kernels::Matmul(p, backend).ok()) return Fail(InternalError("Matmul failed"));
+    std::memcpy(y32.data(), p.y, y.size() * sizeof(float));
+    kernels::MatmulParams pb = p;
+    pb.bf16_activations = true;
+    bf16x = MedianMicros(backend, [&] { return kernels::Matmul(pb, backend); }, before, 10, 1.0);
+    std::memcpy(ybf.data(), pb.y, y.size() * sizeof(float));
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(y32[i] - ybf[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(y32[i])));
+    }
+    bf16x_rel_diff = scale > 0 ? diff / scale : 0;
+  }
 
   Timing blas;
   if (backend == Backend::kCpu && OpenBlasAvailable()) {
@@ -478,6 +498,9 @@ int RunGemv(int argc, char** argv) {
       {"openblas_f32_us", blas_us},
       {"openblas_f32_gflops", blas_us > 0 ? 2.0 * m * n * static_cast<double>(k) / blas_us / 1e3 : 0.0},
       {"speedup_vs_openblas", blas_us > 0 ? blas_us / ours_us : 0.0},
+      {"bf16_activations_us", bf16x.wall_us > 0 ? bf16x.wall_us : 0.0},
+      {"bf16_activations_speedup", bf16x.wall_us > 0 ? ours_us / bf16x.wall_us : 0.0},
+      {"bf16_activations_max_rel_diff", bf16x_rel_diff},
   };
   if (backend == Backend::kCpu) {
     r["ours_cpu_us"] = ours.cpu_us;
@@ -498,6 +521,12 @@ int RunGemv(int argc, char** argv) {
       std::printf("  openblas   %10.1f us  (fp32 weights converted beforehand)  %8.1f GFLOP/s\n", blas_us,
                   2.0 * m * n * static_cast<double>(k) / blas_us / 1e3);
       std::printf("  ours vs openblas: %.2fx\n", blas_us / ours_us);
+    }
+    if (bf16x.wall_us > 0) {
+      std::printf("  bf16 activations %4.1f us  %8.1f GFLOP/s  %.2fx fp32 activations (CPU time %.2fx); "
+                  "max |diff| / max |y| %.2g\n",
+                  bf16x.wall_us, 2.0 * m * n * static_cast<double>(k) / bf16x.wall_us / 1e3,
+                  ours_us / bf16x.wall_us, bf16x.cpu_us > 0 ? ours.cpu_us / bf16x.cpu_us : 0.0, bf16x_rel_diff);
     }
     std::printf("  measured bandwidth %.2f GB/s; weights stream at %.0f%% of it\n", bw,
                 bw > 0 ? 100 * gbps / bw : 0.0);

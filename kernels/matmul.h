@@ -1,6 +1,8 @@
 // Dense matrix products as a Linear layer computes them: y = x · Wᵀ (+ bias).
 #pragma once
 
+#include <string_view>
+
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
@@ -18,9 +20,36 @@ struct MatmulParams {
   int n = 0;                  // output features
   int k = 0;                  // input features
   bool accumulate = false;    // y += x·Wᵀ instead of y = x·Wᵀ (residual add fused)
+  // With bf16 weights: x is rounded to bf16 (round to nearest even) before the products, on every
+  // target and at every m (so a row's result does not depend on its batch), and the product is
+  // that of two bf16 matrices with fp32 accumulation (what llama.cpp and bf16 frameworks compute).
+  // For m > 16 (prefill) the avx512 target multiplies with `vdpbf16ps` (twice the fp32 FMA rate);
+  // everything else rounds x and runs its fp32 kernel: the same values up to summation order.
+  // Ignored for other weight types.
+  bool bf16_activations = false;
 };
 
-// fp32 accumulation. INVALID_ARGUMENT on null pointers or non-positive sizes.
+// fp32 accumulation. INVALID_ARGUMENT on null pointers or non-positive sizes. The CUDA backend
+// computes with fp32 activations whatever bf16_activations says.
 Status Matmul(const MatmulParams& p, Backend backend = Backend::kCpu);
+
+// How the model's matmuls over bf16 weights take their activations, for the whole process (as
+// the SIMD target is; PyTorch's set_float32_matmul_precision is the same idea):
+//   kFp32  x stays fp32: the exact products of the bf16 weights (what transformers computes in fp32);
+//   kBf16  x rounded to bf16 (MatmulParams::bf16_activations), prefill and decode alike: the
+//          numerics of llama.cpp and of frameworks running a bf16 model;
+//   kAuto  (default) kBf16 where the active SIMD target multiplies bf16 in hardware (avx512:
+//          `vdpbf16ps`, twice the fp32 FMA rate in prefill), kFp32 elsewhere (rounding would cost
+//          precision and gain nothing).
+// ICECACHE_MATMUL_PRECISION=auto|fp32|bf16 sets it at start (anything else: a warning, auto).
+enum class MatmulPrecision : int { kAuto = 0, kFp32 = 1, kBf16 = 2 };
+std::string_view MatmulPrecisionName(MatmulPrecision p);  // "auto", "fp32", "bf16"
+// MatmulPrecisionName's inverse; INVALID_ARGUMENT naming the accepted names otherwise.
+StatusOr<MatmulPrecision> ParseMatmulPrecision(std::string_view name);
+MatmulPrecision GetMatmulPrecision();
+void SetMatmulPrecision(MatmulPrecision p);  // thread-safe; call between kernel calls
+// Whether a CPU Linear layer sets bf16_activations now: kAuto resolved against ActiveSimdTarget().
+// Logs the resolved choice once (INFO).
+bool UseBf16Activations();
 
 }  // namespace icecache::kernels

@@ -33,6 +33,7 @@ Status Linear(kernels::Backend be, const float* x, int m, const WeightRef& w, co
   p.n = n;
   p.k = k;
   p.accumulate = accumulate;
+  p.bf16_activations = be == kernels::Backend::kCpu && kernels::UseBf16Activations();
   return kernels::Matmul(p, be);
 }
 

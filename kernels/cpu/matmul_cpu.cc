@@ -5,6 +5,9 @@
 //  * larger m: per thread a panel of kPanelRows weight rows x kPanelK columns is converted to fp32
 //    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it (AVX-512,
 //    AVX2 and NEON forms; plain loops on the scalar target).
+//  * bf16 weights and MatmulParams::bf16_activations: x rounded to bf16 once per call; for m > 16
+//    on the avx512 target `vdpbf16ps` tiles over the bf16 weights in place (no fp32 panel); every
+//    other case runs the rounded x (widened back to fp32) through the GEMV / GEMM above.
 
 #include <algorithm>
 #include <vector>
@@ -377,9 +380,157 @@ void BlockedGemm(const MatmulParams& p) {
   }
 }
 
+// The x rows rounded to bf16 (round to nearest even), as bf16 bits (Out = uint16_t, for
+// `vdpbf16ps`) or widened back to fp32 (Out = float, exact, for the fp32 kernels), in a per-thread
+// buffer reused across calls (a prefill issues hundreds of GEMMs; a fresh buffer each time would
+// fault its pages in again).
+template <typename Out>
+const Out* RoundXToBf16(const MatmulParams& p) {
+  static thread_local std::vector<Out> buf;
+  const size_t count = static_cast<size_t>(p.m) * p.k;
+  if (buf.size() < count) buf.resize(count);
+  Out* out = buf.data();
+  auto round_row = [&](int r) {
+    const float* x = p.x + static_cast<size_t>(r) * p.k;
+    Out* o = out + static_cast<size_t>(r) * p.k;
+    int i = 0;
+#if ICE_SIMD_AVX512
+    for (; i + 16 <= p.k; i += 16) {
+      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+      if constexpr (sizeof(Out) == 2) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), h);
+      } else {
+        _mm512_storeu_ps(o + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+      }
+    }
+#endif
+    for (; i < p.k; ++i) {
+      if constexpr (sizeof(Out) == 2) {
+        o[i] = F32ToBf16(x[i]);
+      } else {
+        o[i] = Bf16ToF32(F32ToBf16(x[i]));
+      }
+    }
+  };
+  if (p.m <= kGemvMaxRows) {
+    for (int r = 0; r < p.m; ++r) round_row(r);  // decode: a few rows, not worth a thread team
+  } else {
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+    for (int r = 0; r < p.m; ++r) round_row(r);
+  }
+  return out;
+}
+
+#if ICE_SIMD_AVX512
+// out[r * 4 + c] = dot(x row r, w row c) over k, x and w bf16 (ldx, ldw elements apart): per 32
+// columns one `vdpbf16ps` per (row, weight row) pair, MR x NR <= 16 accumulators, reduced once at
+// the end (ReduceAdd4: a sum's tree does not depend on NR).
+template <int MR, int NR>
+void Bf16Tile(const uint16_t* x, size_t ldx, const uint16_t* w, size_t ldw, int k, float* out) {
+  __m512 acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= k; i += 32) {
+    __m512bh wv[NR];
+    for (int c = 0; c < NR; ++c) wv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + c * ldw + i));
+    for (int r = 0; r < MR; ++r) {
+      __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + r * ldx + i));
+      __asm__("" : "+v"(xv));  // one load of x for the NR products (see GemvBlock)
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+  }
+  if (i < k) {
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (k - i)) - 1u);
+    __m512bh wv[NR];
+    for (int c = 0; c < NR; ++c) {
+      wv[c] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, w + c * ldw + i));
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, x + r * ldx + i));
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    _mm_storeu_ps(out + r * 4, ReduceAdd4(acc[r][0], NR > 1 ? acc[r][NR > 1 ? 1 : 0] : zero,
+                                          NR > 2 ? acc[r][NR > 2 ? 2 : 0] : zero,
+                                          NR > 3 ? acc[r][NR > 3 ? 3 : 0] : zero));
+  }
+}
+
+template <int MR>
+void Bf16TileN(int nr, const uint16_t* x, size_t ldx, const uint16_t* w, size_t ldw, int k, float* out) {
+  switch (nr) {
+    case 4: return Bf16Tile<MR, 4>(x, ldx, w, ldw, k, out);
+    case 3: return Bf16Tile<MR, 3>(x, ldx, w, ldw, k, out);
+    case 2: return Bf16Tile<MR, 2>(x, ldx, w, ldw, k, out);
+    default: return Bf16Tile<MR, 1>(x, ldx, w, ldw, k, out);
+  }
+}
+
+// y = round_bf16(x) · Wᵀ for bf16 W (m > 16). Work items are blocks of kBf16BlockRows x rows by
+// kPanelRows weight rows (both dimensions split, so a 192-feature projection still feeds every
+// thread); consecutive items share their weight block, which stays in L2 while the item's 4-row
+// x strips stream from L1.
+constexpr int kBf16BlockRows = 64;
+
+void Bf16Gemm(const MatmulParams& p, const uint16_t* xb) {
+  const uint16_t* w = static_cast<const uint16_t*>(p.w);
+  const size_t k = static_cast<size_t>(p.k);
+  const int row_blocks = (p.m + kBf16BlockRows - 1) / kBf16BlockRows;
+  const int col_blocks = (p.n + kPanelRows - 1) / kPanelRows;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(CpuThreads())
+  for (int item = 0; item < row_blocks * col_blocks; ++item) {
+    const int j0 = (item / row_blocks) * kPanelRows;
+    const int i0 = (item % row_blocks) * kBf16BlockRows;
+    const int nb = std::min(kPanelRows, p.n - j0);
+    const int mb = std::min(kBf16BlockRows, p.m - i0);
+    float v[16];
+    for (int r0 = 0; r0 < mb; r0 += 4) {
+      const int mr = std::min(4, mb - r0);
+      const uint16_t* xs = xb + (i0 + r0) * k;
+      for (int c0 = 0; c0 < nb; c0 += 4) {
+        const int nr = std::min(4, nb - c0);
+        const uint16_t* ws = w + (j0 + c0) * k;
+        switch (mr) {
+          case 4: Bf16TileN<4>(nr, xs, k, ws, k, p.k, v); break;
+          case 3: Bf16TileN<3>(nr, xs, k, ws, k, p.k, v); break;
+          case 2: Bf16TileN<2>(nr, xs, k, ws, k, p.k, v); break;
+          default: Bf16TileN<1>(nr, xs, k, ws, k, p.k, v); break;
+        }
+        for (int r = 0; r < mr; ++r) {
+          float* y = p.y + static_cast<size_t>(i0 + r0 + r) * p.n + j0 + c0;
+          for (int c = 0; c < nr; ++c) {
+            const float s = v[r * 4 + c] + BiasAt(p, j0 + c0 + c);
+            y[c] = p.accumulate ? y[c] + s : s;
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 Status Matmul(const MatmulParams& p) {
+  if (p.bf16_activations && p.w_dtype == DType::kBF16) {
+#if ICE_SIMD_AVX512
+    if (p.m > kGemvMaxRows) {
+      Bf16Gemm(p, RoundXToBf16<uint16_t>(p));
+      return Status::Ok();
+    }
+#endif
+    MatmulParams rounded = p;
+    rounded.x = RoundXToBf16<float>(p);
+    if (p.m <= kGemvMaxRows) {
+      Gemv<DType::kBF16>(rounded);
+    } else {
+      BlockedGemm<DType::kBF16>(rounded);
+    }
+    return Status::Ok();
+  }
   DispatchDType(p.w_dtype, [&]<DType T>() {
     if (p.m <= kGemvMaxRows) {
       Gemv<T>(p);

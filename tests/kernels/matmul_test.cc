@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/simd_target.h"
+
 #include "tests/kernels/test_util.h"
 
 namespace icecache::kernels {
@@ -81,6 +83,99 @@ TEST(MatmulTest, CpuMatchesNaive) {
     // fp32 accumulation of k products of magnitude <= 1: error grows ~ sqrt(k) ulps of the sum.
     ExpectClose(got, want, 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name());
   }
+}
+
+// bf16_activations: the product of round_bf16(x) and the bf16 weights at every m (vdpbf16ps for
+// m > 16 on the avx512 target, the rounded x through the fp32 kernels elsewhere; CTest runs this
+// on every target), within CpuMatchesNaive's bound of the exact product of the rounded values.
+// For other weight types the flag changes nothing (bit for bit).
+TEST(MatmulTest, Bf16ActivationsMultiplyTheRoundedActivations) {
+  uint32_t seed = 500;
+  const int shapes[][3] = {{1, 7, 15},   {5, 70, 33},   {16, 100, 300},  {17, 5, 1},
+                           {17, 67, 31}, {33, 130, 33}, {70, 64, 576},   {129, 65, 1030}, {200, 3, 64}};
+  for (auto& s : shapes) {
+    const MatmulCase c{s[0], s[1], s[2], DType::kBF16, (seed % 2) == 0, (seed % 3) == 1};
+    const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
+    const auto w = ToTyped(DType::kBF16, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+    const auto bias = RandomVector(c.n, seed++);
+    const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
+    std::vector<float> want(y0.size());
+    for (int r = 0; r < c.m; ++r) {
+      for (int j = 0; j < c.n; ++j) {
+        double sum = c.bias ? bias[j] : 0.0;
+        for (int i = 0; i < c.k; ++i) {
+          sum += static_cast<double>(Bf16ToF32(F32ToBf16(x[r * c.k + i]))) * w.values[j * c.k + i];
+        }
+        if (c.accumulate) sum += y0[r * c.n + j];
+        want[r * c.n + j] = static_cast<float>(sum);
+      }
+    }
+    auto dx = testing::Upload(Backend::kCpu, x);
+    auto dw = testing::Upload(Backend::kCpu, w.bytes);
+    auto db = testing::Upload(Backend::kCpu, bias);
+    auto dy = testing::Upload(Backend::kCpu, y0);
+    MatmulParams p;
+    p.x = dx.as<float>();
+    p.w = dw.data();
+    p.w_dtype = c.w_dtype;
+    p.bias = c.bias ? db.data() : nullptr;
+    p.y = dy.as<float>();
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.accumulate = c.accumulate;
+    p.bf16_activations = true;
+    ASSERT_TRUE(Matmul(p).ok());
+    ExpectClose(testing::Download<float>(dy, y0.size()), want, 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5,
+                c.Name() + " bf16 activations");
+  }
+  for (const MatmulCase& c : Cases()) {
+    if (c.w_dtype == DType::kBF16) continue;
+    const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
+    const auto w = ToTyped(c.w_dtype, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+    const std::vector<float> y0(static_cast<size_t>(c.m) * c.n, 0.f);
+    std::vector<float> ys[2];
+    for (int flag = 0; flag < 2; ++flag) {
+      ys[flag] = y0;
+      MatmulParams p;
+      p.x = x.data();
+      p.w = w.bytes.data();
+      p.w_dtype = c.w_dtype;
+      p.y = ys[flag].data();
+      p.m = c.m;
+      p.n = c.n;
+      p.k = c.k;
+      p.bf16_activations = flag == 1;
+      ASSERT_TRUE(Matmul(p).ok());
+    }
+    EXPECT_EQ(ys[0], ys[1]) << c.Name();
+  }
+}
+
+TEST(MatmulTest, PrecisionNamesRoundTripAndAutoFollowsTheTarget) {
+  for (MatmulPrecision p : {MatmulPrecision::kAuto, MatmulPrecision::kFp32, MatmulPrecision::kBf16}) {
+    auto parsed = ParseMatmulPrecision(MatmulPrecisionName(p));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, p);
+  }
+  auto bad = ParseMatmulPrecision("fp16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("auto, fp32 or bf16"), std::string::npos);
+
+  const MatmulPrecision saved = GetMatmulPrecision();
+  const SimdTarget saved_target = ActiveSimdTarget();
+  SetMatmulPrecision(MatmulPrecision::kFp32);
+  EXPECT_FALSE(UseBf16Activations());
+  SetMatmulPrecision(MatmulPrecision::kBf16);
+  EXPECT_TRUE(UseBf16Activations());
+  SetMatmulPrecision(MatmulPrecision::kAuto);
+  for (SimdTarget t : SupportedSimdTargets()) {
+    ASSERT_TRUE(SetSimdTarget(t).ok());
+    EXPECT_EQ(UseBf16Activations(), t == SimdTarget::kAvx512) << SimdTargetName(t);
+  }
+  ASSERT_TRUE(SetSimdTarget(saved_target).ok());
+  SetMatmulPrecision(saved);
 }
 
 // Up to 16 rows the CPU kernel streams the weights once for all rows. Batched decode relies on a

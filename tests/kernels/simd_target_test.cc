@@ -3,6 +3,7 @@
 // naive references of the other kernel tests: CTest runs kernels_test once per target.)
 #include "kernels/simd_target.h"
 
+#include <array>
 #include <cmath>
 #include <iostream>
 
@@ -50,9 +51,12 @@ TEST(SimdTargetTest, OnlySupportedTargetsCanBeActive) {
   ASSERT_TRUE(SetSimdTarget(saved).ok());
 }
 
-// Matmul across the GEMV (m <= 16) and GEMM paths, every weight type, ragged k and n.
+// Matmul across the GEMV (m <= 16) and GEMM paths, every weight type, ragged k and n; with bf16
+// weights also with bf16_activations (vdpbf16ps on avx512, rounded x elsewhere).
 TEST(SimdTargetTest, MatmulOnEveryTargetMatchesScalar) {
-  for (DType wt : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const DType wt = variant == 3 ? DType::kBF16 : std::array{DType::kF32, DType::kF16, DType::kBF16}[variant];
+    const bool bf16_x = variant == 3;
     for (int m : {1, 5, 16, 37}) {
       const int n = 67, k = 301;
       const auto x = RandomVector(static_cast<size_t>(m) * k, 11 + m);
@@ -68,12 +72,14 @@ TEST(SimdTargetTest, MatmulOnEveryTargetMatchesScalar) {
         p.m = m;
         p.n = n;
         p.k = k;
+        p.bf16_activations = bf16_x;
         ASSERT_TRUE(Matmul(p).ok());
         if (t == SimdTarget::kScalar) {
           want = y;
         } else {
           ExpectClose(y, want, 4e-6 * std::sqrt(k) + 1e-6, 1e-5,
-                      "matmul m=" + std::to_string(m) + " " + std::string(DTypeName(wt)));
+                      "matmul m=" + std::to_string(m) + " " + std::string(DTypeName(wt)) +
+                          (bf16_x ? " bf16 activations" : ""));
         }
       });
     }

@@ -80,7 +80,11 @@ DeviceRun RunOn(const std::string& dir, kernels::Device device) {
   return r;
 }
 
-class DeviceTest : public ::testing::TestWithParam<std::string> {};
+// fp32 activations on both sides: the CUDA backend ignores bf16_activations (kernels/matmul.h).
+class DeviceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  testing::ScopedMatmulPrecision fp32_{kernels::MatmulPrecision::kFp32};
+};
 
 TEST_P(DeviceTest, CudaMatchesCpu) {
   if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device: GPU end-to-end cases skipped";

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/matmul.h"
 #include "model/dense_kv_cache.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -78,8 +79,15 @@ TEST(SmolLm2Test, TokenizerFromGgufMatchesHuggingFaceTokenizers) {
   EXPECT_EQ((*tok)->eos_ids(), (std::vector<int32_t>{2}));  // <|im_end|>, also the file's eos
 }
 
-TEST(SmolLm2Test, LogitsAndGreedyTokensMatchTransformers) {
-  SKIP_WITHOUT_SMOLLM2();
+// Prefills each reference prompt (a GEMM, m > 16) under `precision`, then decodes 16 greedy
+// tokens (GEMV) under it; the first `greedy_to_match` must be transformers'.
+void ExpectTransformersLogits(kernels::MatmulPrecision precision, double tolerance, int greedy_to_match) {
+  const kernels::MatmulPrecision saved = kernels::GetMatmulPrecision();
+  kernels::SetMatmulPrecision(precision);
+  struct Restore {
+    kernels::MatmulPrecision p;
+    ~Restore() { kernels::SetMatmulPrecision(p); }
+  } restore{saved};
   auto model = Model::Load(SmolLm2Path());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   Model& m = **model;
@@ -113,9 +121,9 @@ TEST(SmolLm2Test, LogitsAndGreedyTokensMatchTransformers) {
     for (size_t k = 0; k < top_ids.size(); ++k) {
       max_diff = std::max(max_diff, static_cast<double>(std::fabs(last[top_ids[k]] - top_logits[k])));
     }
-    // Same bf16 weights, fp32 activations; only summation order differs.
-    EXPECT_LT(max_diff, 2e-3) << p["text"];
-    std::printf("SmolLM2 max |logit - transformers| = %.3g over %zu positions\n", max_diff, ids.size());
+    EXPECT_LT(max_diff, tolerance) << p["text"];
+    std::printf("SmolLM2 (%s activations) max |logit - transformers| = %.3g over %zu positions\n",
+                std::string(kernels::MatmulPrecisionName(precision)).c_str(), max_diff, ids.size());
 
     std::vector<int32_t> greedy;
     int32_t next = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
@@ -125,8 +133,28 @@ TEST(SmolLm2Test, LogitsAndGreedyTokensMatchTransformers) {
       ASSERT_TRUE(m.Forward({&one, 1}, cache, LogitsMode::kLastToken, &logits).ok());
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    EXPECT_EQ(greedy, p["greedy"].get<std::vector<int32_t>>()) << *m.tokenizer()->Decode(greedy);
+    const auto want = p["greedy"].get<std::vector<int32_t>>();
+    EXPECT_EQ(std::vector<int32_t>(greedy.begin(), greedy.begin() + greedy_to_match),
+              std::vector<int32_t>(want.begin(), want.begin() + greedy_to_match))
+        << *m.tokenizer()->Decode(greedy);
   }
+}
+
+// Same bf16 weights, fp32 activations: only summation order differs.
+TEST(SmolLm2Test, LogitsAndGreedyTokensMatchTransformers) {
+  SKIP_WITHOUT_SMOLLM2();
+  ExpectTransformersLogits(kernels::MatmulPrecision::kFp32, 2e-3, 16);
+}
+
+// Activations rounded to bf16 (the default on avx512, kernels/matmul.h): relative
+// error 2^-9 per activation through 30 layers moves logits of magnitude 10-25 by up to ~0.3
+// (measured on the two prompts, Zen 4, 2026-12-02: 0.21 / 0.18 on avx512's vdpbf16ps, 0.28 / 0.22
+// on avx2's and 0.32 / 0.21 on scalar's rounded fp32 kernel). The first greedy token is
+// transformers'; later ones may part at a near-tie (seen: the 6th of the second prompt on avx2),
+// as llama.cpp's bf16 output does.
+TEST(SmolLm2Test, Bf16ActivationsStayCloseToTransformers) {
+  SKIP_WITHOUT_SMOLLM2();
+  ExpectTransformersLogits(kernels::MatmulPrecision::kBf16, 0.5, 1);
 }
 
 }  // namespace

@@ -89,7 +89,11 @@ GreedyRun RunSingle(const std::string& dir) {
   return Greedy(**m, cache);
 }
 
-class TensorParallel : public ::testing::TestWithParam<std::string> {};
+// kLogitTol is an fp32 claim (test_util.h, ScopedMatmulPrecision).
+class TensorParallel : public ::testing::TestWithParam<std::string> {
+ protected:
+  testing::ScopedMatmulPrecision fp32_{kernels::MatmulPrecision::kFp32};
+};
 
 TEST_P(TensorParallel, SameGreedyTokensAndLogitsAsOneRank) {
   const std::string dir = FixtureDir(GetParam());
@@ -131,7 +135,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel, ::testing::ValuesIn(Cases()))
 // GGUF files, whose ranks dequantise only their slices (model/gguf_model.h): TP = 2 gives TP = 1's
 // greedy tokens and logits within kLogitTol (tiny_llama: every quantisation type, permuted q/k;
 // tiny_qwen3: q/k norms).
-class TensorParallelGguf : public ::testing::TestWithParam<std::string> {};
+class TensorParallelGguf : public ::testing::TestWithParam<std::string> {
+ protected:
+  testing::ScopedMatmulPrecision fp32_{kernels::MatmulPrecision::kFp32};
+};
 
 TEST_P(TensorParallelGguf, SameGreedyTokensAndLogitsAsOneRank) {
   const std::string path = std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/gguf/" + GetParam();

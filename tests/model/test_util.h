@@ -8,7 +8,27 @@
 #include <sstream>
 #include <string>
 
+#include "kernels/matmul.h"
+
 namespace icecache::model::testing {
+
+// Sets the process-wide matmul precision (kernels/matmul.h) for a scope. Tests whose claim is
+// "fp32 throughout, only summation order differs" pin kFp32: with bf16 activations a difference
+// in the last fp32 bit can flip an activation's bf16 rounding (2^-9 of it), so two paths that
+// sum in different orders (prefill and decode, a batch and a row, TP and one rank) agree only to
+// bf16 accuracy; the bf16 variants of those tests state that tolerance.
+class ScopedMatmulPrecision {
+ public:
+  explicit ScopedMatmulPrecision(kernels::MatmulPrecision p) : saved_(kernels::GetMatmulPrecision()) {
+    kernels::SetMatmulPrecision(p);
+  }
+  ~ScopedMatmulPrecision() { kernels::SetMatmulPrecision(saved_); }
+  ScopedMatmulPrecision(const ScopedMatmulPrecision&) = delete;
+  ScopedMatmulPrecision& operator=(const ScopedMatmulPrecision&) = delete;
+
+ private:
+  kernels::MatmulPrecision saved_;
+};
 
 inline std::string FixtureDir(const std::string& name) {
   return std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/models/" + name;
