@@ -447,12 +447,12 @@ int RunGemv(int argc, char** argv) {
   const Timing ours = MedianMicros(backend, [&] { return kernels::Matmul(p, backend); }, before, 10, 1.0);
   if (ours.wall_us < 0) return Fail(InternalError("Matmul failed"));
   const double ours_us = ours.wall_us;
-  // The prefill GEMM with bf16-rounded activations (MatmulParams::bf16_activations), in the same
+  // The same call with bf16-rounded activations (MatmulParams::bf16_activations), in the same
   // run: its speed-up over fp32 activations and how far its outputs move (largest difference
   // relative to the largest |y|).
   Timing bf16x;
   double bf16x_rel_diff = 0;
-  if (backend == Backend::kCpu && dtype == DType::kBF16 && m > 16) {
+  if (backend == Backend::kCpu && dtype == DType::kBF16 && m > 1) {
     std::vector<float> y32(y.size()), ybf(y.size());
     if (!kernels::Matmul(p, backend).ok()) return Fail(InternalError("Matmul failed"));
     std::memcpy(y32.data(), p.y, y.size() * sizeof(float));

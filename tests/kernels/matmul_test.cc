@@ -43,7 +43,7 @@ std::vector<MatmulCase> Cases() {
 // Runs Matmul on `backend` with host inputs; y starts as y0.
 std::vector<float> RunMatmul(Backend backend, const MatmulCase& c, const std::vector<float>& x,
                        const testing::Typed& w, const std::vector<float>& bias,
-                       const std::vector<float>& y0) {
+                       const std::vector<float>& y0, bool bf16_activations = false) {
   auto dx = testing::Upload(backend, x);
   auto dw = testing::Upload(backend, w.bytes);
   auto db = testing::Upload(backend, bias);
@@ -58,6 +58,7 @@ std::vector<float> RunMatmul(Backend backend, const MatmulCase& c, const std::ve
   p.n = c.n;
   p.k = c.k;
   p.accumulate = c.accumulate;
+  p.bf16_activations = bf16_activations;
   Status s = Matmul(p, backend);
   EXPECT_TRUE(s.ok()) << s.ToString();
   return testing::Download<float>(dy, y0.size());
@@ -184,7 +185,10 @@ TEST(MatmulTest, PrecisionNamesRoundTripAndAutoFollowsTheTarget) {
 // result is within the CpuMatchesNaive bound of the exact value, so they differ by at most twice it.
 TEST(MatmulTest, EachRowOfABatchMatchesTheRowAlone) {
   uint32_t seed = 300;
-  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+  // The last pass: bf16 weights with bf16_activations (the rounded x through the same GEMV).
+  for (int variant = 0; variant < 4; ++variant) {
+    const DType t = variant == 1 ? DType::kF16 : variant == 2 ? DType::kF32 : DType::kBF16;
+    const bool bf16_x = variant == 3;
     const int n = 35, k = 530;
     const int max_m = 16;
     const auto x = RandomVector(static_cast<size_t>(max_m) * k, seed++);
@@ -194,13 +198,14 @@ TEST(MatmulTest, EachRowOfABatchMatchesTheRowAlone) {
       const MatmulCase c{m, n, k, t, true, false};
       const std::vector<float> xs(x.begin() + static_cast<size_t>(first_row) * k,
                                   x.begin() + static_cast<size_t>(first_row + m) * k);
-      return RunMatmul(Backend::kCpu, c, xs, w, bias, std::vector<float>(static_cast<size_t>(m) * n, 0.f));
+      return RunMatmul(Backend::kCpu, c, xs, w, bias, std::vector<float>(static_cast<size_t>(m) * n, 0.f), bf16_x);
     };
     const auto full = run(max_m, 0);
     for (int m : {2, 3, 5, 8, 9, 13}) {
       const auto batch = run(m, 0);
       for (size_t i = 0; i < batch.size(); ++i) {
-        ASSERT_EQ(batch[i], full[i]) << DTypeName(t) << " m=" << m << " element " << i;
+        ASSERT_EQ(batch[i], full[i]) << DTypeName(t) << (bf16_x ? " bf16 activations" : "") << " m=" << m
+                                     << " element " << i;
       }
     }
     for (int r = 0; r < max_m; ++r) {
@@ -208,7 +213,7 @@ TEST(MatmulTest, EachRowOfABatchMatchesTheRowAlone) {
       const std::vector<float> row(full.begin() + static_cast<size_t>(r) * n,
                                    full.begin() + static_cast<size_t>(r + 1) * n);
       ExpectClose(alone, row, 2 * (2e-6 * std::sqrt(k) + 1e-6), 2e-5,
-                  std::string(DTypeName(t)) + " row " + std::to_string(r));
+                  std::string(DTypeName(t)) + (bf16_x ? " bf16 activations" : "") + " row " + std::to_string(r));
     }
   }
 }
