@@ -111,45 +111,17 @@ TEST(MatmulTest, Bf16ActivationsMultiplyTheRoundedActivations) {
         want[r * c.n + j] = static_cast<float>(sum);
       }
     }
-    auto dx = testing::Upload(Backend::kCpu, x);
-    auto dw = testing::Upload(Backend::kCpu, w.bytes);
-    auto db = testing::Upload(Backend::kCpu, bias);
-    auto dy = testing::Upload(Backend::kCpu, y0);
-    MatmulParams p;
-    p.x = dx.as<float>();
-    p.w = dw.data();
-    p.w_dtype = c.w_dtype;
-    p.bias = c.bias ? db.data() : nullptr;
-    p.y = dy.as<float>();
-    p.m = c.m;
-    p.n = c.n;
-    p.k = c.k;
-    p.accumulate = c.accumulate;
-    p.bf16_activations = true;
-    ASSERT_TRUE(Matmul(p).ok());
-    ExpectClose(testing::Download<float>(dy, y0.size()), want, 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5,
-                c.Name() + " bf16 activations");
+    ExpectClose(RunMatmul(Backend::kCpu, c, x, w, bias, y0, /*bf16_activations=*/true), want,
+                2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name() + " bf16 activations");
   }
   for (const MatmulCase& c : Cases()) {
     if (c.w_dtype == DType::kBF16) continue;
     const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
     const auto w = ToTyped(c.w_dtype, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+    const auto bias = RandomVector(c.n, seed++);
     const std::vector<float> y0(static_cast<size_t>(c.m) * c.n, 0.f);
-    std::vector<float> ys[2];
-    for (int flag = 0; flag < 2; ++flag) {
-      ys[flag] = y0;
-      MatmulParams p;
-      p.x = x.data();
-      p.w = w.bytes.data();
-      p.w_dtype = c.w_dtype;
-      p.y = ys[flag].data();
-      p.m = c.m;
-      p.n = c.n;
-      p.k = c.k;
-      p.bf16_activations = flag == 1;
-      ASSERT_TRUE(Matmul(p).ok());
-    }
-    EXPECT_EQ(ys[0], ys[1]) << c.Name();
+    EXPECT_EQ(RunMatmul(Backend::kCpu, c, x, w, bias, y0, false), RunMatmul(Backend::kCpu, c, x, w, bias, y0, true))
+        << c.Name();
   }
 }
 
