@@ -383,13 +383,33 @@ void BlockedGemm(const MatmulParams& p) {
 // The x rows rounded to bf16 (round to nearest even), as bf16 bits (Out = uint16_t, for
 // `vdpbf16ps`) or widened back to fp32 (Out = float, exact, for the fp32 kernels), in a per-thread
 // buffer reused across calls (a prefill issues hundreds of GEMMs; a fresh buffer each time would
-// fault its pages in again).
+// fault its pages in again). A buffer grown past kKeepElems (a long prompt's x) is released when
+// the call ends, so an idle worker does not hold a copy of its largest activations.
 template <typename Out>
-const Out* RoundXToBf16(const MatmulParams& p) {
-  static thread_local std::vector<Out> buf;
+class RoundedX {
+ public:
+  static constexpr size_t kKeepElems = size_t{4} << 20;
+  explicit RoundedX(const MatmulParams& p);
+  ~RoundedX() {
+    if (buf_.size() > kKeepElems) std::vector<Out>().swap(buf_);
+  }
+  RoundedX(const RoundedX&) = delete;
+  RoundedX& operator=(const RoundedX&) = delete;
+  const Out* data() const { return buf_.data(); }
+
+ private:
+  static std::vector<Out>& Buffer() {
+    static thread_local std::vector<Out> buf;
+    return buf;
+  }
+  std::vector<Out>& buf_ = Buffer();
+};
+
+template <typename Out>
+RoundedX<Out>::RoundedX(const MatmulParams& p) {
   const size_t count = static_cast<size_t>(p.m) * p.k;
-  if (buf.size() < count) buf.resize(count);
-  Out* out = buf.data();
+  if (buf_.size() < count) buf_.resize(count);
+  Out* out = buf_.data();
   auto round_row = [&](int r) {
     const float* x = p.x + static_cast<size_t>(r) * p.k;
     Out* o = out + static_cast<size_t>(r) * p.k;
@@ -418,7 +438,6 @@ const Out* RoundXToBf16(const MatmulParams& p) {
 #pragma omp parallel for schedule(static) num_threads(CpuThreads())
     for (int r = 0; r < p.m; ++r) round_row(r);
   }
-  return out;
 }
 
 #if ICE_SIMD_AVX512
@@ -518,12 +537,14 @@ Status Matmul(const MatmulParams& p) {
   if (p.bf16_activations && p.w_dtype == DType::kBF16) {
 #if ICE_SIMD_AVX512
     if (p.m > kGemvMaxRows) {
-      Bf16Gemm(p, RoundXToBf16<uint16_t>(p));
+      const RoundedX<uint16_t> xb(p);
+      Bf16Gemm(p, xb.data());
       return Status::Ok();
     }
 #endif
+    const RoundedX<float> xr(p);
     MatmulParams rounded = p;
-    rounded.x = RoundXToBf16<float>(p);
+    rounded.x = xr.data();
     if (p.m <= kGemvMaxRows) {
       Gemv<DType::kBF16>(rounded);
     } else {
