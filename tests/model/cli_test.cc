@@ -28,10 +28,11 @@ struct Result {
   std::string err;  // stderr
 };
 
-Result RunCli(const std::string& args) {
+// `env`: VAR=VALUE words put before the command.
+Result RunCli(const std::string& args, const std::string& env = "") {
   TempDir tmp;
   const std::string err_file = tmp.path() + "/stderr";
-  const std::string cmd = std::string(ICECACHE_BINARY_DIR) + "/bin/icecache " + args + " 2>" + err_file;
+  const std::string cmd = env + " " + std::string(ICECACHE_BINARY_DIR) + "/bin/icecache " + args + " 2>" + err_file;
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -64,6 +65,44 @@ TEST(Cli, LogitsMatchesReference) {
     }
     EXPECT_LT(maxdiff / maxref, 1e-3) << "row " << row;  // same tolerance as the library test
   }
+}
+
+// ICECACHE_MATMUL_PRECISION (kernels/matmul.h) read at start: each value logs its choice, bf16
+// moves a bf16 model's prefill logits by bf16 rounding only, an unknown value is a warning that
+// names the accepted ones (and the default, auto, runs).
+TEST(Cli, MatmulPrecisionFromTheEnvironment) {
+  TempDir dir;
+  Result mk = RunCli("make-model --out " + dir.path() + " --arch llama --hidden 64 --layers 2 --heads 4 --kv-heads 2 "
+                     "--vocab 300 --dtype bf16 --seed 3 --no-tokenizer");
+  ASSERT_EQ(mk.code, 0) << mk.err;
+  std::string ids;
+  for (int i = 0; i < 24; ++i) {  // 24 rows: the GEMM path (m > 16)
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(7 * i + 1);
+  }
+  auto run = [&](const std::string& value) {
+    return RunCli("logits --model " + dir.path() + " --ids " + ids, "ICECACHE_MATMUL_PRECISION=" + value);
+  };
+  const Result fp32 = run("fp32"), bf16 = run("bf16"), bad = run("fp16");
+  ASSERT_EQ(fp32.code, 0) << fp32.err;
+  ASSERT_EQ(bf16.code, 0) << bf16.err;
+  EXPECT_NE(fp32.err.find("fp32 activations (matmul precision fp32"), std::string::npos) << fp32.err;
+  EXPECT_NE(bf16.err.find("bf16 activations (matmul precision bf16"), std::string::npos) << bf16.err;
+  EXPECT_EQ(bad.code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("ignoring ICECACHE_MATMUL_PRECISION"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("must be auto, fp32 or bf16, got 'fp16'"), std::string::npos) << bad.err;
+  const auto a = nlohmann::json::parse(fp32.out)["logits"], b = nlohmann::json::parse(bf16.out)["logits"];
+  ASSERT_EQ(a.size(), 24u);
+  ASSERT_EQ(b.size(), a.size());
+  double maxref = 0, maxdiff = 0;
+  for (size_t row = 0; row < a.size(); ++row) {
+    for (size_t v = 0; v < a[row].size(); ++v) {
+      maxref = std::max(maxref, std::fabs(a[row][v].get<double>()));
+      maxdiff = std::max(maxdiff, std::fabs(a[row][v].get<double>() - b[row][v].get<double>()));
+    }
+  }
+  EXPECT_GT(maxdiff, 0.0);              // the rounding happened
+  EXPECT_LT(maxdiff / maxref, 3e-2);  // and is bf16-sized (reference_logits_test's tolerance)
 }
 
 TEST(Cli, MakeModelThenGenerateIds) {
