@@ -50,8 +50,9 @@ bool UseBf16Activations() {
   const MatmulPrecision p = GetMatmulPrecision();
   const bool bf16 = p == MatmulPrecision::kBf16 ||
                     (p == MatmulPrecision::kAuto && ActiveSimdTarget() == SimdTarget::kAvx512);
+  // Called by every Linear of every step: read the flag first, write it once.
   static std::atomic<bool> logged{false};
-  if (!logged.exchange(true)) {
+  if (!logged.load(std::memory_order_relaxed) && !logged.exchange(true)) {
     ICE_LOG(INFO) << "CPU matmuls over bf16 weights: " << (bf16 ? "bf16" : "fp32")
                   << " activations (matmul precision " << MatmulPrecisionName(p)
                   << "; ICECACHE_MATMUL_PRECISION=fp32|bf16|auto)";

@@ -49,6 +49,19 @@ inline float32x4_t Load4Tail(const void* base, size_t i, int count) {
 }
 #endif
 
+#if ICE_SIMD_AVX512
+// out[r * 4 + c] = the lane sum of acc[r][c] for c < N (lanes N..3 zero): ReduceAdd4 per row, so a
+// sum's reduction tree does not depend on N.
+template <int MR, int N>
+inline void StoreSums4(const __m512 (&acc)[MR][N], float* out) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    _mm_storeu_ps(out + r * 4, ReduceAdd4(acc[r][0], N > 1 ? acc[r][N > 1 ? 1 : 0] : zero,
+                                          N > 2 ? acc[r][N > 2 ? 2 : 0] : zero, N > 3 ? acc[r][N > 3 ? 3 : 0] : zero));
+  }
+}
+#endif
+
 // out[r * 4 + c] = dot(x row r, weight row c) for r < MR, c < NW: each converted weight vector
 // serves MR rows and each x vector NW weight rows (MR * NW <= 24 accumulators, FMA-bound rather
 // than load-bound). A row's arithmetic (FMA order, tail, reduction tree) is the same for every MR
@@ -90,12 +103,7 @@ void GemvBlock(const float* x, size_t ldx, const char* w, size_t w_row_bytes, in
       for (int c = 0; c < NW; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
-  const __m512 zero = _mm512_setzero_ps();
-  for (int r = 0; r < MR; ++r) {
-    _mm_storeu_ps(out + r * 4, ReduceAdd4(acc[r][0], NW > 1 ? acc[r][NW > 1 ? 1 : 0] : zero,
-                                          NW > 2 ? acc[r][NW > 2 ? 2 : 0] : zero,
-                                          NW > 3 ? acc[r][NW > 3 ? 3 : 0] : zero));
-  }
+  StoreSums4<MR, NW>(acc, out);
 #elif ICE_SIMD_AVX2
   // 16 ymm registers: the rows are taken four at a time (MR * NW <= 12 accumulators), each strip
   // of rows re-reading the NW weight rows (from L1/L2 after the first strip). Every accumulator
@@ -443,7 +451,7 @@ RoundedX<Out>::RoundedX(const MatmulParams& p) {
 #if ICE_SIMD_AVX512
 // out[r * 4 + c] = dot(x row r, w row c) over k, x and w bf16 (ldx, ldw elements apart): per 32
 // columns one `vdpbf16ps` per (row, weight row) pair, MR x NR <= 16 accumulators, reduced once at
-// the end (ReduceAdd4: a sum's tree does not depend on NR).
+// the end (StoreSums4).
 template <int MR, int NR>
 void Bf16Tile(const uint16_t* x, size_t ldx, const uint16_t* w, size_t ldw, int k, float* out) {
   __m512 acc[MR][NR];
@@ -470,12 +478,7 @@ void Bf16Tile(const uint16_t* x, size_t ldx, const uint16_t* w, size_t ldw, int 
       for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
     }
   }
-  const __m512 zero = _mm512_setzero_ps();
-  for (int r = 0; r < MR; ++r) {
-    _mm_storeu_ps(out + r * 4, ReduceAdd4(acc[r][0], NR > 1 ? acc[r][NR > 1 ? 1 : 0] : zero,
-                                          NR > 2 ? acc[r][NR > 2 ? 2 : 0] : zero,
-                                          NR > 3 ? acc[r][NR > 3 ? 3 : 0] : zero));
-  }
+  StoreSums4<MR, NR>(acc, out);
 }
 
 template <int MR>
