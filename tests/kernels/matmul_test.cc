@@ -64,6 +64,24 @@ std::vector<float> RunMatmul(Backend backend, const MatmulCase& c, const std::ve
   return testing::Download<float>(dy, y0.size());
 }
 
+// The product in double (bias, accumulate as the case says); round_x: x rounded to bf16 first.
+std::vector<float> Naive(const MatmulCase& c, const std::vector<float>& x, const testing::Typed& w,
+                         const std::vector<float>& bias, const std::vector<float>& y0, bool round_x) {
+  std::vector<float> want(y0.size());
+  for (int r = 0; r < c.m; ++r) {
+    for (int j = 0; j < c.n; ++j) {
+      double s = c.bias ? bias[j] : 0.0;
+      for (int i = 0; i < c.k; ++i) {
+        const float xi = round_x ? Bf16ToF32(F32ToBf16(x[r * c.k + i])) : x[r * c.k + i];
+        s += static_cast<double>(xi) * w.values[j * c.k + i];
+      }
+      if (c.accumulate) s += y0[r * c.n + j];
+      want[r * c.n + j] = static_cast<float>(s);
+    }
+  }
+  return want;
+}
+
 TEST(MatmulTest, CpuMatchesNaive) {
   uint32_t seed = 1;
   for (const MatmulCase& c : Cases()) {
@@ -71,15 +89,7 @@ TEST(MatmulTest, CpuMatchesNaive) {
     const auto w = ToTyped(c.w_dtype, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
     const auto bias = RandomVector(c.n, seed++);
     const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
-    std::vector<float> want(y0.size());
-    for (int r = 0; r < c.m; ++r) {
-      for (int j = 0; j < c.n; ++j) {
-        double s = c.bias ? bias[j] : 0.0;
-        for (int i = 0; i < c.k; ++i) s += static_cast<double>(x[r * c.k + i]) * w.values[j * c.k + i];
-        if (c.accumulate) s += y0[r * c.n + j];
-        want[r * c.n + j] = static_cast<float>(s);
-      }
-    }
+    const auto want = Naive(c, x, w, bias, y0, /*round_x=*/false);
     const auto got = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
     // fp32 accumulation of k products of magnitude <= 1: error grows ~ sqrt(k) ulps of the sum.
     ExpectClose(got, want, 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name());
@@ -100,17 +110,7 @@ TEST(MatmulTest, Bf16ActivationsMultiplyTheRoundedActivations) {
     const auto w = ToTyped(DType::kBF16, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
     const auto bias = RandomVector(c.n, seed++);
     const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
-    std::vector<float> want(y0.size());
-    for (int r = 0; r < c.m; ++r) {
-      for (int j = 0; j < c.n; ++j) {
-        double sum = c.bias ? bias[j] : 0.0;
-        for (int i = 0; i < c.k; ++i) {
-          sum += static_cast<double>(Bf16ToF32(F32ToBf16(x[r * c.k + i]))) * w.values[j * c.k + i];
-        }
-        if (c.accumulate) sum += y0[r * c.n + j];
-        want[r * c.n + j] = static_cast<float>(sum);
-      }
-    }
+    const auto want = Naive(c, x, w, bias, y0, /*round_x=*/true);
     ExpectClose(RunMatmul(Backend::kCpu, c, x, w, bias, y0, /*bf16_activations=*/true), want,
                 2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name() + " bf16 activations");
   }
