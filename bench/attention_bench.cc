@@ -32,6 +32,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
+#include "kernels/simd_target.h"
 
 namespace icecache::bench {
 namespace {
@@ -450,7 +451,7 @@ int RunGemv(int argc, char** argv) {
   // The same call with bf16-rounded activations (MatmulParams::bf16_activations), in the same
   // run: its speed-up over fp32 activations and how far its outputs move (largest difference
   // relative to the largest |y|).
-  Timing bf16x;
+  Timing bf16x, bf16x_no_amx;
   double bf16x_rel_diff = 0;
   if (backend == Backend::kCpu && dtype == DType::kBF16 && m > 1) {
     std::vector<float> y32(y.size()), ybf(y.size());
@@ -460,6 +461,12 @@ int RunGemv(int argc, char** argv) {
     pb.bf16_activations = true;
     bf16x = MedianMicros(backend, [&] { return kernels::Matmul(pb, backend); }, before, 10, 1.0);
     std::memcpy(ybf.data(), pb.y, y.size() * sizeof(float));
+    // Where AMX serves the bf16 GEMM, the same call on the vdpbf16ps tiles too.
+    if (kernels::AmxActive() && m > 16) {
+      (void)kernels::SetAmxActive(false);
+      bf16x_no_amx = MedianMicros(backend, [&] { return kernels::Matmul(pb, backend); }, before, 10, 1.0);
+      (void)kernels::SetAmxActive(true);
+    }
     double diff = 0, scale = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       diff = std::max(diff, static_cast<double>(std::fabs(y32[i] - ybf[i])));
@@ -501,6 +508,8 @@ int RunGemv(int argc, char** argv) {
       {"bf16_activations_us", bf16x.wall_us > 0 ? bf16x.wall_us : 0.0},
       {"bf16_activations_speedup", bf16x.wall_us > 0 ? ours_us / bf16x.wall_us : 0.0},
       {"bf16_activations_max_rel_diff", bf16x_rel_diff},
+      {"bf16_activations_amx", bf16x.wall_us > 0 && kernels::AmxActive() && m > 16},
+      {"bf16_activations_no_amx_us", bf16x_no_amx.wall_us > 0 ? bf16x_no_amx.wall_us : 0.0},
   };
   if (backend == Backend::kCpu) {
     r["ours_cpu_us"] = ours.cpu_us;
@@ -527,6 +536,10 @@ int RunGemv(int argc, char** argv) {
                   "max |diff| / max |y| %.2g\n",
                   bf16x.wall_us, 2.0 * m * n * static_cast<double>(k) / bf16x.wall_us / 1e3,
                   ours_us / bf16x.wall_us, bf16x.cpu_us > 0 ? ours.cpu_us / bf16x.cpu_us : 0.0, bf16x_rel_diff);
+      if (bf16x_no_amx.wall_us > 0) {
+        std::printf("    of which AMX tiles; on vdpbf16ps instead %.1f us (AMX %.2fx of it)\n", bf16x_no_amx.wall_us,
+                    bf16x_no_amx.wall_us / bf16x.wall_us);
+      }
     }
     std::printf("  measured bandwidth %.2f GB/s; weights stream at %.0f%% of it\n", bw,
                 bw > 0 ? 100 * gbps / bw : 0.0);

@@ -42,4 +42,17 @@ SimdTarget ActiveSimdTarget();
 // the target they started with; call between kernel calls.
 Status SetSimdTarget(SimdTarget t);
 
+// AMX (Intel Advanced Matrix Extensions; Sapphire Rapids and later Xeons): on the avx512 target
+// the bf16 GEMM (MatmulParams::bf16_activations, m > 16) runs on AMX tiles (`tdpbf16ps`, 16x32
+// by 32x16 bf16 products per instruction) instead of `vdpbf16ps` where the CPU has AMX-TILE and
+// AMX-BF16 and Linux grants the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, kernel
+// 5.16+). Not a SIMD target of its own: the same values up to summation order, one kernel more.
+// ICECACHE_AMX=off turns it off at start (on, the default, uses it where supported). Logged once
+// (INFO) when first asked.
+bool AmxSupported();  // CPU and OS; asks the OS for the tile state once
+bool AmxActive();     // AmxSupported() and not turned off
+// Turns the AMX path on or off (tests and benchmarks compare both in one process).
+// FAILED_PRECONDITION when turning it on where AmxSupported() is false.
+Status SetAmxActive(bool on);
+
 }  // namespace icecache::kernels

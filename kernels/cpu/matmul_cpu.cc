@@ -6,12 +6,14 @@
 //    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it (AVX-512,
 //    AVX2 and NEON forms; plain loops on the scalar target).
 //  * bf16 weights and MatmulParams::bf16_activations: x rounded to bf16 once per call; for m > 16
-//    on the avx512 target `vdpbf16ps` tiles over the bf16 weights in place (no fp32 panel); every
-//    other case runs the rounded x (widened back to fp32) through the GEMV / GEMM above.
+//    on the avx512 target AMX tiles where the CPU has them (AmxActive: weights packed per work
+//    item into tiles), else `vdpbf16ps` register tiles over the bf16 weights in place (no fp32
+//    panel); every other case runs the rounded x (widened back to fp32) through the GEMV / GEMM above.
 
 #include <algorithm>
 #include <vector>
 
+#include "kernels/simd_target.h"
 #include "kernels/cpu/simd.h"  // last: switches code generation to the target
 
 namespace icecache::kernels::cpu::ICE_SIMD_NS {
@@ -389,21 +391,24 @@ void BlockedGemm(const MatmulParams& p) {
 }
 
 // The x rows rounded to bf16 (round to nearest even), as bf16 bits (Out = uint16_t, for
-// `vdpbf16ps`) or widened back to fp32 (Out = float, exact, for the fp32 kernels), in a per-thread
-// buffer reused across calls (a prefill issues hundreds of GEMMs; a fresh buffer each time would
-// fault its pages in again). A buffer grown past kKeepElems (a long prompt's x) is released when
-// the call ends, so an idle worker does not hold a copy of its largest activations.
+// `vdpbf16ps` and AMX) or widened back to fp32 (Out = float, exact, for the fp32 kernels), in a
+// per-thread buffer reused across calls (a prefill issues hundreds of GEMMs; a fresh buffer each
+// time would fault its pages in again). A buffer grown past kKeepElems (a long prompt's x) is
+// released when the call ends, so an idle worker does not hold a copy of its largest activations.
+// pad > 1 (AMX tiles): rows ld() = k rounded up to pad elements apart and m rounded up to pad
+// rows, the padding zero, so whole tiles can be loaded.
 template <typename Out>
 class RoundedX {
  public:
   static constexpr size_t kKeepElems = size_t{4} << 20;
-  explicit RoundedX(const MatmulParams& p);
+  explicit RoundedX(const MatmulParams& p, int pad = 1);
   ~RoundedX() {
     if (buf_.size() > kKeepElems) std::vector<Out>().swap(buf_);
   }
   RoundedX(const RoundedX&) = delete;
   RoundedX& operator=(const RoundedX&) = delete;
   const Out* data() const { return buf_.data(); }
+  size_t ld() const { return ld_; }
 
  private:
   static std::vector<Out>& Buffer() {
@@ -411,16 +416,23 @@ class RoundedX {
     return buf;
   }
   std::vector<Out>& buf_ = Buffer();
+  size_t ld_ = 0;
 };
 
 template <typename Out>
-RoundedX<Out>::RoundedX(const MatmulParams& p) {
-  const size_t count = static_cast<size_t>(p.m) * p.k;
+RoundedX<Out>::RoundedX(const MatmulParams& p, int pad) {
+  ld_ = (static_cast<size_t>(p.k) + pad - 1) / pad * pad;
+  const int rows = (p.m + pad - 1) / pad * pad;
+  const size_t count = static_cast<size_t>(rows) * ld_;
   if (buf_.size() < count) buf_.resize(count);
   Out* out = buf_.data();
   auto round_row = [&](int r) {
+    Out* o = out + static_cast<size_t>(r) * ld_;
+    if (r >= p.m) {
+      std::fill(o, o + ld_, Out{0});
+      return;
+    }
     const float* x = p.x + static_cast<size_t>(r) * p.k;
-    Out* o = out + static_cast<size_t>(r) * p.k;
     int i = 0;
 #if ICE_SIMD_AVX512
     for (; i + 16 <= p.k; i += 16) {
@@ -439,12 +451,13 @@ RoundedX<Out>::RoundedX(const MatmulParams& p) {
         o[i] = Bf16ToF32(F32ToBf16(x[i]));
       }
     }
+    std::fill(o + p.k, o + ld_, Out{0});
   };
   if (p.m <= kGemvMaxRows) {
-    for (int r = 0; r < p.m; ++r) round_row(r);  // decode: a few rows, not worth a thread team
+    for (int r = 0; r < rows; ++r) round_row(r);  // decode: a few rows, not worth a thread team
   } else {
 #pragma omp parallel for schedule(static) num_threads(CpuThreads())
-    for (int r = 0; r < p.m; ++r) round_row(r);
+    for (int r = 0; r < rows; ++r) round_row(r);
   }
 }
 
@@ -532,6 +545,151 @@ void Bf16Gemm(const MatmulParams& p, const uint16_t* xb) {
     }
   }
 }
+// ---- AMX tiles (kernels/simd_target.h, AmxActive) ----------------------------------------------
+// C += A · B per `tdpbf16ps`: A a 16 x 32 bf16 tile (16 x rows, 32 columns of k), B a 16 x 16
+// tile of bf16 pairs ("VNNI" layout: row r holds, for 16 weight rows, their k elements 2r and
+// 2r+1), C 16 x 16 fp32. Work items are 32 weight rows (two B tiles) by a chunk of x rows; the
+// item packs its weight rows into B tiles once (16 x 16 transposes of bf16 pairs) and then runs
+// 2 x 2 C tiles (32 x 32 outputs) down its x rows, k innermost. The x rows come from RoundedX
+// padded to whole tiles (zeros), the weights' k tail is zero-filled while packing.
+constexpr int kAmxK = 32;       // bf16 elements of k per tile row (64 bytes)
+constexpr int kAmxCols = 32;    // weight rows per item (two B tiles)
+constexpr int kAmxRows = 32;    // x rows per C block (two A tiles)
+
+// The 64-byte tile configuration (palette 1): tiles 0-3 C (16 rows x 64 bytes), 4-5 A, 6-7 B.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  AmxTileConfig() {
+    for (int t = 0; t < 8; ++t) {
+      colsb[t] = 64;
+      rows[t] = 16;
+    }
+  }
+};
+
+// out[c * 16 + r] = in[r * 16 + c] for 32-bit elements, 16 x 16 (rows given as vectors).
+inline void Transpose16x16(__m512i (&r)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    b[4 * j + 0] = _mm512_unpacklo_epi64(a[4 * j], a[4 * j + 2]);
+    b[4 * j + 1] = _mm512_unpackhi_epi64(a[4 * j], a[4 * j + 2]);
+    b[4 * j + 2] = _mm512_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
+    b[4 * j + 3] = _mm512_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
+  }
+  // b[4j + c], 128-bit lane L: rows 4j..4j+3 of column 4L + c; gather the lanes.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
+    const __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+    const __m512i e2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
+    const __m512i e3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+    r[0 + c] = _mm512_shuffle_i32x4(e0, e2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(e0, e2, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(e1, e3, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(e1, e3, 0xDD);
+  }
+}
+
+// Weight rows j0 .. j0+cols-1 (cols <= 32; missing rows zero) of the [n, k] bf16 matrix w as B
+// tiles: packed[(kc * 2 + t) * 256 + r * 16 + c] = the pair (k = kc*32 + 2r, +1) of weight row
+// j0 + t*16 + c, for kc < kp / 32 (zero beyond k).
+void PackAmxB(const uint16_t* w, size_t k, int j0, int cols, size_t kp, uint32_t* packed) {
+  for (size_t kc = 0; kc < kp / kAmxK; ++kc) {
+    const size_t k0 = kc * kAmxK;
+    const __mmask32 mask = k0 + kAmxK <= k ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - k0)) - 1u);
+    for (int t = 0; t < 2; ++t) {
+      __m512i rows[16];
+      for (int c = 0; c < 16; ++c) {
+        const int j = t * 16 + c;
+        rows[c] = j < cols ? _mm512_maskz_loadu_epi16(mask, w + static_cast<size_t>(j0 + j) * k + k0)
+                           : _mm512_setzero_si512();
+      }
+      Transpose16x16(rows);
+      uint32_t* out = packed + (kc * 2 + t) * 256;
+      for (int r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * 16, rows[r]);
+    }
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+// C tiles 0..3 = the 32 x 32 block of x rows xs (ldx elements apart) times the packed B tiles,
+// over kp / 32 steps of k; stored to out[32][32].
+inline void AmxBlock(const uint16_t* xs, size_t ldx, const uint32_t* packed, size_t ksteps, float* out) {
+  const size_t xstride = ldx * sizeof(uint16_t);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (size_t kc = 0; kc < ksteps; ++kc) {
+    _tile_loadd(4, xs + kc * kAmxK, xstride);
+    _tile_loadd(5, xs + 16 * ldx + kc * kAmxK, xstride);
+    _tile_loadd(6, packed + kc * 512, 64);
+    _tile_loadd(7, packed + kc * 512 + 256, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 128);
+  _tile_stored(1, out + 16, 128);
+  _tile_stored(2, out + 16 * 32, 128);
+  _tile_stored(3, out + 16 * 32 + 16, 128);
+}
+
+// y = round_bf16(x) · Wᵀ for bf16 W (m > 16) on AMX tiles; xb from RoundedX<uint16_t>(p, 32).
+void AmxBf16Gemm(const MatmulParams& p, const uint16_t* xb, size_t ldx) {
+  const uint16_t* w = static_cast<const uint16_t*>(p.w);
+  const size_t k = static_cast<size_t>(p.k);
+  const size_t ksteps = ldx / kAmxK;
+  const int threads = CpuThreads();
+  const int col_blocks = (p.n + kAmxCols - 1) / kAmxCols;
+  const int row_blocks = (p.m + kAmxRows - 1) / kAmxRows;
+  // Enough items to feed every thread about four times; each item packs its weights once.
+  const int chunks = std::clamp((4 * threads + col_blocks - 1) / col_blocks, 1, row_blocks);
+  const int chunk_blocks = (row_blocks + chunks - 1) / chunks;
+#pragma omp parallel num_threads(threads)
+  {
+    const AmxTileConfig config;
+    _tile_loadconfig(&config);
+    static thread_local std::vector<uint32_t> packed;
+    if (packed.size() < ksteps * 512) packed.resize(ksteps * 512);
+    alignas(64) float block[kAmxRows * kAmxCols];
+#pragma omp for schedule(dynamic, 1)
+    for (int item = 0; item < col_blocks * chunks; ++item) {
+      const int j0 = (item / chunks) * kAmxCols;
+      const int cols = std::min(kAmxCols, p.n - j0);
+      const int b0 = (item % chunks) * chunk_blocks;
+      const int b1 = std::min(row_blocks, b0 + chunk_blocks);
+      if (b0 >= b1) continue;
+      PackAmxB(w, k, j0, cols, ldx, packed.data());
+      for (int b = b0; b < b1; ++b) {
+        const int i0 = b * kAmxRows;
+        AmxBlock(xb + static_cast<size_t>(i0) * ldx, ldx, packed.data(), ksteps, block);
+        const int rows = std::min(kAmxRows, p.m - i0);
+        for (int r = 0; r < rows; ++r) {
+          float* y = p.y + static_cast<size_t>(i0 + r) * p.n + j0;
+          const float* v = block + r * kAmxCols;
+          for (int c = 0; c < cols; ++c) {
+            const float s = v[c] + BiasAt(p, j0 + c);
+            y[c] = p.accumulate ? y[c] + s : s;
+          }
+        }
+      }
+    }
+    _tile_release();
+  }
+}
+
+#pragma GCC pop_options
 #endif
 
 }  // namespace
@@ -540,8 +698,13 @@ Status Matmul(const MatmulParams& p) {
   if (p.bf16_activations && p.w_dtype == DType::kBF16) {
 #if ICE_SIMD_AVX512
     if (p.m > kGemvMaxRows) {
-      const RoundedX<uint16_t> xb(p);
-      Bf16Gemm(p, xb.data());
+      if (AmxActive()) {
+        const RoundedX<uint16_t> xb(p, kAmxK);
+        AmxBf16Gemm(p, xb.data(), xb.ld());
+      } else {
+        const RoundedX<uint16_t> xb(p);
+        Bf16Gemm(p, xb.data());
+      }
       return Status::Ok();
     }
 #endif

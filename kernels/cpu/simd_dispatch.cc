@@ -3,6 +3,12 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "common/logging.h"
 #include "kernels/simd_target.h"
 
@@ -119,6 +125,61 @@ Status SetSimdTarget(SimdTarget t) {
                                    " is not supported by this CPU");
   }
   Active().store(static_cast<int>(t), std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+namespace {
+
+bool DetectAmx() {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+  if (!amx_bf16 || !amx_tile || !SimdTargetSupported(SimdTarget::kAvx512)) return false;
+  // Linux keeps the 8 KiB tile data state off until a process asks for it (XFD); the grant is
+  // process-wide. ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 (asm/prctl.h).
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    ICE_LOG(INFO) << "CPU has AMX-BF16 but the OS refused the tile state (kernel < 5.16?); bf16 GEMMs use vdpbf16ps";
+    return false;
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::atomic<bool>& AmxOn() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("ICECACHE_AMX");
+    const std::string v = env == nullptr ? "" : env;
+    if (!v.empty() && v != "on" && v != "off") {
+      ICE_LOG(WARNING) << "ignoring ICECACHE_AMX='" << v << "' (on or off)";
+    }
+    const bool want = v != "off";
+    const bool on = want && AmxSupported();
+    ICE_LOG(INFO) << "CPU bf16 GEMMs: AMX tiles " << (on ? "on" : "off")
+                  << (AmxSupported() ? (want ? "" : " (ICECACHE_AMX=off)") : " (not supported here)");
+    return on;
+  }()};
+  return on;
+}
+
+}  // namespace
+
+bool AmxSupported() {
+  static const bool supported = DetectAmx();
+  return supported;
+}
+
+bool AmxActive() { return AmxOn().load(std::memory_order_relaxed); }
+
+Status SetAmxActive(bool on) {
+  if (on && !AmxSupported()) {
+    return FailedPreconditionError("AMX (AMX-TILE + AMX-BF16 with the OS's tile state) is not supported here");
+  }
+  AmxOn().store(on, std::memory_order_relaxed);
   return Status::Ok();
 }
 

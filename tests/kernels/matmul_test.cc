@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <cmath>
+#include <iostream>
 
 #include "kernels/simd_target.h"
 
@@ -96,24 +97,39 @@ TEST(MatmulTest, CpuMatchesNaive) {
   }
 }
 
-// bf16_activations: the product of round_bf16(x) and the bf16 weights at every m (vdpbf16ps for
-// m > 16 on the avx512 target, the rounded x through the fp32 kernels elsewhere; CTest runs this
-// on every target), within CpuMatchesNaive's bound of the exact product of the rounded values.
+// bf16_activations: the product of round_bf16(x) and the bf16 weights at every m (for m > 16 on
+// the avx512 target AMX tiles where the CPU has them, and vdpbf16ps, both checked here; the
+// rounded x through the fp32 kernels elsewhere; CTest runs this on every target), within
+// CpuMatchesNaive's bound of the exact product of the rounded values. The shapes cover the
+// tiles' tails in m (32-row blocks), n (32 weight rows) and k (32 elements, odd k included).
 // For other weight types the flag changes nothing (bit for bit).
 TEST(MatmulTest, Bf16ActivationsMultiplyTheRoundedActivations) {
-  uint32_t seed = 500;
-  const int shapes[][3] = {{1, 7, 15},   {5, 70, 33},   {16, 100, 300},  {17, 5, 1},
-                           {17, 67, 31}, {33, 130, 33}, {70, 64, 576},   {129, 65, 1030}, {200, 3, 64}};
-  for (auto& s : shapes) {
-    const MatmulCase c{s[0], s[1], s[2], DType::kBF16, (seed % 2) == 0, (seed % 3) == 1};
-    const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
-    const auto w = ToTyped(DType::kBF16, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
-    const auto bias = RandomVector(c.n, seed++);
-    const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
-    const auto want = Naive(c, x, w, bias, y0, /*round_x=*/true);
-    ExpectClose(RunMatmul(Backend::kCpu, c, x, w, bias, y0, /*bf16_activations=*/true), want,
-                2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name() + " bf16 activations");
+  const bool amx_saved = AmxActive();
+  std::vector<bool> amx_modes{false};
+  if (AmxSupported() && ActiveSimdTarget() == SimdTarget::kAvx512) {
+    amx_modes.push_back(true);
+  } else {
+    std::cout << "note: the AMX tile GEMM is not run here (needs AMX-BF16 and the avx512 target)\n";
   }
+  const int shapes[][3] = {{1, 7, 15},    {5, 70, 33},     {16, 100, 300}, {17, 5, 1},     {17, 67, 31},
+                           {33, 130, 33}, {70, 64, 576},   {129, 65, 1030}, {200, 3, 64},  {64, 32, 32},
+                           {300, 200, 577}, {47, 97, 1}};
+  for (bool amx : amx_modes) {
+    ASSERT_TRUE(SetAmxActive(amx).ok());
+    uint32_t seed = 500;
+    for (auto& s : shapes) {
+      const MatmulCase c{s[0], s[1], s[2], DType::kBF16, (seed % 2) == 0, (seed % 3) == 1};
+      const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
+      const auto w = ToTyped(DType::kBF16, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+      const auto bias = RandomVector(c.n, seed++);
+      const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
+      const auto want = Naive(c, x, w, bias, y0, /*round_x=*/true);
+      ExpectClose(RunMatmul(Backend::kCpu, c, x, w, bias, y0, /*bf16_activations=*/true), want,
+                  2e-6 * std::sqrt(c.k) + 1e-6, 1e-5, c.Name() + " bf16 activations" + (amx ? " (AMX)" : ""));
+    }
+  }
+  ASSERT_TRUE(SetAmxActive(amx_saved).ok());
+  uint32_t seed = 600;
   for (const MatmulCase& c : Cases()) {
     if (c.w_dtype == DType::kBF16) continue;
     const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);

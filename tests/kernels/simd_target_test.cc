@@ -51,6 +51,24 @@ TEST(SimdTargetTest, OnlySupportedTargetsCanBeActive) {
   ASSERT_TRUE(SetSimdTarget(saved).ok());
 }
 
+TEST(SimdTargetTest, AmxCanBeTurnedOnOnlyWhereSupported) {
+  const bool saved = AmxActive();
+  EXPECT_TRUE(!saved || AmxSupported());
+  ASSERT_TRUE(SetAmxActive(false).ok());
+  EXPECT_FALSE(AmxActive());
+  const Status on = SetAmxActive(true);
+  if (AmxSupported()) {
+    EXPECT_TRUE(on.ok()) << on.ToString();
+    EXPECT_TRUE(AmxActive());
+  } else {
+    EXPECT_EQ(on.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(on.message().find("AMX"), std::string::npos);
+    EXPECT_FALSE(AmxActive());
+    std::cout << "note: this CPU (or OS) lacks AMX-BF16; the AMX tile GEMM is not run here\n";
+  }
+  ASSERT_TRUE(SetAmxActive(saved).ok());
+}
+
 // Matmul across the GEMV (m <= 16) and GEMM paths, every weight type, ragged k and n; with bf16
 // weights also with bf16_activations (vdpbf16ps on avx512, rounded x elsewhere).
 TEST(SimdTargetTest, MatmulOnEveryTargetMatchesScalar) {
