@@ -1,7 +1,10 @@
 // Workload "prefill-attention" of icecache-bench: causal prefill attention over one layer (a
 // whole prompt, q_len == kv_len), the tiled CPU kernel against the row-by-row kernel it replaced,
-// on the same inputs in the same run. Reports time (wall and process CPU), GFLOP/s (4·d FLOPs
-// per visible (query head, key) pair) and the largest difference between the two outputs.
+// on the same inputs in the same run; where the serving default allows bf16 products
+// (PrefillAttentionParams::bf16 as the model sets it: MatmulPrecision bf16) and the CPU has a
+// bf16 form (AMX tiles), that form too, against the fp32 tiled kernel. Reports time (wall and
+// process CPU), GFLOP/s (4·d FLOPs per visible (query head, key) pair) and the largest
+// differences between the outputs.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -20,6 +23,8 @@
 #include "kernels/attention.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/prefill_attention_cpu.h"
+#include "kernels/matmul.h"
+#include "kernels/simd_target.h"
 
 namespace icecache::bench {
 namespace {
@@ -90,6 +95,19 @@ int Run(int argc, char** argv) {
   const double flops = 4.0 * d * hq * (static_cast<double>(len) * (len + 1) / 2);
   p.out = out_tiled.data();
   const Timing tiled = Time(reps, [&] { (void)kernels::cpu::PrefillAttention(p); });
+  // The serving call (model/dense_kv_cache.cc): bf16 products where MatmulPrecision allows them;
+  // timed separately only where that selects a different form (AMX).
+  const bool bf16_form = kernels::UseBf16Activations() && kernels::AmxActive() && d % 32 == 0 && d <= 256;
+  Timing amx;
+  double amx_diff = 0;
+  if (bf16_form) {
+    std::vector<float> out_amx(q.size());
+    kernels::PrefillAttentionParams b = p;
+    b.bf16 = true;
+    b.out = out_amx.data();
+    amx = Time(reps, [&] { (void)kernels::cpu::PrefillAttention(b); });
+    for (size_t i = 0; i < q.size(); ++i) amx_diff = std::max<double>(amx_diff, std::fabs(out_amx[i] - out_tiled[i]));
+  }
   Timing rows;
   double max_diff = 0;
   if (!skip_baseline) {
@@ -104,6 +122,13 @@ int Run(int argc, char** argv) {
                       {"tiled_wall_s", tiled.wall},
                       {"tiled_cpu_s", tiled.cpu},
                       {"tiled_gflops_per_cpu_s", flops / tiled.cpu * 1e-9}};
+  if (bf16_form) {
+    j["bf16_amx_wall_s"] = amx.wall;
+    j["bf16_amx_cpu_s"] = amx.cpu;
+    j["bf16_amx_gflops_per_cpu_s"] = flops / amx.cpu * 1e-9;
+    j["bf16_amx_speedup_cpu"] = tiled.cpu / amx.cpu;
+    j["bf16_amx_max_abs_diff"] = amx_diff;
+  }
   if (!skip_baseline) {
     j["rowwise_wall_s"] = rows.wall;
     j["rowwise_cpu_s"] = rows.cpu;
@@ -118,6 +143,11 @@ int Run(int argc, char** argv) {
     std::printf("prefill attention len %d, %d q / %d kv heads, d %d (best of %d)\n", len, hq, hkv, d, reps);
     std::printf("  tiled   : %.3f s wall, %.3f s CPU, %.1f GFLOP per CPU-second\n", tiled.wall, tiled.cpu,
                 flops / tiled.cpu * 1e-9);
+    if (bf16_form) {
+      std::printf("  bf16 AMX: %.3f s wall, %.3f s CPU, %.1f GFLOP per CPU-second; %.2fx the tiled fp32 kernel by CPU,"
+                  " %.2fx wall; max |bf16 - fp32| = %.2e\n",
+                  amx.wall, amx.cpu, flops / amx.cpu * 1e-9, tiled.cpu / amx.cpu, tiled.wall / amx.wall, amx_diff);
+    }
     if (!skip_baseline) {
       std::printf("  rowwise : %.3f s wall, %.3f s CPU, %.1f GFLOP per CPU-second\n", rows.wall, rows.cpu,
                   flops / rows.cpu * 1e-9);
@@ -130,6 +160,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-ICE_BENCH_WORKLOAD("prefill-attention", "causal prefill attention: tiled CPU kernel vs row-by-row", Run);
+ICE_BENCH_WORKLOAD("prefill-attention", "causal prefill attention: tiled CPU kernel vs row-by-row (and its AMX bf16 form)", Run);
 
 }  // namespace icecache::bench

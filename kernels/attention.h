@@ -28,6 +28,13 @@ struct PrefillAttentionParams {
   int num_kv_heads = 0;
   int head_dim = 0;
   float scale = 0.f;         // usually 1/sqrt(head_dim)
+  // Allows bf16 products: q·scale, K, V and the softmax probabilities rounded to bf16 (round to
+  // nearest even) for Q·Kᵀ and P·V, fp32 accumulation and an fp32 softmax (FlashAttention's bf16
+  // numerics; the KV pages are bf16 by default anyway). Only the CPU's AMX form takes it (avx512
+  // target, kernels::AmxActive(), head_dim a multiple of 32 up to 256); every other case computes
+  // in fp32 whatever it says. The model sets it for bf16 KV caches where MatmulPrecision resolves
+  // to bf16 (kernels::UseBf16Attention, kernels/matmul.h).
+  bool bf16 = false;
 };
 Status PrefillAttention(const PrefillAttentionParams& p, Backend backend = Backend::kCpu);
 

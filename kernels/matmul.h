@@ -23,7 +23,8 @@ struct MatmulParams {
   // With bf16 weights: x is rounded to bf16 (round to nearest even) before the products, on every
   // target and at every m (so a row's result does not depend on its batch), and the product is
   // that of two bf16 matrices with fp32 accumulation (what llama.cpp and bf16 frameworks compute).
-  // For m > 16 (prefill) the avx512 target multiplies with `vdpbf16ps` (twice the fp32 FMA rate);
+  // For m > 16 (prefill) the avx512 target multiplies on AMX tiles where the CPU has AMX-BF16
+  // (kernels/simd_target.h, AmxActive), else with `vdpbf16ps` (twice the fp32 FMA rate on Zen 4);
   // everything else rounds x and runs its fp32 kernel: the same values up to summation order.
   // Ignored for other weight types.
   bool bf16_activations = false;
@@ -37,10 +38,11 @@ Status Matmul(const MatmulParams& p, Backend backend = Backend::kCpu);
 // the SIMD target is; PyTorch's set_float32_matmul_precision is the same idea):
 //   kFp32  x stays fp32: the exact products of the bf16 weights (what transformers computes in fp32);
 //   kBf16  x rounded to bf16 (MatmulParams::bf16_activations), prefill and decode alike: the
-//          numerics of llama.cpp and of frameworks running a bf16 model;
+//          numerics of llama.cpp and of frameworks running a bf16 model; prefill attention also
+//          gets bf16 products where it has a bf16 form (PrefillAttentionParams::bf16: AMX);
 //   kAuto  (default) kBf16 where the active SIMD target multiplies bf16 in hardware (avx512:
-//          `vdpbf16ps`, twice the fp32 FMA rate in prefill), kFp32 elsewhere (rounding would cost
-//          precision and gain nothing).
+//          AMX tiles or `vdpbf16ps`, 2-4x the fp32 prefill GEMM), kFp32 elsewhere (rounding would
+//          cost precision and gain nothing).
 // ICECACHE_MATMUL_PRECISION=auto|fp32|bf16 sets it at start (anything else: a warning, auto).
 enum class MatmulPrecision : int { kAuto = 0, kFp32 = 1, kBf16 = 2 };
 std::string_view MatmulPrecisionName(MatmulPrecision p);  // "auto", "fp32", "bf16"
@@ -51,5 +53,9 @@ void SetMatmulPrecision(MatmulPrecision p);  // thread-safe; call between kernel
 // Whether a CPU Linear layer sets bf16_activations now: kAuto resolved against ActiveSimdTarget().
 // Logs the resolved choice once (INFO).
 bool UseBf16Activations();
+// Whether prefill attention over a KV cache kept in kv_dtype sets PrefillAttentionParams::bf16:
+// only for bf16 KV (the K/V that decode reads are bf16 then anyway) and where
+// UseBf16Activations(). An fp32 KV cache keeps fp32 attention.
+bool UseBf16Attention(DType kv_dtype);
 
 }  // namespace icecache::kernels

@@ -60,4 +60,6 @@ bool UseBf16Activations() {
   return bf16;
 }
 
+bool UseBf16Attention(DType kv_dtype) { return kv_dtype == DType::kBF16 && UseBf16Activations(); }
+
 }  // namespace icecache::kernels

@@ -44,9 +44,10 @@ Status SetSimdTarget(SimdTarget t);
 
 // AMX (Intel Advanced Matrix Extensions; Sapphire Rapids and later Xeons): on the avx512 target
 // the bf16 GEMM (MatmulParams::bf16_activations, m > 16) runs on AMX tiles (`tdpbf16ps`, 16x32
-// by 32x16 bf16 products per instruction) instead of `vdpbf16ps` where the CPU has AMX-TILE and
+// by 32x16 bf16 products per instruction) instead of `vdpbf16ps`, and prefill attention allowed
+// bf16 products (PrefillAttentionParams::bf16) runs them on tiles, where the CPU has AMX-TILE and
 // AMX-BF16 and Linux grants the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, kernel
-// 5.16+). Not a SIMD target of its own: the same values up to summation order, one kernel more.
+// 5.16+). Not a SIMD target of its own: the GEMM gives the same values up to summation order.
 // ICECACHE_AMX=off turns it off at start (on, the default, uses it where supported). Logged once
 // (INFO) when first asked.
 bool AmxSupported();  // CPU and OS; asks the OS for the tile state once

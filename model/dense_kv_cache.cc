@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "kernels/attention.h"
+#include "kernels/matmul.h"
 #include "kernels/kv_pages.h"
 
 namespace icecache::model {
@@ -268,6 +269,7 @@ Status DenseKvCache::PrefillSegmentAttention(int layer, size_t seg, const float*
   p.num_kv_heads = hkv;
   p.head_dim = hd;
   p.scale = shape_.scale;
+  p.bf16 = kernels::UseBf16Attention(options_.kv_dtype);  // bf16 products on AMX (attention.h)
   if (s->length == 0) {
     p.k = k + row * hkv * hd;
     p.v = v + row * hkv * hd;

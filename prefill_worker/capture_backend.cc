@@ -1,6 +1,7 @@
 #include "prefill_worker/capture_backend.h"
 
 #include "kernels/attention.h"
+#include "kernels/matmul.h"
 
 namespace icecache::prefill {
 
@@ -76,6 +77,7 @@ Status CaptureBackend::Attend(int layer, const float* q, const float* k, const f
     p.num_kv_heads = shape_.num_kv_heads;
     p.head_dim = shape_.head_dim;
     p.scale = shape_.scale;
+    p.bf16 = kernels::UseBf16Attention(kv_dtype_);  // bf16 products on AMX (attention.h)
     ICE_RETURN_IF_ERROR(kernels::PrefillAttention(p, device_.backend));
     if (listener_ && s.expected > 0 && s.length + n == s.expected) listener_(id, layer);
     row += n;

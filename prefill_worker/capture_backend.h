@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/device_buffer.h"
+#include "kernels/dtype.h"
 #include "model/attention_backend.h"
 
 namespace icecache::prefill {
@@ -34,9 +35,11 @@ class CaptureBackend final : public model::AttentionBackend {
   // `layer` (see ExpectLength).
   using LayerListener = std::function<void(model::SequenceId id, int layer)>;
 
-  // `device`: the model's device (resolved here).
-  CaptureBackend(const model::AttentionShape& shape, kernels::Device device, LayerListener listener = nullptr)
-      : shape_(shape), device_(kernels::ResolveDevice(device)), listener_(std::move(listener)) {}
+  // `device`: the model's device (resolved here). `kv_dtype`: the type the pages are built and
+  // shipped in (bf16 KV lets prefill attention use bf16 products: kernels::UseBf16Attention).
+  CaptureBackend(const model::AttentionShape& shape, kernels::Device device, LayerListener listener = nullptr,
+                 kernels::DType kv_dtype = kernels::DType::kF32)
+      : shape_(shape), device_(kernels::ResolveDevice(device)), listener_(std::move(listener)), kv_dtype_(kv_dtype) {}
 
   const model::AttentionShape& shape() const override { return shape_; }
   kernels::Device device() const override { return device_; }
@@ -62,6 +65,7 @@ class CaptureBackend final : public model::AttentionBackend {
   model::AttentionShape shape_;
   kernels::Device device_;
   LayerListener listener_;
+  kernels::DType kv_dtype_ = kernels::DType::kF32;
   kernels::DeviceBuffer history_k_, history_v_;  // a continued segment's K/V on the device
   std::unordered_map<model::SequenceId, Seq> seqs_;
   std::vector<std::pair<model::SequenceId, int>> step_;  // (sequence, tokens) of the current step

@@ -312,7 +312,8 @@ void PrefillEngine::RunBatch(std::vector<std::shared_ptr<Pending>> batch) {
         shape, device,
         options_.overlap_tree_build
             ? CaptureBackend::LayerListener([&on_layer, r](model::SequenceId id, int layer) { on_layer(r, id, layer); })
-            : nullptr);
+            : nullptr,
+        options_.kv_dtype);
     captures.push_back(c.get());
     rank_backends.push_back(std::move(c));
   }

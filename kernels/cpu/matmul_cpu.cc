@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "kernels/simd_target.h"
-#include "kernels/cpu/simd.h"  // last: switches code generation to the target
+#include "kernels/cpu/simd.h"  // switches code generation to the target
+#include "kernels/cpu/amx.h"
 
 namespace icecache::kernels::cpu::ICE_SIMD_NS {
 
@@ -556,46 +557,7 @@ constexpr int kAmxK = 32;       // bf16 elements of k per tile row (64 bytes)
 constexpr int kAmxCols = 32;    // weight rows per item (two B tiles)
 constexpr int kAmxRows = 32;    // x rows per C block (two A tiles)
 
-// The 64-byte tile configuration (palette 1): tiles 0-3 C (16 rows x 64 bytes), 4-5 A, 6-7 B.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  AmxTileConfig() {
-    for (int t = 0; t < 8; ++t) {
-      colsb[t] = 64;
-      rows[t] = 16;
-    }
-  }
-};
-
-// out[c * 16 + r] = in[r * 16 + c] for 32-bit elements, 16 x 16 (rows given as vectors).
-inline void Transpose16x16(__m512i (&r)[16]) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    b[4 * j + 0] = _mm512_unpacklo_epi64(a[4 * j], a[4 * j + 2]);
-    b[4 * j + 1] = _mm512_unpackhi_epi64(a[4 * j], a[4 * j + 2]);
-    b[4 * j + 2] = _mm512_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
-    b[4 * j + 3] = _mm512_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
-  }
-  // b[4j + c], 128-bit lane L: rows 4j..4j+3 of column 4L + c; gather the lanes.
-  for (int c = 0; c < 4; ++c) {
-    const __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-    const __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-    const __m512i e2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-    const __m512i e3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-    r[0 + c] = _mm512_shuffle_i32x4(e0, e2, 0x88);
-    r[4 + c] = _mm512_shuffle_i32x4(e0, e2, 0xDD);
-    r[8 + c] = _mm512_shuffle_i32x4(e1, e3, 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(e1, e3, 0xDD);
-  }
-}
+// Tiles 0-3 C, 4-5 A (x rows), 6-7 B (weight rows); AmxTileConfig and Transpose16x16 in amx.h.
 
 // Weight rows j0 .. j0+cols-1 (cols <= 32; missing rows zero) of the [n, k] bf16 matrix w as B
 // tiles: packed[(kc * 2 + t) * 256 + r * 16 + c] = the pair (k = kc*32 + 2r, +1) of weight row

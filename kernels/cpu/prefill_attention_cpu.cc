@@ -15,7 +15,9 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/simd.h"  // last: switches code generation to the target
+#include "kernels/simd_target.h"
+#include "kernels/cpu/simd.h"  // switches code generation to the target
+#include "kernels/cpu/amx.h"
 
 // The targets with the tiled form (register tiles, softmax step and row scaling below).
 #define ICE_PREFILL_TILED (ICE_SIMD_AVX2 || ICE_SIMD_NEON)
@@ -408,6 +410,247 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
 }
 #endif
 
+#if ICE_SIMD_AVX512
+// ---- AMX form (p.bf16, AmxActive, head_dim % 32 == 0, <= 256) ----------------------------------
+// K and V of every kv head are first rounded to bf16 and packed as B tiles (amx.h) for the whole
+// key range, in parallel; then each task (kv head, block of positions, as above) runs its rows in
+// groups of 32 (two A tiles) over blocks of kAmxKeys keys: S = Q·Kᵀ in 2 x 2 C tiles (32 rows x 32
+// keys, head_dim / 32 steps), the online-softmax step on S in zmm registers writing P as bf16,
+// then O += P·V with O's 32 x 32 blocks loaded into C tiles, kAmxKeys / 32 steps, and stored back.
+constexpr int kAmxKeys = 128;  // keys per online-softmax step
+constexpr int kAmxGroup = 32;  // rows per 2 x 2 tile block
+
+struct AmxPacked {
+  const uint32_t* kt;  // kv head base: tile (key block kb of 16, dim chunk kc of 32) at (kb * d/32 + kc) * 256
+  const uint32_t* vt;  // kv head base: tile (key step ks of 32, dim block db of 16) at (ks * d/16 + db) * 256
+};
+
+// Packs keys [kb * 16, +16) of kv head kvh (zeros past kv_len): kt row r, column c = the bf16
+// pair (dims kc*32 + 2r, +1) of key kb*16 + c.
+void AmxPackKeys(const PrefillAttentionParams& p, int kvh, int kb, uint32_t* kt) {
+  const int d = p.head_dim;
+  const size_t kv_stride = static_cast<size_t>(p.num_kv_heads) * d;
+  for (int kc = 0; kc < d / 32; ++kc) {
+    __m512i rows[16];
+    for (int c = 0; c < 16; ++c) {
+      const int key = kb * 16 + c;
+      if (key < p.kv_len) {
+        const float* x = p.k + key * kv_stride + static_cast<size_t>(kvh) * d + kc * 32;
+        rows[c] = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)));
+      } else {
+        rows[c] = _mm512_setzero_si512();
+      }
+    }
+    Transpose16x16(rows);
+    uint32_t* out = kt + (static_cast<size_t>(kb) * (d / 32) + kc) * 256;
+    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * 16, rows[r]);
+  }
+}
+
+// bf16 bits of 16 floats in the low halves of 32-bit lanes.
+inline __m512i Bf16Lanes(const float* x) {
+  return _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x))));
+}
+
+// Packs keys [ks * 32, +32) of kv head kvh's values (zeros past kv_len): vt row r, column c = the
+// bf16 pair (key ks*32 + 2r, +1) at dim db*16 + c.
+void AmxPackValues(const PrefillAttentionParams& p, int kvh, int ks, uint32_t* vt) {
+  const int d = p.head_dim;
+  const size_t kv_stride = static_cast<size_t>(p.num_kv_heads) * d;
+  const float* base = p.v + static_cast<size_t>(kvh) * d;
+  for (int db = 0; db < d / 16; ++db) {
+    uint32_t* out = vt + (static_cast<size_t>(ks) * (d / 16) + db) * 256;
+    for (int r = 0; r < 16; ++r) {
+      const int even = ks * 32 + 2 * r;
+      const __m512i e = even < p.kv_len ? Bf16Lanes(base + even * kv_stride + db * 16) : _mm512_setzero_si512();
+      const __m512i o = even + 1 < p.kv_len ? Bf16Lanes(base + (even + 1) * kv_stride + db * 16) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + r * 16, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+    }
+  }
+}
+
+// One row's online-softmax step over keys [0, n32) of a block (n32 % 16 == 0): s scores, keys at
+// and past `visible` get probability 0; P written to pb as bf16; m, l updated, o [d] rescaled.
+inline void AmxSoftmaxRow(const float* s, int n32, int visible, float& m, float& l, uint16_t* pb, float* o, int d) {
+  auto mask_of = [&](int c) -> __mmask16 {
+    const int left = visible - 16 * c;
+    return left >= 16 ? __mmask16{0xFFFF} : left <= 0 ? __mmask16{0} : static_cast<__mmask16>((1u << left) - 1u);
+  };
+  __m512 mx = _mm512_set1_ps(kNegInf);
+  for (int c = 0; c < n32 / 16; ++c) mx = _mm512_mask_max_ps(mx, mask_of(c), mx, _mm512_loadu_ps(s + 16 * c));
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  if (m_new == kNegInf) {  // nothing visible yet in this row
+    for (int c = 0; c < n32 / 16; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * c), _mm256_setzero_si256());
+    return;
+  }
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int c = 0; c < n32 / 16; ++c) {
+    const __m512 e = _mm512_maskz_mov_ps(mask_of(c), ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * c), mv)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+  }
+  const float alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
+  l = l * alpha + _mm512_reduce_add_ps(sum);
+  m = m_new;
+  if (alpha != 1.f) ScaleRow(o, o, alpha, d);
+}
+
+// Working memory of one AMX task, reused across tasks of a thread.
+struct AmxTile {
+  std::vector<uint16_t> q;  // [rows padded to 32, d] bf16 of q * scale
+  std::vector<float> o;     // [rows padded to 32, d] unnormalised
+  std::vector<float> m, l;  // [rows padded]
+  std::vector<int> limit;   // [rows padded] last visible key (-1 for padding rows)
+  alignas(64) float s[kAmxGroup * kAmxKeys];
+  alignas(64) uint16_t pb[kAmxGroup * kAmxKeys];
+};
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+// S[32][kAmxKeys] (columns [0, n32)) = Q rows q (32 rows, d apart) · the keys of blocks kb0...
+inline void AmxScores(const uint16_t* q, int d, const uint32_t* kt, int kb0, int n32, float* s) {
+  const int dc = d / 32;
+  for (int jb = 0; jb < n32; jb += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint32_t* b0 = kt + static_cast<size_t>(kb0 + jb / 16) * dc * 256;
+    for (int kc = 0; kc < dc; ++kc) {
+      _tile_loadd(4, q + kc * 32, d * 2);
+      _tile_loadd(5, q + 16 * d + kc * 32, d * 2);
+      _tile_loadd(6, b0 + kc * 256, 64);
+      _tile_loadd(7, b0 + (dc + kc) * 256, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, s + jb, kAmxKeys * 4);
+    _tile_stored(1, s + jb + 16, kAmxKeys * 4);
+    _tile_stored(2, s + 16 * kAmxKeys + jb, kAmxKeys * 4);
+    _tile_stored(3, s + 16 * kAmxKeys + jb + 16, kAmxKeys * 4);
+  }
+}
+
+// O[32][d] += P[32][n32] · V of key steps ks0.. (n32 / 32 of them).
+inline void AmxAccumulate(const uint16_t* pb, const uint32_t* vt, int ks0, int n32, float* o, int d) {
+  const int dbn = d / 16;
+  for (int dp = 0; dp < d; dp += 32) {
+    _tile_loadd(0, o + dp, d * 4);
+    _tile_loadd(1, o + dp + 16, d * 4);
+    _tile_loadd(2, o + 16 * d + dp, d * 4);
+    _tile_loadd(3, o + 16 * d + dp + 16, d * 4);
+    for (int ks = 0; ks < n32 / 32; ++ks) {
+      const uint32_t* b = vt + (static_cast<size_t>(ks0 + ks) * dbn + dp / 16) * 256;
+      _tile_loadd(4, pb + ks * 32, kAmxKeys * 2);
+      _tile_loadd(5, pb + 16 * kAmxKeys + ks * 32, kAmxKeys * 2);
+      _tile_loadd(6, b, 64);
+      _tile_loadd(7, b + 256, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, o + dp, d * 4);
+    _tile_stored(1, o + dp + 16, d * 4);
+    _tile_stored(2, o + 16 * d + dp, d * 4);
+    _tile_stored(3, o + 16 * d + dp + 16, d * 4);
+  }
+}
+
+// One task on AMX tiles: kv head kvh, query positions [i0, i1).
+void AmxPrefillTask(const PrefillAttentionParams& p, const AmxPacked& kv, int kvh, int i0, int i1, AmxTile& t) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int d = p.head_dim;
+  const int offset = p.kv_len - p.q_len;
+  const size_t q_stride = static_cast<size_t>(p.num_q_heads) * d;
+  const int rows = (i1 - i0) * group;
+  const int padded = (rows + kAmxGroup - 1) / kAmxGroup * kAmxGroup;
+  t.q.resize(static_cast<size_t>(padded) * d);
+  t.o.assign(static_cast<size_t>(padded) * d, 0.f);
+  t.m.assign(padded, kNegInf);
+  t.l.assign(padded, 0.f);
+  t.limit.assign(padded, -1);
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for (int r = 0; r < padded; ++r) {
+    uint16_t* dst = &t.q[static_cast<size_t>(r) * d];
+    if (r >= rows) {
+      std::fill(dst, dst + d, uint16_t{0});
+      continue;
+    }
+    const int i = i0 + r / group, h = kvh * group + r % group;
+    const float* src = p.q + static_cast<size_t>(i) * q_stride + static_cast<size_t>(h) * d;
+    for (int e = 0; e < d; e += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + e),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + e), scale))));
+    t.limit[r] = i + offset;
+  }
+  for (int r0 = 0; r0 < rows; r0 += kAmxGroup) {
+    const int last_key = t.limit[std::min(r0 + kAmxGroup, rows) - 1];  // rows are in position order
+    const uint16_t* q = &t.q[static_cast<size_t>(r0) * d];
+    float* o = &t.o[static_cast<size_t>(r0) * d];
+    for (int j0 = 0; j0 <= last_key; j0 += kAmxKeys) {
+      const int nk = std::min(kAmxKeys, last_key + 1 - j0);
+      const int n32 = (nk + 31) / 32 * 32;
+      AmxScores(q, d, kv.kt, j0 / 16, n32, t.s);
+      for (int rr = 0; rr < kAmxGroup; ++rr) {
+        const int r = r0 + rr;
+        const int visible = std::clamp(t.limit[r] - j0 + 1, 0, nk);
+        AmxSoftmaxRow(t.s + rr * kAmxKeys, n32, visible, t.m[r], t.l[r], t.pb + rr * kAmxKeys,
+                      o + static_cast<size_t>(rr) * d, d);
+      }
+      AmxAccumulate(t.pb, kv.vt, j0 / 32, n32, o, d);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int i = i0 + r / group, h = kvh * group + r % group;
+    float* dst = p.out + static_cast<size_t>(i) * q_stride + static_cast<size_t>(h) * d;
+    ScaleRow(dst, &t.o[static_cast<size_t>(r) * d], t.l[r] > 0.f ? 1.f / t.l[r] : 0.f, d);
+  }
+}
+
+// The whole op on AMX tiles (tasks as in PrefillAttention below).
+void AmxPrefillAttention(const PrefillAttentionParams& p, int positions_per_task) {
+  const int d = p.head_dim;
+  const int padded_keys = (p.kv_len + 31) / 32 * 32;
+  const size_t per_head = static_cast<size_t>(padded_keys) * d / 2;  // uint32 words of K (and of V)
+  static thread_local std::vector<uint32_t> packed;
+  if (packed.size() < 2 * per_head * p.num_kv_heads) packed.resize(2 * per_head * p.num_kv_heads);
+  uint32_t* kt = packed.data();
+  uint32_t* vt = packed.data() + per_head * p.num_kv_heads;
+  const int key_steps = padded_keys / 32;
+  const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
+  const int tasks = blocks * p.num_kv_heads;
+#pragma omp parallel num_threads(CpuThreads())
+  {
+#pragma omp for schedule(static)
+    for (int item = 0; item < key_steps * p.num_kv_heads; ++item) {
+      const int kvh = item / key_steps, ks = item % key_steps;
+      AmxPackKeys(p, kvh, 2 * ks, kt + kvh * per_head);
+      AmxPackKeys(p, kvh, 2 * ks + 1, kt + kvh * per_head);
+      AmxPackValues(p, kvh, ks, vt + kvh * per_head);
+    }
+    const AmxTileConfig config;
+    _tile_loadconfig(&config);
+    static thread_local AmxTile tile;
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int block = blocks - 1 - task / p.num_kv_heads;
+      const int kvh = task % p.num_kv_heads;
+      const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
+      AmxPrefillTask(p, {kt + kvh * per_head, vt + kvh * per_head}, kvh, i0, i1, tile);
+    }
+    _tile_release();
+  }
+  if (packed.size() > (size_t{16} << 20)) std::vector<uint32_t>().swap(packed);  // keep at most 64 MiB
+}
+
+#pragma GCC pop_options
+#endif
+
 }  // namespace
 
 Status PrefillAttention(const PrefillAttentionParams& p) {
@@ -418,6 +661,12 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   const int positions_per_task = std::max(1, 128 / group);
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
+#if ICE_SIMD_AVX512
+  if (p.bf16 && p.head_dim % 32 == 0 && p.head_dim <= 256 && AmxActive()) {
+    AmxPrefillAttention(p, positions_per_task);
+    return Status::Ok();
+  }
+#endif
 #if ICE_PREFILL_TILED
   const bool vec = p.head_dim % 16 == 0;
 #else

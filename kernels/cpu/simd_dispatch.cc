@@ -141,7 +141,7 @@ bool DetectAmx() {
   constexpr long kArchReqXcompPerm = 0x1023;
   constexpr long kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
-    ICE_LOG(INFO) << "CPU has AMX-BF16 but the OS refused the tile state (kernel < 5.16?); bf16 GEMMs use vdpbf16ps";
+    ICE_LOG(INFO) << "CPU has AMX-BF16 but the OS refused the tile state (kernel < 5.16?); bf16 GEMMs use vdpbf16ps, prefill attention fp32";
     return false;
   }
   return true;
@@ -159,7 +159,7 @@ std::atomic<bool>& AmxOn() {
     }
     const bool want = v != "off";
     const bool on = want && AmxSupported();
-    ICE_LOG(INFO) << "CPU bf16 GEMMs: AMX tiles " << (on ? "on" : "off")
+    ICE_LOG(INFO) << "CPU bf16 GEMMs and prefill attention: AMX tiles " << (on ? "on" : "off")
                   << (AmxSupported() ? (want ? "" : " (ICECACHE_AMX=off)") : " (not supported here)");
     return on;
   }()};
