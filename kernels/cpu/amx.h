@@ -56,5 +56,49 @@ inline void Transpose16x16(__m512i (&r)[16]) {
   }
 }
 
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+// The 2 x 2 tile block every AMX kernel here runs: C tiles 0-3 hold a 32 x 32 fp32 block (0: top
+// left, 1: top right, 2: bottom left, 3: bottom right), tiles 4-5 its top and bottom 16 rows of A,
+// 6-7 its left and right B tiles.
+
+// C += A · B for one 32-wide step of the shared dimension: A rows at a_top and a_bottom (rows
+// a_stride bytes apart), B tiles at b_left and b_right (64 bytes per row).
+inline void AmxStep2x2(const void* a_top, const void* a_bottom, size_t a_stride, const void* b_left,
+                       const void* b_right) {
+  _tile_loadd(4, a_top, a_stride);
+  _tile_loadd(5, a_bottom, a_stride);
+  _tile_loadd(6, b_left, 64);
+  _tile_loadd(7, b_right, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
+inline void AmxZero2x2() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// The 32 x 32 block at c (rows ld floats apart) into / out of C tiles 0-3.
+inline void AmxLoad2x2(const float* c, size_t ld) {
+  _tile_loadd(0, c, ld * 4);
+  _tile_loadd(1, c + 16, ld * 4);
+  _tile_loadd(2, c + 16 * ld, ld * 4);
+  _tile_loadd(3, c + 16 * ld + 16, ld * 4);
+}
+inline void AmxStore2x2(float* c, size_t ld) {
+  _tile_stored(0, c, ld * 4);
+  _tile_stored(1, c + 16, ld * 4);
+  _tile_stored(2, c + 16 * ld, ld * 4);
+  _tile_stored(3, c + 16 * ld + 16, ld * 4);
+}
+
+#pragma GCC pop_options
+
 }  // namespace icecache::kernels::cpu::ICE_SIMD_NS
 #endif

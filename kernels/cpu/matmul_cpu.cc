@@ -557,7 +557,7 @@ constexpr int kAmxK = 32;       // bf16 elements of k per tile row (64 bytes)
 constexpr int kAmxCols = 32;    // weight rows per item (two B tiles)
 constexpr int kAmxRows = 32;    // x rows per C block (two A tiles)
 
-// Tiles 0-3 C, 4-5 A (x rows), 6-7 B (weight rows); AmxTileConfig and Transpose16x16 in amx.h.
+// Tiles 0-3 C, 4-5 A (x rows), 6-7 B (weight rows): the 2 x 2 block of amx.h.
 
 // Weight rows j0 .. j0+cols-1 (cols <= 32; missing rows zero) of the [n, k] bf16 matrix w as B
 // tiles: packed[(kc * 2 + t) * 256 + r * 16 + c] = the pair (k = kc*32 + 2r, +1) of weight row
@@ -587,24 +587,10 @@ void PackAmxB(const uint16_t* w, size_t k, int j0, int cols, size_t kp, uint32_t
 // over kp / 32 steps of k; stored to out[32][32].
 inline void AmxBlock(const uint16_t* xs, size_t ldx, const uint32_t* packed, size_t ksteps, float* out) {
   const size_t xstride = ldx * sizeof(uint16_t);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (size_t kc = 0; kc < ksteps; ++kc) {
-    _tile_loadd(4, xs + kc * kAmxK, xstride);
-    _tile_loadd(5, xs + 16 * ldx + kc * kAmxK, xstride);
-    _tile_loadd(6, packed + kc * 512, 64);
-    _tile_loadd(7, packed + kc * 512 + 256, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  _tile_stored(0, out, 128);
-  _tile_stored(1, out + 16, 128);
-  _tile_stored(2, out + 16 * 32, 128);
-  _tile_stored(3, out + 16 * 32 + 16, 128);
+  AmxZero2x2();
+  for (size_t kc = 0; kc < ksteps; ++kc)
+    AmxStep2x2(xs + kc * kAmxK, xs + 16 * ldx + kc * kAmxK, xstride, packed + kc * 512, packed + kc * 512 + 256);
+  AmxStore2x2(out, kAmxCols);
 }
 
 // y = round_bf16(x) · Wᵀ for bf16 W (m > 16) on AMX tiles; xb from RoundedX<uint16_t>(p, 32).

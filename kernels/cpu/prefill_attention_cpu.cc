@@ -513,25 +513,11 @@ struct AmxTile {
 inline void AmxScores(const uint16_t* q, int d, const uint32_t* kt, int kb0, int n32, float* s) {
   const int dc = d / 32;
   for (int jb = 0; jb < n32; jb += 32) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    AmxZero2x2();
     const uint32_t* b0 = kt + static_cast<size_t>(kb0 + jb / 16) * dc * 256;
-    for (int kc = 0; kc < dc; ++kc) {
-      _tile_loadd(4, q + kc * 32, d * 2);
-      _tile_loadd(5, q + 16 * d + kc * 32, d * 2);
-      _tile_loadd(6, b0 + kc * 256, 64);
-      _tile_loadd(7, b0 + (dc + kc) * 256, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, s + jb, kAmxKeys * 4);
-    _tile_stored(1, s + jb + 16, kAmxKeys * 4);
-    _tile_stored(2, s + 16 * kAmxKeys + jb, kAmxKeys * 4);
-    _tile_stored(3, s + 16 * kAmxKeys + jb + 16, kAmxKeys * 4);
+    for (int kc = 0; kc < dc; ++kc)
+      AmxStep2x2(q + kc * 32, q + 16 * d + kc * 32, d * 2, b0 + kc * 256, b0 + (dc + kc) * 256);
+    AmxStore2x2(s + jb, kAmxKeys);
   }
 }
 
@@ -539,25 +525,12 @@ inline void AmxScores(const uint16_t* q, int d, const uint32_t* kt, int kb0, int
 inline void AmxAccumulate(const uint16_t* pb, const uint32_t* vt, int ks0, int n32, float* o, int d) {
   const int dbn = d / 16;
   for (int dp = 0; dp < d; dp += 32) {
-    _tile_loadd(0, o + dp, d * 4);
-    _tile_loadd(1, o + dp + 16, d * 4);
-    _tile_loadd(2, o + 16 * d + dp, d * 4);
-    _tile_loadd(3, o + 16 * d + dp + 16, d * 4);
+    AmxLoad2x2(o + dp, d);
     for (int ks = 0; ks < n32 / 32; ++ks) {
       const uint32_t* b = vt + (static_cast<size_t>(ks0 + ks) * dbn + dp / 16) * 256;
-      _tile_loadd(4, pb + ks * 32, kAmxKeys * 2);
-      _tile_loadd(5, pb + 16 * kAmxKeys + ks * 32, kAmxKeys * 2);
-      _tile_loadd(6, b, 64);
-      _tile_loadd(7, b + 256, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      AmxStep2x2(pb + ks * 32, pb + 16 * kAmxKeys + ks * 32, kAmxKeys * 2, b, b + 256);
     }
-    _tile_stored(0, o + dp, d * 4);
-    _tile_stored(1, o + dp + 16, d * 4);
-    _tile_stored(2, o + 16 * d + dp, d * 4);
-    _tile_stored(3, o + 16 * d + dp + 16, d * 4);
+    AmxStore2x2(o + dp, d);
   }
 }
 

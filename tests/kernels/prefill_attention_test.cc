@@ -56,6 +56,21 @@ std::vector<float> Naive(const Case& c, const std::vector<float>& q, const std::
   return out;
 }
 
+PrefillAttentionParams Params(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                              const std::vector<float>& v, float scale) {
+  PrefillAttentionParams p;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.q_len = c.q_len;
+  p.kv_len = c.kv_len;
+  p.num_q_heads = c.hq;
+  p.num_kv_heads = c.hkv;
+  p.head_dim = c.d;
+  p.scale = scale;
+  return p;
+}
+
 TEST(PrefillAttentionCpuTest, TiledAndRowwiseMatchNaive) {
   const std::vector<Case> cases = {{130, 130, 1, 1, 64},  {200, 200, 4, 1, 128}, {97, 300, 8, 2, 64},
                                    {65, 65, 32, 8, 128},  {150, 150, 2, 2, 80},  {70, 90, 6, 3, 40},
@@ -68,16 +83,7 @@ TEST(PrefillAttentionCpuTest, TiledAndRowwiseMatchNaive) {
     const auto v = RandomVector(static_cast<size_t>(c.kv_len) * c.hkv * c.d, seed + 2);
     const float scale = 1.f / std::sqrt(static_cast<float>(c.d));
     const auto want = Naive(c, q, k, v, scale);
-    PrefillAttentionParams p;
-    p.q = q.data();
-    p.k = k.data();
-    p.v = v.data();
-    p.q_len = c.q_len;
-    p.kv_len = c.kv_len;
-    p.num_q_heads = c.hq;
-    p.num_kv_heads = c.hkv;
-    p.head_dim = c.d;
-    p.scale = scale;
+    PrefillAttentionParams p = Params(c, q, k, v, scale);
     std::vector<float> tiled(q.size(), 55.f), rows(q.size(), 55.f);
     p.out = tiled.data();
     ASSERT_TRUE(cpu::PrefillAttention(p).ok());
@@ -115,16 +121,7 @@ TEST(PrefillAttentionCpuTest, Bf16OperandsOnAmxMatchTheRoundedAttention) {
       const auto k = RandomVector(static_cast<size_t>(c.kv_len) * c.hkv * c.d, seed + 1, -3.f, 3.f);
       const auto v = RandomVector(static_cast<size_t>(c.kv_len) * c.hkv * c.d, seed + 2);
       const float scale = 1.f / std::sqrt(static_cast<float>(c.d));
-      PrefillAttentionParams p;
-      p.q = q.data();
-      p.k = k.data();
-      p.v = v.data();
-      p.q_len = c.q_len;
-      p.kv_len = c.kv_len;
-      p.num_q_heads = c.hq;
-      p.num_kv_heads = c.hkv;
-      p.head_dim = c.d;
-      p.scale = scale;
+      PrefillAttentionParams p = Params(c, q, k, v, scale);
       p.bf16 = true;
       std::vector<float> got(q.size(), 55.f);
       p.out = got.data();
