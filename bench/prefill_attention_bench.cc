@@ -24,7 +24,6 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/prefill_attention_cpu.h"
 #include "kernels/matmul.h"
-#include "kernels/simd_target.h"
 
 namespace icecache::bench {
 namespace {
@@ -95,15 +94,15 @@ int Run(int argc, char** argv) {
   const double flops = 4.0 * d * hq * (static_cast<double>(len) * (len + 1) / 2);
   p.out = out_tiled.data();
   const Timing tiled = Time(reps, [&] { (void)kernels::cpu::PrefillAttention(p); });
-  // The serving call (model/dense_kv_cache.cc): bf16 products where MatmulPrecision allows them;
-  // timed separately only where that selects a different form (AMX).
-  const bool bf16_form = kernels::UseBf16Activations() && kernels::AmxActive() && d % 32 == 0 && d <= 256;
+  // The serving call (model/dense_kv_cache.cc, over the cluster's default bf16 KV cache): bf16
+  // products where MatmulPrecision allows them; timed separately where that selects the AMX form.
+  kernels::PrefillAttentionParams b = p;
+  b.bf16 = kernels::UseBf16Attention(kernels::DType::kBF16);
+  const bool bf16_form = kernels::cpu::PrefillAttentionOnAmx(b);
   Timing amx;
   double amx_diff = 0;
   if (bf16_form) {
     std::vector<float> out_amx(q.size());
-    kernels::PrefillAttentionParams b = p;
-    b.bf16 = true;
     b.out = out_amx.data();
     amx = Time(reps, [&] { (void)kernels::cpu::PrefillAttention(b); });
     for (size_t i = 0; i < q.size(); ++i) amx_diff = std::max<double>(amx_diff, std::fabs(out_amx[i] - out_tiled[i]));

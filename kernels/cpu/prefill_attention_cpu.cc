@@ -15,7 +15,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/simd_target.h"
+#include "kernels/cpu/prefill_attention_cpu.h"
 #include "kernels/cpu/simd.h"  // switches code generation to the target
 #include "kernels/cpu/amx.h"
 
@@ -635,7 +635,7 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
 #if ICE_SIMD_AVX512
-  if (p.bf16 && p.head_dim % 32 == 0 && p.head_dim <= 256 && AmxActive()) {
+  if (PrefillAttentionOnAmx(p)) {
     AmxPrefillAttention(p, positions_per_task);
     return Status::Ok();
   }

@@ -5,6 +5,7 @@
 
 #include "common/status.h"
 #include "kernels/attention.h"
+#include "kernels/simd_target.h"
 
 namespace icecache::kernels::cpu {
 
@@ -12,5 +13,12 @@ namespace icecache::kernels::cpu {
 // exact two-pass softmax (the kernel before tiling): the shape of the tiled kernel's fallback
 // without AVX-512, and the baseline of `icecache-bench prefill-attention`.
 Status PrefillAttentionRowwise(const PrefillAttentionParams& p);
+
+// Whether cpu::PrefillAttention runs p on AMX tiles (bf16 products): p.bf16, head_dim a multiple
+// of 32 up to 256, the avx512 target active and kernels::AmxActive(). The kernel's own test.
+inline bool PrefillAttentionOnAmx(const PrefillAttentionParams& p) {
+  return p.bf16 && p.head_dim % 32 == 0 && p.head_dim <= 256 && ActiveSimdTarget() == SimdTarget::kAvx512 &&
+         AmxActive();
+}
 
 }  // namespace icecache::kernels::cpu

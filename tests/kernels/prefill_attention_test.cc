@@ -126,6 +126,7 @@ TEST(PrefillAttentionCpuTest, Bf16OperandsOnAmxMatchTheRoundedAttention) {
       std::vector<float> got(q.size(), 55.f);
       p.out = got.data();
       ASSERT_TRUE(cpu::PrefillAttention(p).ok());
+      EXPECT_EQ(cpu::PrefillAttentionOnAmx(p), amx && c.d % 32 == 0) << c.Name();
       if (amx && c.d % 32 == 0) {
         ExpectClose(got, Naive(c, rounded(q, scale), rounded(k, 1.f), rounded(v, 1.f), 1.f), 4e-3, 0.f,
                     "AMX " + c.Name());
