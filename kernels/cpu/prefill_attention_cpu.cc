@@ -2,9 +2,10 @@
 //
 // Work is split into tasks of (kv head, block of query positions); a task's rows are its
 // positions times the GQA group's query heads, so every K/V block it reads serves all of them.
-// Per key block of kKeyBlock keys: S = Q·Kᵀ from a transposed copy of the block (a 4-row ×
-// 64-key register tile), causal mask on the diagonal block only, online softmax (running max and
-// sum per row, vectorised exp), then O += P·V with a 4-row × 64-dim register tile. The driver
+// The keys of every kv head are transposed in blocks of kKeyBlock once per call; per key block a
+// task computes S = Q·Kᵀ (register tiles of kStripRows rows × 16 keys), the causal mask on the
+// diagonal block only, online softmax (running max and sum per row, vectorised exp), then O += P·V
+// (tiles of kStripRows rows × 16 dims). The driver
 // (PrefillTask) is shared by the avx512, avx2 and neon targets; the register tiles, the softmax
 // step and row scaling have one form per target. On the scalar target (or for head_dim not a
 // multiple of 16) a row-by-row version runs instead.
@@ -61,7 +62,6 @@ constexpr int kKeyBlock = 64;  // keys per block: 4 zmm (8 ymm) of scores per ro
 struct Tile {
   std::vector<float> q;    // [rows, d], scaled
   std::vector<float> o;    // [rows, d], unnormalised
-  std::vector<float> kt;   // [d, kKeyBlock], the key block transposed
   std::vector<float> s;    // [rows, kKeyBlock], scores then probabilities
   std::vector<float> m, l; // [rows] running max and sum
   std::vector<int> limit;  // [rows] last visible key position
@@ -163,11 +163,11 @@ inline void SoftmaxRow(float* s, int visible, float& m, float& l, float* o, int 
   if (alpha != 1.f) ScaleRow(o, o, alpha, d);
 }
 #elif ICE_SIMD_AVX2
-// The AVX2 forms of the helpers above: 16 ymm registers (not 32 zmm) hold a 4-row x 16-column
-// tile, so the 64-key / 64-column tiles are done as four 16-wide strips (the strip's other
-// operand is re-read from L1).
+// The AVX2 forms of the helpers above: 16 ymm registers (not 32 zmm) hold a 6-row x 16-column
+// tile (12 accumulators, 2 operand vectors, the broadcast), so the 64-key / 64-column tiles are
+// done as four 16-wide strips (the strip's other operand is re-read from L1).
 
-// S[r0..r0+R) = Q[r0..] · Kt for R <= 4 rows.
+// S[r0..r0+R) = Q[r0..] · Kt for R <= 6 rows.
 template <int R>
 inline void ScoreRows(const float* q, int d, const float* kt, float* s) {
   for (int c0 = 0; c0 < kKeyBlock; c0 += 16) {
@@ -189,7 +189,7 @@ inline void ScoreRows(const float* q, int d, const float* kt, float* s) {
   }
 }
 
-// O[r0..r0+R)[c0..c0+16) += P[r0..] · V[block][c0..c0+16) for R <= 4 rows, nk keys.
+// O[r0..r0+R)[c0..c0+16) += P[r0..] · V[block][c0..c0+16) for R <= 6 rows, nk keys.
 template <int R>
 inline void AccumulateRows16(const float* s, const float* v, size_t v_stride, int nk, float* o, int d, int c0) {
   __m256 acc[R][2];
@@ -334,11 +334,28 @@ inline void SoftmaxRow(float* s, int visible, float& m, float& l, float* o, int 
 #endif
 
 #if ICE_PREFILL_TILED
+// Rows per register tile: 6 on the avx2 target (6 x 16 columns = 12 ymm accumulators, enough
+// independent FMA chains to cover the FMA latency; 4 rows left only 8 and ran the two products at
+// about half of the FMA peak), 4 elsewhere (16 zmm / q accumulators).
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+constexpr int kStripRows = 6;
+#else
+constexpr int kStripRows = 4;
+#endif
+
+// f.operator()<R>(r) for strips of kStripRows rows, then the tail strip (R < kStripRows).
 template <typename F>
-inline void ForRowQuads(int rows, F&& f) {
+inline void ForRowStrips(int rows, F&& f) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) f.template operator()<4>(r);
-  switch (rows - r) {
+  for (; r + kStripRows <= rows; r += kStripRows) f.template operator()<kStripRows>(r);
+  const int rest = rows - r;
+  if constexpr (kStripRows > 5) {
+    if (rest == 5) return f.template operator()<5>(r);
+  }
+  if constexpr (kStripRows > 4) {
+    if (rest == 4) return f.template operator()<4>(r);
+  }
+  switch (rest) {
     case 3: f.template operator()<3>(r); break;
     case 2: f.template operator()<2>(r); break;
     case 1: f.template operator()<1>(r); break;
@@ -346,8 +363,30 @@ inline void ForRowQuads(int rows, F&& f) {
   }
 }
 
-// One task: kv head kvh, query positions [i0, i1).
-void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile& t) {
+// The key blocks of every kv head transposed once per call (each block serves every task of its
+// head: ~q_len / 128 * group of them, which used to transpose it again each):
+// kt[((kvh * blocks + b) * d + e) * kKeyBlock + jj] = dim e of key b * kKeyBlock + jj (zeros past
+// kv_len). Filled in parallel by the calling team.
+size_t KeyBlocks(const PrefillAttentionParams& p) { return (static_cast<size_t>(p.kv_len) + kKeyBlock - 1) / kKeyBlock; }
+
+void TransposeKeyBlock(const PrefillAttentionParams& p, int kvh, size_t b, float* kt) {
+  const int d = p.head_dim;
+  const size_t kv_stride = static_cast<size_t>(p.num_kv_heads) * d;
+  const int j0 = static_cast<int>(b) * kKeyBlock;
+  const int nk = std::min(kKeyBlock, p.kv_len - j0);
+  const float* kbase = p.k + static_cast<size_t>(kvh) * d;
+  for (int jj = 0; jj < kKeyBlock; ++jj) {
+    if (jj < nk) {
+      const float* kr = kbase + static_cast<size_t>(j0 + jj) * kv_stride;
+      for (int e = 0; e < d; ++e) kt[static_cast<size_t>(e) * kKeyBlock + jj] = kr[e];
+    } else {
+      for (int e = 0; e < d; ++e) kt[static_cast<size_t>(e) * kKeyBlock + jj] = 0.f;
+    }
+  }
+}
+
+// One task: kv head kvh, query positions [i0, i1); kt_head: the head's transposed key blocks.
+void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, const float* kt_head, Tile& t) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const int d = p.head_dim;
   const int offset = p.kv_len - p.q_len;
@@ -356,7 +395,6 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
   const int rows = (i1 - i0) * group;
   t.q.resize(static_cast<size_t>(rows) * d);
   t.o.assign(static_cast<size_t>(rows) * d, 0.f);
-  t.kt.resize(static_cast<size_t>(d) * kKeyBlock);
   t.s.resize(static_cast<size_t>(rows) * kKeyBlock);
   t.m.assign(rows, kNegInf);
   t.l.assign(rows, 0.f);
@@ -369,20 +407,12 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
   }
   const int last_key = i1 - 1 + offset;  // the task's last visible key
   const int first_full_limit = i0 + offset;  // every row sees keys <= this
-  const float* kbase = p.k + static_cast<size_t>(kvh) * d;
   const float* vbase = p.v + static_cast<size_t>(kvh) * d;
   for (int j0 = 0; j0 <= last_key; j0 += kKeyBlock) {
+    // Keys past nk score against the block's zero padding (or later keys) and get probability 0.
     const int nk = std::min(kKeyBlock, last_key + 1 - j0);
-    // Transpose the key block (zeros past nk).
-    for (int jj = 0; jj < kKeyBlock; ++jj) {
-      if (jj < nk) {
-        const float* kr = kbase + static_cast<size_t>(j0 + jj) * kv_stride;
-        for (int e = 0; e < d; ++e) t.kt[static_cast<size_t>(e) * kKeyBlock + jj] = kr[e];
-      } else {
-        for (int e = 0; e < d; ++e) t.kt[static_cast<size_t>(e) * kKeyBlock + jj] = 0.f;
-      }
-    }
-    ForRowQuads(rows, [&]<int R>(int r) { ScoreRows<R>(&t.q[static_cast<size_t>(r) * d], d, t.kt.data(), &t.s[static_cast<size_t>(r) * kKeyBlock]); });
+    const float* kt = kt_head + static_cast<size_t>(j0 / kKeyBlock) * d * kKeyBlock;
+    ForRowStrips(rows, [&]<int R>(int r) { ScoreRows<R>(&t.q[static_cast<size_t>(r) * d], d, kt, &t.s[static_cast<size_t>(r) * kKeyBlock]); });
     const bool masked = j0 + kKeyBlock - 1 > first_full_limit;
     for (int r = 0; r < rows; ++r) {
       // Keys past nk, or past this row's causal limit, get probability 0.
@@ -392,12 +422,12 @@ void PrefillTask(const PrefillAttentionParams& p, int kvh, int i0, int i1, Tile&
     const float* vb = vbase + static_cast<size_t>(j0) * kv_stride;
     int c0 = 0;
     for (; c0 + 64 <= d; c0 += 64) {
-      ForRowQuads(rows, [&]<int R>(int r) {
+      ForRowStrips(rows, [&]<int R>(int r) {
         AccumulateRows<R>(&t.s[static_cast<size_t>(r) * kKeyBlock], vb, kv_stride, nk, &t.o[static_cast<size_t>(r) * d], d, c0);
       });
     }
     for (; c0 < d; c0 += 16) {
-      ForRowQuads(rows, [&]<int R>(int r) {
+      ForRowStrips(rows, [&]<int R>(int r) {
         AccumulateRows16<R>(&t.s[static_cast<size_t>(r) * kKeyBlock], vb, kv_stride, nk, &t.o[static_cast<size_t>(r) * d], d, c0);
       });
     }
@@ -628,9 +658,9 @@ void AmxPrefillAttention(const PrefillAttentionParams& p, int positions_per_task
 
 Status PrefillAttention(const PrefillAttentionParams& p) {
   const int group = p.num_q_heads / p.num_kv_heads;
-  // About 128 rows (positions x group heads) per task: each transposed key block is reused by
-  // that many rows (64 rows measured 15 % slower, 256 rows 5 % faster but with fewer tasks to
-  // balance). Tasks with the most keys go first.
+  // About 128 rows (positions x group heads) per task: each K/V block a task reads serves that
+  // many rows (measured while every task still transposed its own key blocks: 64 rows 15 % slower,
+  // 256 rows 5 % faster but with fewer tasks to balance). Tasks with the most keys go first.
   const int positions_per_task = std::max(1, 128 / group);
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
@@ -642,6 +672,9 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
 #endif
 #if ICE_PREFILL_TILED
   const bool vec = p.head_dim % 16 == 0;
+  const size_t key_blocks = vec ? KeyBlocks(p) : 0;
+  const size_t block_elems = static_cast<size_t>(p.head_dim) * kKeyBlock;
+  std::vector<float> kt(static_cast<size_t>(p.num_kv_heads) * key_blocks * block_elems);
 #else
   const bool vec = false;
 #endif
@@ -649,6 +682,12 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   {
 #if ICE_PREFILL_TILED
     Tile tile;
+    if (vec) {
+#pragma omp for schedule(static)
+      for (size_t hb = 0; hb < static_cast<size_t>(p.num_kv_heads) * key_blocks; ++hb) {
+        TransposeKeyBlock(p, static_cast<int>(hb / key_blocks), hb % key_blocks, kt.data() + hb * block_elems);
+      }
+    }
 #endif
     std::vector<float> sc;
 #pragma omp for schedule(dynamic, 1)
@@ -658,7 +697,7 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
       const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
 #if ICE_PREFILL_TILED
       if (vec) {
-        PrefillTask(p, kvh, i0, i1, tile);
+        PrefillTask(p, kvh, i0, i1, kt.data() + static_cast<size_t>(kvh) * key_blocks * block_elems, tile);
         continue;
       }
 #endif
