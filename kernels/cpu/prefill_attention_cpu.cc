@@ -29,6 +29,19 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The per-call K (and V) copies live in a per-thread buffer reused across calls (a prefill makes
+// one call per layer; a fresh buffer would be zeroed and fault its pages in every time), grown to
+// at least n elements; ReleaseLargeScratch frees it after a call that needed more than 64 MiB.
+template <typename T>
+T* GrowScratch(std::vector<T>& buf, size_t n) {
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+template <typename T>
+void ReleaseLargeScratch(std::vector<T>& buf) {
+  if (buf.size() * sizeof(T) > (size_t{64} << 20)) std::vector<T>().swap(buf);
+}
+
 // Reference-shaped fallback: one query row at a time, exact two-pass softmax.
 void PrefillRowsScalar(const PrefillAttentionParams& p, int kvh, int i0, int i1, std::vector<float>& sc) {
   const int group = p.num_q_heads / p.num_kv_heads;
@@ -343,28 +356,25 @@ constexpr int kStripRows = 6;
 constexpr int kStripRows = 4;
 #endif
 
-// f.operator()<R>(r) for strips of kStripRows rows, then the tail strip (R < kStripRows).
+// f.operator()<R>(r) on the tail strip of rest < kStripRows rows (R = rest, a compile-time value).
+template <int R, typename F>
+inline void TailStrip(int rest, int r, F& f) {
+  if constexpr (R > 0) {
+    if (rest == R) return f.template operator()<R>(r);
+    TailStrip<R - 1>(rest, r, f);
+  }
+}
+
+// f.operator()<R>(r) for strips of kStripRows rows, then the tail strip.
 template <typename F>
 inline void ForRowStrips(int rows, F&& f) {
   int r = 0;
   for (; r + kStripRows <= rows; r += kStripRows) f.template operator()<kStripRows>(r);
-  const int rest = rows - r;
-  if constexpr (kStripRows > 5) {
-    if (rest == 5) return f.template operator()<5>(r);
-  }
-  if constexpr (kStripRows > 4) {
-    if (rest == 4) return f.template operator()<4>(r);
-  }
-  switch (rest) {
-    case 3: f.template operator()<3>(r); break;
-    case 2: f.template operator()<2>(r); break;
-    case 1: f.template operator()<1>(r); break;
-    default: break;
-  }
+  TailStrip<kStripRows - 1>(rows - r, r, f);
 }
 
-// The key blocks of every kv head transposed once per call (each block serves every task of its
-// head: ~q_len / 128 * group of them, which used to transpose it again each):
+// The key blocks of every kv head transposed once per call, into a GrowScratch buffer (each block
+// serves every task of its head: ~q_len / 128 * group of them, which used to transpose it again each):
 // kt[((kvh * blocks + b) * d + e) * kKeyBlock + jj] = dim e of key b * kKeyBlock + jj (zeros past
 // kv_len). Filled in parallel by the calling team.
 size_t KeyBlocks(const PrefillAttentionParams& p) { return (static_cast<size_t>(p.kv_len) + kKeyBlock - 1) / kKeyBlock; }
@@ -621,9 +631,8 @@ void AmxPrefillAttention(const PrefillAttentionParams& p, int positions_per_task
   const int padded_keys = (p.kv_len + 31) / 32 * 32;
   const size_t per_head = static_cast<size_t>(padded_keys) * d / 2;  // uint32 words of K (and of V)
   static thread_local std::vector<uint32_t> packed;
-  if (packed.size() < 2 * per_head * p.num_kv_heads) packed.resize(2 * per_head * p.num_kv_heads);
-  uint32_t* kt = packed.data();
-  uint32_t* vt = packed.data() + per_head * p.num_kv_heads;
+  uint32_t* kt = GrowScratch(packed, 2 * per_head * p.num_kv_heads);
+  uint32_t* vt = kt + per_head * p.num_kv_heads;
   const int key_steps = padded_keys / 32;
   const int blocks = (p.q_len + positions_per_task - 1) / positions_per_task;
   const int tasks = blocks * p.num_kv_heads;
@@ -648,7 +657,7 @@ void AmxPrefillAttention(const PrefillAttentionParams& p, int positions_per_task
     }
     _tile_release();
   }
-  if (packed.size() > (size_t{16} << 20)) std::vector<uint32_t>().swap(packed);  // keep at most 64 MiB
+  ReleaseLargeScratch(packed);
 }
 
 #pragma GCC pop_options
@@ -674,7 +683,8 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
   const bool vec = p.head_dim % 16 == 0;
   const size_t key_blocks = vec ? KeyBlocks(p) : 0;
   const size_t block_elems = static_cast<size_t>(p.head_dim) * kKeyBlock;
-  std::vector<float> kt(static_cast<size_t>(p.num_kv_heads) * key_blocks * block_elems);
+  static thread_local std::vector<float> kt_buf;
+  float* const kt = GrowScratch(kt_buf, static_cast<size_t>(p.num_kv_heads) * key_blocks * block_elems);
 #else
   const bool vec = false;
 #endif
@@ -685,7 +695,7 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
     if (vec) {
 #pragma omp for schedule(static)
       for (size_t hb = 0; hb < static_cast<size_t>(p.num_kv_heads) * key_blocks; ++hb) {
-        TransposeKeyBlock(p, static_cast<int>(hb / key_blocks), hb % key_blocks, kt.data() + hb * block_elems);
+        TransposeKeyBlock(p, static_cast<int>(hb / key_blocks), hb % key_blocks, kt + hb * block_elems);
       }
     }
 #endif
@@ -697,13 +707,16 @@ Status PrefillAttention(const PrefillAttentionParams& p) {
       const int i0 = block * positions_per_task, i1 = std::min(p.q_len, i0 + positions_per_task);
 #if ICE_PREFILL_TILED
       if (vec) {
-        PrefillTask(p, kvh, i0, i1, kt.data() + static_cast<size_t>(kvh) * key_blocks * block_elems, tile);
+        PrefillTask(p, kvh, i0, i1, kt + static_cast<size_t>(kvh) * key_blocks * block_elems, tile);
         continue;
       }
 #endif
       PrefillRowsScalar(p, kvh, i0, i1, sc);
     }
   }
+#if ICE_PREFILL_TILED
+  ReleaseLargeScratch(kt_buf);
+#endif
   (void)vec;
   return Status::Ok();
 }
