@@ -2,8 +2,8 @@
 //  * m <= kGemvMaxRows (decode, batched decode): GEMV-style. Weight rows are streamed once,
 //    converted to fp32 in registers and dotted with every (cache-resident) x row, three weight
 //    rows by up to eight x rows at a time (AVX-512, AVX2 and NEON register blocks). Memory-bound on W at m = 1, FMA-bound at m = 8..16.
-//  * larger m: per thread a panel of kPanelRows weight rows x kPanelK columns is converted to fp32
-//    once, then a 4x4 register-blocked micro-kernel multiplies every x row against it (AVX-512,
+//  * larger m: per thread a panel of kPanelRows weight rows x up to kPanelK columns (PanelK) is
+//    converted to fp32 once, then a 4x4 register-blocked micro-kernel multiplies every x row against it (AVX-512,
 //    AVX2 and NEON forms; plain loops on the scalar target).
 //  * bf16 weights and MatmulParams::bf16_activations: x rounded to bf16 once per call; for m > 16
 //    on the avx512 target AMX tiles where the CPU has them (AmxActive: weights packed per work
@@ -25,7 +25,17 @@ constexpr int kGemvMaxRows = 16;
 constexpr int kGemvGroupRows = 8;
 constexpr int kGemvFeatures = 3;
 constexpr int kPanelRows = 64;
-constexpr int kPanelK = 512;
+constexpr int kPanelK = 768;  // most k columns per panel: 64 x 768 fp32 = 192 KiB, within L2
+
+// The GEMM cuts k into blocks of equal length (a multiple of 8, at most kPanelK; the last may be
+// shorter). Each block ends in one horizontal sum per accumulator, so uneven cuts cost: k = 576
+// (SmolLM2's hidden size) at 512 columns a block was 512 + 64, a second block of 8 iterations
+// paying the whole reduction again.
+int PanelK(int k) {
+  const int blocks = (k + kPanelK - 1) / kPanelK;
+  const int kc = (k + blocks - 1) / blocks;
+  return std::min(kPanelK, (kc + 7) / 8 * 8);
+}
 // Panel rows per micro-kernel call: 4 x 4 zmm accumulators with AVX-512, 4 x 3 ymm with AVX2 (16
 // registers: 12 accumulators, 3 panel vectors, x), 4 x 4 q registers with NEON
 // (21 of 32: 16 accumulators, 4 panel vectors, x).
@@ -362,9 +372,10 @@ void BlockedGemm(const MatmulParams& p) {
   const size_t elem = DTypeSize(T);
   const char* w = static_cast<const char*>(p.w);
   const int panels = (p.n + kPanelRows - 1) / kPanelRows;
+  const int pk = PanelK(p.k);
 #pragma omp parallel num_threads(CpuThreads())
   {
-    std::vector<float> panel(static_cast<size_t>(kPanelRows) * kPanelK);
+    std::vector<float> panel(static_cast<size_t>(kPanelRows) * pk);
 #pragma omp for schedule(dynamic, 1)
     for (int pi = 0; pi < panels; ++pi) {
       const int j0 = pi * kPanelRows;
@@ -373,16 +384,16 @@ void BlockedGemm(const MatmulParams& p) {
         float* yrow = p.y + static_cast<size_t>(r) * p.n + j0;
         for (int c = 0; c < nb; ++c) yrow[c] = (p.accumulate ? yrow[c] : 0.f) + BiasAt(p, j0 + c);
       }
-      for (size_t k0 = 0; k0 < k; k0 += kPanelK) {
-        const int kc = static_cast<int>(std::min<size_t>(kPanelK, k - k0));
+      for (size_t k0 = 0; k0 < k; k0 += pk) {
+        const int kc = static_cast<int>(std::min<size_t>(pk, k - k0));
         for (int c = 0; c < nb; ++c) {
-          ToF32<T>(w + ((j0 + c) * k + k0) * elem, panel.data() + static_cast<size_t>(c) * kPanelK, kc);
+          ToF32<T>(w + ((j0 + c) * k + k0) * elem, panel.data() + static_cast<size_t>(c) * pk, kc);
         }
         for (int r0 = 0; r0 < p.m; r0 += 4) {
           const int mr = std::min(4, p.m - r0);
           for (int c0 = 0; c0 < nb; c0 += kTileCols) {
             MicroKernelMN(mr, std::min(kTileCols, nb - c0), p.x + r0 * k + k0, k,
-                          panel.data() + static_cast<size_t>(c0) * kPanelK, kPanelK, kc,
+                          panel.data() + static_cast<size_t>(c0) * pk, pk, kc,
                           p.y + static_cast<size_t>(r0) * p.n + j0 + c0, p.n);
           }
         }

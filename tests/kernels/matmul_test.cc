@@ -31,8 +31,9 @@ std::vector<MatmulCase> Cases() {
                            {4, 17, 16}, {5, 70, 33},  {8, 64, 512},   {17, 129, 1030}, {33, 5, 7},
                            // multi-row GEMV: row groups of 8 + rest, n % 3 != 0, k % 16 != 0
                            {9, 31, 47}, {12, 64, 300}, {16, 100, 4100},
-                           // GEMM: row-strip and panel tails, k chunks of 512 + a tail
-                           {200, 70, 600}, {23, 16, 513}};
+                           // GEMM: row-strip and panel tails; k in one block (600, 513), in two
+                           // (1030: 520 + 510) and in three (2000: 672 + 672 + 656)
+                           {200, 70, 600}, {23, 16, 513}, {40, 33, 2000}};
   int i = 0;
   for (auto& s : shapes) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
