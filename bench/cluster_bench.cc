@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/callgrind_region.h"
 #include "bench/workload.h"
 #include "decode_worker/decode_server.h"
 #include "kvstore/dci_tree.h"
@@ -136,7 +137,10 @@ struct Generated {
   double wall_per_token = 0, cpu_per_token = 0;
 };
 
-StatusOr<Generated> GenerateOnce(const std::string& router, int prompt, int max_tokens, int budget) {
+// `callgrind_label`: the decode phase (from the first streamed token to the end of the stream) is a
+// callgrind region of that name (bench/callgrind_region.h); nullptr: not marked.
+StatusOr<Generated> GenerateOnce(const std::string& router, int prompt, int max_tokens, int budget,
+                                 const char* callgrind_label = nullptr) {
   router::RemoteGenerateOptions g;
   g.router = router;
   g.prompt_ids = Prompt(prompt);
@@ -151,11 +155,13 @@ StatusOr<Generated> GenerateOnce(const std::string& router, int prompt, int max_
     if (tokens == 0 && !c.token_ids.empty()) {
       first = Clock::now();
       cpu_first = ProcessCpuSeconds();
+      if (callgrind_label != nullptr) CallgrindBegin();
     }
     tokens += static_cast<int>(c.token_ids.size());
     if (c.last) out.last = c;
     return true;
   }));
+  if (callgrind_label != nullptr && tokens > 0) CallgrindEnd(callgrind_label);
   if (tokens > 1) {
     out.wall_per_token = Since(first) / (tokens - 1);
     out.cpu_per_token = (ProcessCpuSeconds() - cpu_first) / (tokens - 1);
@@ -459,8 +465,8 @@ int RunCluster(int argc, char** argv) {
     // Decode-phase wall and CPU time per token, full attention vs the sparse budget, per context.
     for (int ctx : o.contexts) {
       StatusOr<Generated> full = Generated{};
-      if (o.tpot_full) full = GenerateOnce(router, ctx, o.decode_tokens, 0);
-      auto sparse = full.ok() ? GenerateOnce(router, ctx, o.decode_tokens, o.budget_pages) : full;
+      if (o.tpot_full) full = GenerateOnce(router, ctx, o.decode_tokens, 0, "tpot-full");
+      auto sparse = full.ok() ? GenerateOnce(router, ctx, o.decode_tokens, o.budget_pages, "tpot-sparse") : full;
       if (!full.ok() || !sparse.ok()) {
         std::fprintf(stderr, "tpot: %s\n", (full.ok() ? sparse.status() : full.status()).ToString().c_str());
         return 1;
