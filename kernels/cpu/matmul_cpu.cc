@@ -2,9 +2,10 @@
 //  * m <= kGemvMaxRows (decode, batched decode): GEMV-style. Weight rows are streamed once,
 //    converted to fp32 in registers and dotted with every (cache-resident) x row, three weight
 //    rows by up to eight x rows at a time (AVX-512, AVX2 and NEON register blocks). Memory-bound on W at m = 1, FMA-bound at m = 8..16.
-//  * larger m: per thread a panel of kPanelRows weight rows x up to kPanelK columns (PanelK) is
-//    converted to fp32 once, then a 4x4 register-blocked micro-kernel multiplies every x row against it (AVX-512,
-//    AVX2 and NEON forms; plain loops on the scalar target).
+//  * larger m: work items of kPanelRows weight rows by a block of x rows (GemmRowBlocks); an
+//    item converts its panel of up to kPanelK columns (PanelK) to fp32 once, then a 4x4
+//    register-blocked micro-kernel multiplies the block's x rows against it (AVX-512, AVX2 and
+//    NEON forms; plain loops on the scalar target).
 //  * bf16 weights and MatmulParams::bf16_activations: x rounded to bf16 once per call; for m > 16
 //    on the avx512 target AMX tiles where the CPU has them (AmxActive: weights packed per work
 //    item into tiles), else `vdpbf16ps` register tiles over the bf16 weights in place (no fp32
@@ -366,6 +367,27 @@ void MicroKernelMN(int mr, int nr, const float* x, size_t ldx, const float* pane
   }
 }
 
+// Work items of the GEMM: a panel of kPanelRows weight rows by a block of x rows. A projection
+// with few panels, or a panel count the threads do not divide (SmolLM2: k/v 3 panels, q/o/down 9,
+// which ran 2 + 1 and 5 + 4 on 2 threads), splits its rows as well: the fewest blocks that give
+// every thread kItemsPerThread items and leave the last round of items at most kMaxIdleShare idle.
+// Every output is summed in the same order however the items are cut.
+constexpr int kItemsPerThread = 4;
+constexpr int kMinBlockRows = 64;  // the panel's conversion stays a small share of an item
+constexpr double kMaxIdleShare = 0.05;
+
+int GemmRowBlocks(int m, int panels, int threads) {
+  if (threads <= 1) return 1;
+  const int most = std::max(1, m / kMinBlockRows);
+  int blocks = std::clamp((kItemsPerThread * threads + panels - 1) / panels, 1, most);
+  for (; blocks < most; ++blocks) {
+    const int items = panels * blocks;
+    const int rounds = (items + threads - 1) / threads;
+    if (static_cast<double>(rounds * threads - items) <= kMaxIdleShare * items) break;
+  }
+  return blocks;
+}
+
 template <DType T>
 void BlockedGemm(const MatmulParams& p) {
   const size_t k = static_cast<size_t>(p.k);
@@ -373,24 +395,35 @@ void BlockedGemm(const MatmulParams& p) {
   const char* w = static_cast<const char*>(p.w);
   const int panels = (p.n + kPanelRows - 1) / kPanelRows;
   const int pk = PanelK(p.k);
-#pragma omp parallel num_threads(CpuThreads())
+  const int threads = CpuThreads();
+  const int row_blocks = GemmRowBlocks(p.m, panels, threads);
+  const int block_rows = ((p.m + row_blocks - 1) / row_blocks + 3) / 4 * 4;  // whole 4-row strips
+#pragma omp parallel num_threads(threads)
   {
     std::vector<float> panel(static_cast<size_t>(kPanelRows) * pk);
+    int converted = -1;  // the panel whose only k block `panel` holds (k <= pk), else -1
 #pragma omp for schedule(dynamic, 1)
-    for (int pi = 0; pi < panels; ++pi) {
+    for (int item = 0; item < panels * row_blocks; ++item) {
+      const int pi = item / row_blocks;
+      const int i0 = (item % row_blocks) * block_rows;
+      const int mb = std::min(block_rows, p.m - i0);
       const int j0 = pi * kPanelRows;
       const int nb = std::min(kPanelRows, p.n - j0);
-      for (int r = 0; r < p.m; ++r) {
+      if (mb <= 0) continue;
+      for (int r = i0; r < i0 + mb; ++r) {
         float* yrow = p.y + static_cast<size_t>(r) * p.n + j0;
         for (int c = 0; c < nb; ++c) yrow[c] = (p.accumulate ? yrow[c] : 0.f) + BiasAt(p, j0 + c);
       }
       for (size_t k0 = 0; k0 < k; k0 += pk) {
         const int kc = static_cast<int>(std::min<size_t>(pk, k - k0));
-        for (int c = 0; c < nb; ++c) {
-          ToF32<T>(w + ((j0 + c) * k + k0) * elem, panel.data() + static_cast<size_t>(c) * pk, kc);
+        if (converted != pi) {
+          for (int c = 0; c < nb; ++c) {
+            ToF32<T>(w + ((j0 + c) * k + k0) * elem, panel.data() + static_cast<size_t>(c) * pk, kc);
+          }
+          converted = kc == p.k ? pi : -1;
         }
-        for (int r0 = 0; r0 < p.m; r0 += 4) {
-          const int mr = std::min(4, p.m - r0);
+        for (int r0 = i0; r0 < i0 + mb; r0 += 4) {
+          const int mr = std::min(4, i0 + mb - r0);
           for (int c0 = 0; c0 < nb; c0 += kTileCols) {
             MicroKernelMN(mr, std::min(kTileCols, nb - c0), p.x + r0 * k + k0, k,
                           panel.data() + static_cast<size_t>(c0) * pk, pk, kc,

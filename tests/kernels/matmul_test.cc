@@ -234,6 +234,33 @@ TEST(MatmulTest, GemmRowsDoNotDependOnTheBatch) {
   }
 }
 
+// The GEMM's work items (weight panels, and x row blocks when there are few panels) change with
+// the thread count; every output must not.
+TEST(MatmulTest, GemmDoesNotDependOnTheThreadCount) {
+  const int saved = SetCpuThreadsForThisThread(1);
+  uint32_t seed = 800;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    // 3 panels (rows split into blocks), 11 panels, and k in two blocks
+    for (const MatmulCase& c : {MatmulCase{301, 192, 576, t, true, false}, MatmulCase{130, 700, 96, t, false, true},
+                                MatmulCase{97, 64, 1030, t, true, true}}) {
+      const auto x = RandomVector(static_cast<size_t>(c.m) * c.k, seed++);
+      const auto w = ToTyped(t, RandomVector(static_cast<size_t>(c.n) * c.k, seed++));
+      const auto bias = RandomVector(c.n, seed++);
+      const auto y0 = RandomVector(static_cast<size_t>(c.m) * c.n, seed++);
+      SetCpuThreadsForThisThread(1);
+      const auto one = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
+      for (int threads : {2, 3, 7}) {
+        SetCpuThreadsForThisThread(threads);
+        const auto many = RunMatmul(Backend::kCpu, c, x, w, bias, y0);
+        for (size_t i = 0; i < one.size(); ++i) {
+          ASSERT_EQ(many[i], one[i]) << c.Name() << " threads=" << threads << " element " << i;
+        }
+      }
+    }
+  }
+  SetCpuThreadsForThisThread(saved);
+}
+
 TEST(MatmulTest, CudaMatchesCpu) {
   ICE_SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
