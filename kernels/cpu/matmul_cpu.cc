@@ -12,6 +12,7 @@
 //    panel); every other case runs the rounded x (widened back to fp32) through the GEMV / GEMM above.
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/simd_target.h"
@@ -410,10 +411,8 @@ void BlockedGemm(const MatmulParams& p) {
       const int j0 = pi * kPanelRows;
       const int nb = std::min(kPanelRows, p.n - j0);
       if (mb <= 0) continue;
-      for (int r = i0; r < i0 + mb; ++r) {
-        float* yrow = p.y + static_cast<size_t>(r) * p.n + j0;
-        for (int c = 0; c < nb; ++c) yrow[c] = (p.accumulate ? yrow[c] : 0.f) + BiasAt(p, j0 + c);
-      }
+      float bias[kPanelRows];
+      for (int c = 0; c < nb; ++c) bias[c] = BiasAt(p, j0 + c);
       for (size_t k0 = 0; k0 < k; k0 += pk) {
         const int kc = static_cast<int>(std::min<size_t>(pk, k - k0));
         if (converted != pi) {
@@ -424,6 +423,16 @@ void BlockedGemm(const MatmulParams& p) {
         }
         for (int r0 = i0; r0 < i0 + mb; r0 += 4) {
           const int mr = std::min(4, i0 + mb - r0);
+          if (k0 == 0) {  // y starts at bias (+ y): here, so the strip's lines are in L1 for the sums
+            for (int r = r0; r < r0 + mr; ++r) {
+              float* yrow = p.y + static_cast<size_t>(r) * p.n + j0;
+              if (p.accumulate) {
+                for (int c = 0; c < nb; ++c) yrow[c] += bias[c];
+              } else {
+                std::memcpy(yrow, bias, nb * sizeof(float));
+              }
+            }
+          }
           for (int c0 = 0; c0 < nb; c0 += kTileCols) {
             MicroKernelMN(mr, std::min(kTileCols, nb - c0), p.x + r0 * k + k0, k,
                           panel.data() + static_cast<size_t>(c0) * pk, pk, kc,
