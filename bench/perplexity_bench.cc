@@ -33,7 +33,9 @@ constexpr const char* kUsage =
     "         [--methods full,icecache,quest,window,oracle] [--budget-pages 16 (pages of 16 tokens, sink and window\n"
     "         included; a list runs each)] [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16]\n"
     "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
-    "         [--dci reference|tuned|flat (default: the serving preset)]\n"
+    "         [--dci reference|tuned|flat (default: the serving preset)] [--cell-spread isotropic|directional\n"
+    "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--dci-seed S (DciParams::seed:\n"
+    "         the trees' random level sampling; another seed builds another tree of the same kind)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
@@ -61,6 +63,7 @@ int RunPerplexity(int argc, char** argv) {
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
+  std::string spread_s, seed_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -76,6 +79,8 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--page-size" && has) layout.page_size = std::atoi(argv[++i]);
     else if (f == "--kv-dtype" && has) kv_dtype = argv[++i];
     else if (f == "--dci" && has) dci = kvstore::DciParamsPreset(argv[++i]);
+    else if (f == "--cell-spread" && has) spread_s = argv[++i];
+    else if (f == "--dci-seed" && has) seed_s = argv[++i];
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--json") json = true;
     else {
@@ -91,6 +96,15 @@ int RunPerplexity(int argc, char** argv) {
     std::fprintf(stderr, "perplexity: --dci: %s\n", dci.status().message().c_str());
     return 2;
   }
+  if (!spread_s.empty()) {
+    auto spread = kvstore::CellSpreadNamed(spread_s);
+    if (!spread.ok()) {
+      std::fprintf(stderr, "perplexity: --cell-spread: %s\n", spread.status().message().c_str());
+      return 2;
+    }
+    dci->cell_spread = *spread;
+  }
+  if (!seed_s.empty()) dci->seed = std::strtoull(seed_s.c_str(), nullptr, 0);
   auto dtype = ParseKvDtype(kv_dtype);
   if (!dtype.ok()) {
     std::fprintf(stderr, "perplexity: %s\n", dtype.status().message().c_str());

@@ -99,6 +99,7 @@ struct Args {
   std::string keys_file, queries_file, dump_file, dtype = "f32";
   int keys = 32768, dim = 128, queries = 200, page_size = 16, budget = 16, sink = 2, window = 2;
   int insert_tokens = 4096;
+  int group = 1;  // query heads of one KV head selecting together (a GQA group, as served)
   int profile_loops = 0;  // > 0: only time sparse Select over the queries this many times (for profilers)
   int profile_evict_mb = 0;  // with profile_loops: bytes streamed through between queries (cold caches)
   int profile_builds = 0;  // > 0: only rebuild the tree this many more times and report the median build cpu
@@ -118,13 +119,16 @@ void Usage() {
                "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
-               "  [--centroid-cells 0|1] [--centroid-bonus B] [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
+               "  [--centroid-cells 0|1] [--centroid-bonus B] [--cell-spread isotropic|directional (DciParams::cell_spread)]\n"
+               "  [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
                "  [--sticky-margin M (DciParams::sticky_margin)]\n"
                "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; off in every preset)\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
+               "  [--group G (queries G at a time select one page set, as a GQA group of G query heads is served;\n"
+               "   consecutive queries form a group, as dump-keys writes them; 1: each query alone)]\n"
                "  [--json] [--dump-selection FILE]\n");
 }
 
@@ -190,6 +194,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--sink-pages") a->sink = std::atoi(v);
     else if (k == "--window-pages") a->window = std::atoi(v);
     else if (k == "--insert-tokens") a->insert_tokens = std::atoi(v);
+    else if (k == "--group") a->group = std::atoi(v);
     else if (k == "--profile-loops") a->profile_loops = std::atoi(v);
     else if (k == "--profile-builds") a->profile_builds = std::atoi(v);
     else if (k == "--profile-parent-search") a->profile_parent_search = std::atoi(v);
@@ -225,6 +230,11 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       }
     }
     else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
+    else if (k == "--cell-spread") {
+      auto spread = kvstore::CellSpreadNamed(v);
+      if (!spread.ok()) { std::fprintf(stderr, "retrieval: --cell-spread: %s\n", spread.status().message().c_str()); return false; }
+      a->dci.cell_spread = *spread;
+    }
     else if (k == "--leaf-layout") {
       const std::string l = v;
       if (l == "projection") a->dci.leaf_layout = kvstore::LeafLayout::kProjection;
@@ -233,6 +243,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     }
     else { std::fprintf(stderr, "retrieval: unknown option %s\n", k.c_str()); return false; }
   }
+  if (a->group < 1) { std::fprintf(stderr, "retrieval: --group must be >= 1, got %d\n", a->group); return false; }
   return true;
 }
 
@@ -408,24 +419,32 @@ int RunRetrieval(int argc, char** argv) {
   std::vector<int32_t> idx(n);
   std::vector<std::vector<int64_t>> selections(nq);
   std::vector<Weights> weights(nq);
+  // With --group G the G queries of a group share one selection (sparse, oracle and Quest alike:
+  // each head ranks its own leaves or pages, merged rank by rank, as Retriever serves a GQA group);
+  // kept mass is still per query, against that query's own softmax. Selection times are per group.
+  PageSelection sel, best, qsel;
   for (int j = 0; j < nq; ++j) {
     const float* q = queries.data() + static_cast<size_t>(j) * d;
-    PageSelection sel, best;
-    auto a0 = Clock::now();
-    double ac = ThreadCpuUs();
-    Status s = sparse.Select({seq.get()}, 0, q, 1, &sel);
-    query_cpu_us.push_back(ThreadCpuUs() - ac);
-    query_us.push_back(Us(a0, Clock::now()));
-    if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
-    double oc = ThreadCpuUs();
-    (void)oracle.Select({seq.get()}, 0, q, 1, &best);
-    oracle_cpu_us.push_back(ThreadCpuUs() - oc);
-    {
-      std::vector<kvstore::ScoredLeaf> tmp;
+    const int gsize = std::min(a.group, nq - j / a.group * a.group);
+    if (j % a.group == 0) {
+      auto a0 = Clock::now();
+      double ac = ThreadCpuUs();
+      Status s = sparse.Select({seq.get()}, 0, q, gsize, &sel);
+      query_cpu_us.push_back(ThreadCpuUs() - ac);
+      query_us.push_back(Us(a0, Clock::now()));
+      if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
+      double oc = ThreadCpuUs();
+      (void)oracle.Select({seq.get()}, 0, q, gsize, &best);
+      oracle_cpu_us.push_back(ThreadCpuUs() - oc);
+      std::vector<std::vector<kvstore::ScoredLeaf>> tmp;
       kvstore::QueryStats st;
-      seq->tree(0, 0)->Query(q, a.budget, &tmp, &st);
-      tokens_scored += st.tokens_scored;
-      cells_expanded += st.cells_expanded;
+      seq->tree(0, 0)->QueryGroup(q, gsize, a.budget, &tmp, &st);
+      tokens_scored += static_cast<double>(st.tokens_scored) * gsize;  // per query: divided by nq below
+      cells_expanded += static_cast<double>(st.cells_expanded) * gsize;
+      const double qc = ThreadCpuUs();
+      Status qst = quest.Select({quest_seq.get()}, 0, q, gsize, &qsel);
+      quest_cpu_us.push_back(ThreadCpuUs() - qc);
+      if (!qst.ok()) { std::fprintf(stderr, "retrieval: quest: %s\n", qst.ToString().c_str()); return 1; }
     }
     std::vector<int64_t> tokens = SelectedTokens(*seq, sel);
     tokens_total += tokens.size();
@@ -443,11 +462,6 @@ int RunRetrieval(int argc, char** argv) {
     const std::vector<int64_t> best_tokens = SelectedTokens(*seq, best);
     oracle_mass += MassRecall(weights[j], best_tokens);
     {
-      PageSelection qsel;
-      const double qc = ThreadCpuUs();
-      Status st = quest.Select({quest_seq.get()}, 0, q, 1, &qsel);
-      quest_cpu_us.push_back(ThreadCpuUs() - qc);
-      if (!st.ok()) { std::fprintf(stderr, "retrieval: quest: %s\n", st.ToString().c_str()); return 1; }
       std::vector<int64_t> qt;
       for (int64_t t = 0; t < quest_seq->sink_tokens(); ++t) qt.push_back(t);
       for (int64_t t = quest_seq->window_start(); t < n; ++t) qt.push_back(t);
@@ -562,7 +576,7 @@ int RunRetrieval(int argc, char** argv) {
 
   nlohmann::json out = {
       {"workload", "retrieval"},
-      {"n", n}, {"dim", d}, {"queries", nq}, {"dtype", a.dtype},
+      {"n", n}, {"dim", d}, {"queries", nq}, {"group", a.group}, {"dtype", a.dtype},
       {"page_size", a.page_size}, {"budget_pages", a.budget}, {"sink_pages", a.sink}, {"window_pages", a.window},
       {"tokens_selected_mean", T}, {"tokens_scored_mean", tokens_scored / nq}, {"cells_expanded_mean", cells_expanded / nq},
       {"levels", seq->tree(0, 0)->level_counts()},
@@ -587,6 +601,7 @@ int RunRetrieval(int argc, char** argv) {
                   {"sticky_margin", a.dci.sticky_margin},
                   {"leaf_rank", static_cast<int>(a.dci.leaf_rank)}, {"leaf_rank_cells", a.dci.leaf_rank_cells},
                   {"leaf_rank_leaves", a.dci.leaf_rank_leaves}, {"leaf_bonus", a.dci.leaf_bonus},
+                  {"cell_spread", a.dci.cell_spread == kvstore::CellSpread::kDirectional ? "directional" : "isotropic"},
                   {"leaf_layout", a.dci.leaf_layout == kvstore::LeafLayout::kPosition ? "position" : "projection"}}}};
 
 #ifdef ICECACHE_HAVE_FAISS

@@ -37,6 +37,9 @@ Status ValidateDciParams(const DciParams& p) {
     return InvalidArgumentError("DciParams.group_fov must be in [0, 64], got " + Num(p.group_fov));
   if (!(p.centroid_bonus >= 0 && p.centroid_bonus <= 100))
     return InvalidArgumentError("DciParams.centroid_bonus must be in [0, 100], got " + Num(p.centroid_bonus));
+  if (static_cast<uint8_t>(p.cell_spread) > 1)
+    return InvalidArgumentError("DciParams.cell_spread must be kIsotropic (0) or kDirectional (1), got " +
+                                std::to_string(static_cast<int>(p.cell_spread)));
   if (!(p.cell_score_fraction > 0 && p.cell_score_fraction <= 1))
     return InvalidArgumentError("DciParams.cell_score_fraction must be in (0, 1], got " + Num(p.cell_score_fraction));
   if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))
@@ -70,6 +73,12 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name) {
   if (name == "tuned") return DciParams::Tuned();
   if (name == "flat") return DciParams::Flat();
   return InvalidArgumentError("DCI preset must be reference, tuned or flat, got '" + name + "'");
+}
+
+StatusOr<CellSpread> CellSpreadNamed(const std::string& name) {
+  if (name == "isotropic") return CellSpread::kIsotropic;
+  if (name == "directional") return CellSpread::kDirectional;
+  return InvalidArgumentError("cell spread must be isotropic or directional, got '" + name + "'");
 }
 
 DciTree::DciTree(const DciParams& params, PagePool* pool, int num_payloads)
@@ -263,6 +272,8 @@ void DciTree::ResetSummaries() {
   m.count.clear();
   m.rows.clear();
   m.bonus.clear();
+  m.sumsq_ch.clear();
+  m.var_rows.clear();
 }
 
 void DciTree::RefreshSummaries() const {
@@ -285,6 +296,11 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
   m.count.resize(n1, 0);
   m.rows.resize(n1 * rb);
   m.bonus.resize(n1, 0.f);
+  const bool directional = params_.cell_spread == CellSpread::kDirectional;
+  if (directional) {
+    m.sumsq_ch.resize(n1 * d, 0.f);
+    m.var_rows.resize(n1 * rb);
+  }
   std::vector<uint8_t> dirty(n1, 0);
   for (size_t i = old_n1; i < n1; ++i) dirty[i] = 1;
   std::vector<float> key(d);
@@ -302,10 +318,14 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
     float* acc = m.sum.data() + i * d;
     for (size_t e = 0; e < d; ++e) acc[e] += key[e];
     m.sumsq[i] += DotF32(key.data(), key.data(), dim_);
+    if (directional) {
+      float* sq = m.sumsq_ch.data() + i * d;
+      for (size_t e = 0; e < d; ++e) sq[e] += key[e] * key[e];
+    }
     ++m.count[i];
     dirty[i] = 1;
   }
-  std::vector<float> mean(d);
+  std::vector<float> mean(d), var_ch(directional ? d : 0);
   for (size_t i = 0; i < n1; ++i) {
     if (!dirty[i]) continue;
     uint8_t* row = m.rows.data() + i * rb;
@@ -313,13 +333,22 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
     if (c == 0) {
       std::copy_n(level_rows_[1].data() + i * rb, rb, row);
       m.bonus[i] = 0.f;
+      if (directional) std::fill_n(m.var_rows.data() + i * rb, rb, uint8_t{0});  // zero in every dtype
       continue;
     }
     const float inv = 1.f / static_cast<float>(c);
     for (size_t e = 0; e < d; ++e) mean[e] = m.sum[i * d + e] * inv;
     RowFromF32(pool_->dtype(), mean.data(), row, dim_);
-    const double var = std::max(0.0, m.sumsq[i] / c - static_cast<double>(DotF32(mean.data(), mean.data(), dim_)));
-    m.bonus[i] = static_cast<float>(std::sqrt(var) * std::sqrt(2.0 * std::log(static_cast<double>(c)) / dim_));
+    const double log_term = 2.0 * std::log(static_cast<double>(c));
+    if (directional) {
+      const float* sq = m.sumsq_ch.data() + i * d;
+      for (size_t e = 0; e < d; ++e) var_ch[e] = std::max(0.f, sq[e] * inv - mean[e] * mean[e]);
+      RowFromF32(pool_->dtype(), var_ch.data(), m.var_rows.data() + i * rb, dim_);
+      m.bonus[i] = static_cast<float>(std::sqrt(log_term));
+    } else {
+      const double var = std::max(0.0, m.sumsq[i] / c - static_cast<double>(DotF32(mean.data(), mean.data(), dim_)));
+      m.bonus[i] = static_cast<float>(std::sqrt(var) * std::sqrt(log_term / dim_));
+    }
   }
   m.upto.store(n, std::memory_order_release);
 }

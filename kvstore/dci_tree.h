@@ -31,7 +31,7 @@
 //    field of view (near-duplicate keys make many childless nodes tie with the one that collected
 //    their children). Options for a flatter cost (DciParams::Flat()): a sub-linear field of view
 //    (fov_sqrt), a cap on the cells a GQA group expands (group_fov), and level-1 cells ranked by
-//    the mean of their children's keys (centroid_cells, centroid_bonus) instead of by their owner.
+//    the mean of their children's keys (centroid_cells, centroid_bonus, cell_spread) instead of by their owner.
 //
 // Payloads (ICE(r) reuse): a tree may carry num_payloads parallel page sets with the same layout
 // (payload 0 is the indexed layer; payloads 1.. are follower layers whose K/V simply move with
@@ -93,6 +93,19 @@ enum class LeafRank : uint8_t {
   kBox = 2,
 };
 
+// How the spread bonus of a level-1 cell's ranking score is measured (centroid_cells);
+// docs/kvstore.md, "Cell spread".
+enum class CellSpread : uint8_t {
+  // b = |q| * spread * sqrt(2 ln c / head_dim): spread the RMS distance of the c children to their
+  // mean, as if they scattered alike in every direction (the reference).
+  kIsotropic = 0,
+  // b = sqrt(2 ln c) * sqrt(sum_e q_e^2 var_e): var_e the children's variance in channel e, so
+  // sqrt(...) is their standard deviation along q (channel covariances left out). A cell that
+  // spreads along the query (e.g. one mixing a topic the query asks about with others) ranks above
+  // one of the same total spread in channels the query does not weigh.
+  kDirectional = 1,
+};
+
 struct DciParams {
   int num_simple = 1;                  // m: simple indices per composite index
   int num_composite = 1;               // L: composite indices
@@ -114,6 +127,7 @@ struct DciParams {
   // RMS distance of the children to c (an estimate of how far the best child lies above c).
   bool centroid_cells = false;
   double centroid_bonus = 0;           // >= 0
+  CellSpread cell_spread = CellSpread::kIsotropic;  // how centroid_bonus's spread is measured (above)
   // With centroid_cells, false skips scoring the level-1 nodes' own keys: their tokens (which sit
   // in level-2 cells' pages) are then never candidates, and a query scores half the level-1 rows.
   bool score_level1_keys = true;
@@ -179,6 +193,11 @@ struct DciParams {
   // same on SmolLM2's real keys, but raised SmolLM2's perplexity ratio on the 8k docs text at 16
   // pages from 1.133 to 1.144, at 1.05-1.17x the query CPU and ~5 % more tree memory
   // (docs/BENCHMARKS.md, "Leaf ranking"), so it is an option, not the default.
+  // The cell spread is isotropic: CellSpread::kDirectional kept more of the oracle's mass on all six
+  // synthetic families at 8k-128k (32k: 0.884 -> 0.901) and as much on SmolLM2's real keys, but
+  // its perplexity ratio on three 8k texts was no better (+0.004 on average over 3-4 tree seeds,
+  // whose own spread is 0.01-0.02) and its query CPU is 23-36 % higher at 128k
+  // (docs/BENCHMARKS.md, "Cell spread"), so it is an option.
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -197,6 +216,8 @@ Status ValidateDciParams(const DciParams& p);
 // The preset of a config's cache.dci_preset: "reference" (DciParams{}), "tuned" or "flat";
 // INVALID_ARGUMENT naming the accepted names otherwise.
 StatusOr<DciParams> DciParamsPreset(const std::string& name);
+// DciParams::cell_spread by name: "isotropic" or "directional"; INVALID_ARGUMENT otherwise.
+StatusOr<CellSpread> CellSpreadNamed(const std::string& name);
 // The preset that serves by default (cache.dci_preset's default; benchmarks default to it too).
 // Flat() since issue 16: on SmolLM2's real keys (28 sparse layers, 8k tokens, 16 pages) it keeps
 // 0.998 of the tree's best pages' attention mass on average, min 0.992 over layers (Tuned():
@@ -430,7 +451,11 @@ class DciTree {
     std::vector<double> sumsq;     // [n1] sum of squared norms
     std::vector<int32_t> count;    // [n1]
     std::vector<uint8_t> rows;     // [n1, head_dim] pool dtype: the mean (the node's own key while childless)
-    std::vector<float> bonus;      // [n1] spread * sqrt(2 ln count / head_dim)
+    std::vector<float> bonus;      // [n1] kIsotropic: spread * sqrt(2 ln count / head_dim); kDirectional: sqrt(2 ln count)
+    // kDirectional only (empty otherwise): per channel, the children's sum of squares ([n1,
+    // head_dim], folded with sum) and variance in the pool dtype ([n1, head_dim]).
+    std::vector<float> sumsq_ch;
+    std::vector<uint8_t> var_rows;
   };
   mutable CellSummaries summaries_;
   // out[j * n1 + i]: query head j's ranking score of level-1 cell i (REQUIRES summaries current).

@@ -120,11 +120,26 @@ void DciTree::ScoreCentroids(const float* qs, int nq, float* out) const {
   const int cnt = static_cast<int>(m.count.size());
   ScoreRowsMulti(pool_->dtype(), m.rows.data(), cnt, dim_, qs, nq, out);
   if (params_.centroid_bonus <= 0) return;
+  const float w = static_cast<float>(params_.centroid_bonus);
+  if (params_.cell_spread == CellSpread::kDirectional) {
+    // The children's standard deviation along q: sqrt(q^2 . var), var per channel.
+    thread_local std::vector<float> q2, along;
+    q2.resize(static_cast<size_t>(nq) * dim_);
+    for (size_t e = 0; e < q2.size(); ++e) q2[e] = qs[e] * qs[e];
+    along.resize(static_cast<size_t>(nq) * cnt);
+    ScoreRowsMulti(pool_->dtype(), m.var_rows.data(), cnt, dim_, q2.data(), nq, along.data());
+    for (int j = 0; j < nq; ++j) {
+      float* oj = out + static_cast<size_t>(j) * cnt;
+      const float* aj = along.data() + static_cast<size_t>(j) * cnt;
+      for (int i = 0; i < cnt; ++i) oj[i] += w * m.bonus[i] * std::sqrt(std::max(0.f, aj[i]));
+    }
+    return;
+  }
   for (int j = 0; j < nq; ++j) {
     const float* qj = qs + static_cast<size_t>(j) * dim_;
-    const float w = static_cast<float>(params_.centroid_bonus) * std::sqrt(DotF32(qj, qj, dim_));
+    const float wq = w * std::sqrt(DotF32(qj, qj, dim_));
     float* oj = out + static_cast<size_t>(j) * cnt;
-    for (int i = 0; i < cnt; ++i) oj[i] += w * m.bonus[i];
+    for (int i = 0; i < cnt; ++i) oj[i] += wq * m.bonus[i];
   }
 }
 

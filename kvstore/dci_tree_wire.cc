@@ -39,6 +39,7 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.leaf_rank_cells);
   w->Put(p.leaf_rank_leaves);
   w->Put(p.leaf_bonus);
+  w->Put<uint8_t>(static_cast<uint8_t>(p.cell_spread));
 }
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
@@ -77,6 +78,10 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&p->leaf_rank_cells, "tree params leaf_rank_cells"));
   ICE_RETURN_IF_ERROR(r->Get(&p->leaf_rank_leaves, "tree params leaf_rank_leaves"));
   ICE_RETURN_IF_ERROR(r->Get(&p->leaf_bonus, "tree params leaf_bonus"));
+  uint8_t spread = 0;
+  ICE_RETURN_IF_ERROR(r->Get(&spread, "tree params cell_spread"));
+  if (spread > 1) return DataLossError("sequence wire form: tree params cell_spread " + std::to_string(spread) + " is unknown");
+  p->cell_spread = static_cast<CellSpread>(spread);
   if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1 || flags[4] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];
@@ -134,6 +139,7 @@ void DciTree::Serialize(WireWriter* w) const {
     w->PutVector(summaries_.sum);
     w->PutVector(summaries_.sumsq);
     w->PutVector(summaries_.count);
+    if (params_.cell_spread == CellSpread::kDirectional) w->PutVector(summaries_.sumsq_ch);
   }
 }
 
@@ -147,7 +153,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (version != kKvWireVersion)
     return InvalidArgumentError("sequence wire form: tree version " + std::to_string(version) +
                                 " not supported (this build reads " + std::to_string(kKvWireVersion) +
-                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout, version 4 DciParams.sticky_margin, version 5 DciParams.leaf_rank)");
+                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout, version 4 DciParams.sticky_margin, version 5 DciParams.leaf_rank, version 6 DciParams.cell_spread)");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
   ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));
@@ -216,9 +222,11 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     ICE_RETURN_IF_ERROR(r->GetVector(&m.sum, "tree summaries sums", kMaxElems));
     ICE_RETURN_IF_ERROR(r->GetVector(&m.sumsq, "tree summaries squared norms", kMaxElems));
     ICE_RETURN_IF_ERROR(r->GetVector(&m.count, "tree summaries counts", kMaxElems));
+    const bool directional = params.cell_spread == CellSpread::kDirectional;
+    if (directional) ICE_RETURN_IF_ERROR(r->GetVector(&m.sumsq_ch, "tree summaries per-channel squares", kMaxElems));
     const size_t n1 = nlev > 1 ? t->level_nodes_[1].size() : 0;
     if (upto < 0 || static_cast<uint64_t>(upto) > n || m.count.size() > n1 || m.sumsq.size() != m.count.size() ||
-        m.sum.size() != m.count.size() * static_cast<size_t>(dim))
+        m.sum.size() != m.count.size() * static_cast<size_t>(dim) || m.sumsq_ch.size() != (directional ? m.sum.size() : 0))
       return DataLossError("sequence wire form: tree summaries have the wrong shape");
     int64_t total = 0;
     for (int32_t c : m.count) {

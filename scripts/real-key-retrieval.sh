@@ -6,7 +6,9 @@
 #   scripts/real-key-retrieval.sh DIR [--first-layer 2] [retrieval options, e.g. --tuned, --budget-pages 8]
 # Defaults are the serving ones: the DciParams preset kvstore::kServingDciPreset (flat; pass
 # --tuned or --reference-dci to compare, and e.g. --leaf-layout projection after it), bf16 pages,
-# 16-page budget with 2 sink + 2 window pages.
+# 16-page budget with 2 sink + 2 window pages, and the query heads of a KV head's GQA group
+# selecting one page set together (--group num_q_heads / num_kv_heads from meta.json; --group 1
+# selects for each query alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/real-key-retrieval.sh DIR [--first-layer L] [retrieval options]}
@@ -29,6 +31,11 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 layers=$(sed -n 's/.*"num_layers": \([0-9]*\).*/\1/p' "$dir/meta.json")
 heads=$(sed -n 's/.*"num_kv_heads": \([0-9]*\).*/\1/p' "$dir/meta.json")
+qheads=$(sed -n 's/.*"num_q_heads": \([0-9]*\).*/\1/p' "$dir/meta.json")
+case " ${extra[*]-} " in
+  *" --group "*) ;;
+  *) extra+=(--group $((qheads / heads))) ;;
+esac
 for ((l = first; l < layers; ++l)); do
   for ((h = 0; h < heads; ++h)); do
     "$BIN" retrieval --keys-file "$dir/keys_L${l}_H${h}.npy" --queries-file "$dir/queries_L${l}_H${h}.npy" \

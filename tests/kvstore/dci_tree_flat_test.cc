@@ -1,6 +1,7 @@
 // The flat-cost query options of DciTree (DciParams::fov_sqrt, group_fov, centroid_cells,
-// centroid_bonus, score_level1_keys; the Flat() preset): field of view, the group cap, cell ranking by children's
-// mean key, its upkeep through insertions and the wire form, against the exact oracle.
+// centroid_bonus, cell_spread, score_level1_keys; the Flat() preset): field of view, the group cap, cell
+// ranking by children's mean key and spread, its upkeep through insertions and the wire form, against the
+// exact oracle.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -214,56 +215,82 @@ TEST(DciTreeFlatTest, CentroidRankingFindsTheOraclesPagesWithFewerCells) {
   EXPECT_LE(c_flat, 0.3 * c_tuned);
 }
 
+TEST(DciTreeFlatTest, DirectionalSpreadFindsMoreOfTheOraclesPages) {
+  // CellSpread::kDirectional against kIsotropic (Flat()), the same tree and field of view, one
+  // query head at a time, on the synthetic families where cells mix topics most (many short runs;
+  // large outlier channels): page recall against the exact oracle of the same k.
+  const int dim = 64, n = 16384, k = 12, queries = 48;
+  for (const char* family : {"scattered", "outliers"}) {
+    auto pool = MakePool(dim, n / 16 + 256, kernels::DType::kBF16);
+    auto data = MakeSyntheticData(n, dim, queries, SyntheticFamily(family).value());
+    const float *kp, *vp;
+    auto recall_of = [&](CellSpread spread) {
+      DciParams p = DciParams::Flat();
+      p.cell_spread = spread;
+      auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
+      double recall = 0;
+      std::vector<std::vector<ScoredLeaf>> got(1);
+      for (int j = 0; j < queries; ++j) {
+        const float* q = data.queries.data() + static_cast<size_t>(j) * dim;
+        tree->Query(q, k, &got[0]);
+        recall += PageRecall(*tree, q, 1, k, got);
+      }
+      return recall / queries;
+    };
+    const double iso = recall_of(CellSpread::kIsotropic), dir = recall_of(CellSpread::kDirectional);
+    std::printf("%s: page recall isotropic %.3f, directional %.3f\n", family, iso, dir);
+    EXPECT_GE(dir, iso + 0.01) << family;
+  }
+}
+
 TEST(DciTreeFlatTest, SummariesFollowInsertionsExactly) {
   // Summaries are folded in token order: a tree grown by insertions (caught up by queries between
   // some blocks, not after the last ones) and its wire copy (shipped sums, rows recomputed, the
   // rest folded from the shipped pages) rank cells identically, so their answers are bit-equal.
-  // New level-1 nodes appear (promote_fraction).
-  const int dim = 64, n0 = 3000, added = 1600, nq = 4, k = 12;
-  auto pool = MakePool(dim, 3000, kernels::DType::kBF16);
-  auto data = MakeSyntheticData(n0 + added, dim, 3 * nq);
-  const float *kp, *vp;
-  DciParams p = DciParams::Flat();
-  p.promote_fraction = 0.05;
-  p.fov_min = 8;
-  auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n0, &kp, &vp)).value();
-  std::vector<std::vector<ScoredLeaf>> a, b;
-  const int64_t level1_before = tree->level_counts()[1];
-  for (int off = n0; off < n0 + added; off += 16) {
-    ASSERT_TRUE(tree->Insert(Block(data, off, 16, &kp, &vp)).ok());
-    if (off % 256 == 0 && off < n0 + added - 300) tree->QueryGroup(data.queries.data(), nq, k, &a);  // catch up part of the way
-  }
-  ASSERT_TRUE(tree->CheckInvariants().ok());
-  EXPECT_GT(tree->level_counts()[1], level1_before);
-  WireWriter w;
-  tree->Serialize(&w);
-  auto dst = MakePool(dim, 3000, kernels::DType::kBF16);
-  std::vector<int32_t> pages;
-  ASSERT_TRUE(dst->AllocateMany(tree->AllPages().size(), &pages).ok());
-  for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst->PageK(pages[i]), pool->PageK(tree->AllPages()[i]), pool->page_bytes());
-  WireReader r(w.buffer().data(), w.buffer().size());
-  size_t used = 0;
-  auto copy = DciTree::Deserialize(&r, dst.get(), pages.data(), pages.size(), &used);
-  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
-  for (int grp = 0; grp < 3; ++grp) {
-    const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
-    QueryStats sa, sb;
-    tree->QueryGroup(qs, nq, k, &a, &sa);
-    (*copy)->QueryGroup(qs, nq, k, &b, &sb);
-    EXPECT_EQ(sa.cells_expanded, sb.cells_expanded);
-    for (int j = 0; j < nq; ++j) {
-      ASSERT_EQ(a[j].size(), b[j].size());
-      for (size_t i = 0; i < a[j].size(); ++i) {
-        EXPECT_EQ(a[j][i].leaf, b[j][i].leaf);
-        EXPECT_EQ(a[j][i].score, b[j][i].score);
-      }
+  // New level-1 nodes appear (promote_fraction). Both spread measures (kDirectional's per-channel
+  // sums travel on the wire too).
+  for (CellSpread spread : {CellSpread::kIsotropic, CellSpread::kDirectional}) {
+    SCOPED_TRACE(static_cast<int>(spread));
+    const int dim = 64, n0 = 3000, added = 1600, nq = 4, k = 12;
+    auto pool = MakePool(dim, 3000, kernels::DType::kBF16);
+    auto data = MakeSyntheticData(n0 + added, dim, 3 * nq);
+    const float *kp, *vp;
+    DciParams p = DciParams::Flat();
+    p.cell_spread = spread;
+    p.promote_fraction = 0.05;
+    p.fov_min = 8;
+    auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n0, &kp, &vp)).value();
+    std::vector<std::vector<ScoredLeaf>> a, b;
+    const int64_t level1_before = tree->level_counts()[1];
+    for (int off = n0; off < n0 + added; off += 16) {
+      ASSERT_TRUE(tree->Insert(Block(data, off, 16, &kp, &vp)).ok());
+      if (off % 256 == 0 && off < n0 + added - 300) tree->QueryGroup(data.queries.data(), nq, k, &a);  // catch up part of the way
     }
-    // One head alone (Query) ranks cells the same way.
-    std::vector<ScoredLeaf> x, y;
-    tree->Query(qs, k, &x);
-    (*copy)->Query(qs, k, &y);
-    ASSERT_EQ(x.size(), y.size());
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i].leaf, y[i].leaf);
+    ASSERT_TRUE(tree->CheckInvariants().ok());
+    EXPECT_GT(tree->level_counts()[1], level1_before);
+    auto dst = MakePool(dim, 3000, kernels::DType::kBF16);
+    auto copy = testing::ShipTree(*tree, dst.get());
+    ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+    for (int grp = 0; grp < 3; ++grp) {
+      const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
+      QueryStats sa, sb;
+      tree->QueryGroup(qs, nq, k, &a, &sa);
+      (*copy)->QueryGroup(qs, nq, k, &b, &sb);
+      EXPECT_EQ(sa.cells_expanded, sb.cells_expanded);
+      for (int j = 0; j < nq; ++j) {
+        ASSERT_EQ(a[j].size(), b[j].size());
+        for (size_t i = 0; i < a[j].size(); ++i) {
+          EXPECT_EQ(a[j][i].leaf, b[j][i].leaf);
+          EXPECT_EQ(a[j][i].score, b[j][i].score);
+        }
+      }
+      // One head alone (Query) ranks cells the same way.
+      std::vector<ScoredLeaf> x, y;
+      tree->Query(qs, k, &x);
+      (*copy)->Query(qs, k, &y);
+      ASSERT_EQ(x.size(), y.size());
+      for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i].leaf, y[i].leaf);
+    }
   }
 }
 
@@ -304,6 +331,7 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   p.group_fov = 1.5;
   p.centroid_bonus = 0.75;
   p.score_level1_keys = false;
+  p.cell_spread = CellSpread::kDirectional;
   auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   WireWriter w;
   tree->Serialize(&w);
@@ -319,6 +347,7 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
     EXPECT_TRUE(q.centroid_cells);
     EXPECT_EQ(q.centroid_bonus, 0.75);
     EXPECT_FALSE(q.score_level1_keys);
+    EXPECT_EQ(q.cell_spread, CellSpread::kDirectional);
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
   // Truncated anywhere (the summaries at the end included): an error, never a crash.
@@ -347,6 +376,14 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   WireReader br(bad.data(), bad.size());
   DciParams back;
   EXPECT_EQ(DeserializeDciParams(&br, &back).code(), StatusCode::kDataLoss);
+  // An unknown cell_spread (the last byte of the params) is DATA_LOSS too.
+  std::vector<uint8_t> spread = only.buffer();
+  ASSERT_EQ(spread.back(), static_cast<uint8_t>(CellSpread::kDirectional));
+  spread.back() = 2;
+  WireReader sr(spread.data(), spread.size());
+  Status s = DeserializeDciParams(&sr, &back);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("cell_spread 2 is unknown"), std::string::npos) << s.ToString();
 }
 
 TEST(DciTreeFlatTest, SequenceWireVersion2IsRefused) {
@@ -364,7 +401,7 @@ TEST(DciTreeFlatTest, SequenceWireVersion2IsRefused) {
   uint32_t version = 0;
   std::memcpy(&version, wire.metadata.data() + 4, 4);
   EXPECT_EQ(version, kKvWireVersion);
-  EXPECT_EQ(kKvWireVersion, 6u);  // 6: DciParams.leaf_rank and its three fields (kvstore/wire.h)
+  EXPECT_EQ(kKvWireVersion, 7u);  // 7: DciParams.cell_spread (kvstore/wire.h)
   const uint32_t v2 = 2;
   std::memcpy(wire.metadata.data() + 4, &v2, 4);
   auto r = SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), wire.pages.data(), wire.pages.size(), pool.get());
@@ -377,12 +414,14 @@ TEST(DciTreeFlatTest, ValidateNamesTheNewFields) {
     const char* field;
     DciParams p;
   };
-  DciParams a = DciParams::Flat(), b = a, c = a, d = a;
+  DciParams a = DciParams::Flat(), b = a, c = a, d = a, e = a;
   a.fov_sqrt = -1;
   b.group_fov = -0.5;
   c.group_fov = 1000;
   d.centroid_bonus = NAN;
-  for (const Case& x : {Case{"fov_sqrt", a}, Case{"group_fov", b}, Case{"group_fov", c}, Case{"centroid_bonus", d}}) {
+  e.cell_spread = static_cast<CellSpread>(5);
+  for (const Case& x : {Case{"fov_sqrt", a}, Case{"group_fov", b}, Case{"group_fov", c}, Case{"centroid_bonus", d},
+                        Case{"cell_spread", e}}) {
     Status s = ValidateDciParams(x.p);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << x.field;
     EXPECT_NE(s.message().find(std::string("DciParams.") + x.field), std::string::npos) << s.ToString();
@@ -403,6 +442,15 @@ TEST(DciParamsPresetTest, NamesMapToPresetsAndUnknownIsInvalidArgument) {
   ASSERT_TRUE(flat.ok());
   EXPECT_EQ(flat.value().fov_sqrt, DciParams::Flat().fov_sqrt);
   EXPECT_TRUE(flat.value().centroid_cells);
+  EXPECT_EQ(flat.value().cell_spread, CellSpread::kIsotropic);  // kDirectional: an option (kvstore.md)
+  EXPECT_EQ(DciParams::Tuned().cell_spread, CellSpread::kIsotropic);
+  EXPECT_EQ(DciParams{}.cell_spread, CellSpread::kIsotropic);
+  EXPECT_EQ(CellSpreadNamed("directional").value(), CellSpread::kDirectional);
+  EXPECT_EQ(CellSpreadNamed("isotropic").value(), CellSpread::kIsotropic);
+  auto spread = CellSpreadNamed("radial");
+  ASSERT_FALSE(spread.ok());
+  EXPECT_EQ(spread.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(spread.status().message().find("isotropic or directional, got 'radial'"), std::string::npos);
   auto bad = DciParamsPreset("fast");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);

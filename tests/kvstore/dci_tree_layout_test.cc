@@ -237,12 +237,12 @@ TEST(DciTreeLayoutTest, WireCarriesTheLayoutAndRefusesAnUnknownOne) {
     }
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
-  // The layout is the byte before sticky_margin (a double, then the leaf_rank byte and three
-  // doubles, last) in the params' wire form: an unknown value is DATA_LOSS.
+  // The layout is the byte before sticky_margin (a double, then the leaf_rank byte, three
+  // doubles and the cell_spread byte, last) in the params' wire form: an unknown value is DATA_LOSS.
   WireWriter only;
   SerializeDciParams(DciParams::Flat(), &only);
   std::vector<uint8_t> bad = only.buffer();
-  const size_t layout_at = bad.size() - 1 - sizeof(double) - (1 + 3 * sizeof(double));
+  const size_t layout_at = bad.size() - 1 - sizeof(double) - (1 + 3 * sizeof(double)) - 1;
   ASSERT_EQ(bad[layout_at], 1);
   bad[layout_at] = 2;
   WireReader br(bad.data(), bad.size());

@@ -223,15 +223,8 @@ TEST(DciTreeLeafRankTest, SummariesFollowInsertionsAndTravelWithThePages) {
       if (off % 512 == 0) tree->QueryGroup(data.queries.data(), nq, k, &a);
     }
     ASSERT_TRUE(tree->CheckInvariants().ok());
-    WireWriter w;
-    tree->Serialize(&w);
     auto dst = MakePool(dim, 3000, kernels::DType::kBF16);
-    std::vector<int32_t> pages;
-    ASSERT_TRUE(dst->AllocateMany(tree->AllPages().size(), &pages).ok());
-    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst->PageK(pages[i]), pool->PageK(tree->AllPages()[i]), pool->page_bytes());
-    WireReader r(w.buffer().data(), w.buffer().size());
-    size_t used = 0;
-    auto copy = DciTree::Deserialize(&r, dst.get(), pages.data(), pages.size(), &used);
+    auto copy = testing::ShipTree(*tree, dst.get());
     ASSERT_TRUE(copy.ok()) << copy.status().ToString();
     EXPECT_EQ((*copy)->params().leaf_rank, LeafRank::kCentroid);
     EXPECT_EQ((*copy)->params().leaf_rank_leaves, 1.5);
@@ -265,9 +258,10 @@ TEST(DciTreeLeafRankTest, ParamsAreValidatedAndCarriedOnTheWire) {
   EXPECT_EQ(back.leaf_rank_cells, 2.5);
   EXPECT_EQ(back.leaf_rank_leaves, 3.25);
   EXPECT_EQ(back.leaf_bonus, 0.75);
-  // An unknown leaf_rank byte (before the three doubles, last) is DATA_LOSS naming it.
+  // An unknown leaf_rank byte (before the three doubles and the cell_spread byte, last) is
+  // DATA_LOSS naming it.
   std::vector<uint8_t> bad = w.buffer();
-  bad[bad.size() - 1 - 3 * sizeof(double)] = 9;
+  bad[bad.size() - 1 - 3 * sizeof(double) - 1] = 9;
   WireReader br(bad.data(), bad.size());
   Status s = DeserializeDciParams(&br, &back);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);

@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "common/status.h"
+#include "kvstore/dci_tree.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/sequence_cache.h"
 #include "kvstore/vector_ops.h"
@@ -19,6 +22,24 @@ inline std::unique_ptr<PagePool> MakePool(int dim, int64_t pages, kernels::DType
   o.dtype = dt;
   o.num_pages = pages;
   return PagePool::Create(o).value();
+}
+
+// `tree` as another worker receives it: its pages' bytes copied into new pages of `dst` (same
+// geometry) and its wire form deserialized over them. INTERNAL when the form is not read to its
+// end or leaves pages unused. The new pages are not freed on an error (a test's pool dies with it).
+inline StatusOr<std::unique_ptr<DciTree>> ShipTree(const DciTree& tree, PagePool* dst) {
+  WireWriter w;
+  tree.Serialize(&w);
+  const std::vector<int32_t> src_pages = tree.AllPages();
+  std::vector<int32_t> pages;
+  ICE_RETURN_IF_ERROR(dst->AllocateMany(static_cast<int64_t>(src_pages.size()), &pages));
+  const PagePool* src = tree.pool();
+  for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst->PageK(pages[i]), src->PageK(src_pages[i]), src->page_bytes());
+  WireReader r(w.buffer().data(), w.buffer().size());
+  size_t used = 0;
+  ICE_ASSIGN_OR_RETURN(auto copy, DciTree::Deserialize(&r, dst, pages.data(), pages.size(), &used));
+  if (!r.done() || used != pages.size()) return InternalError("ShipTree: the wire form was not read whole");
+  return copy;
 }
 
 // K/V of a model: [layers][n, nkv, dim].

@@ -16,6 +16,7 @@
 #include "kvstore/synthetic_keys.h"
 #include "kvstore/vector_ops.h"
 #include "kvstore/wire.h"
+#include "tests/kvstore/kv_test_util.h"
 
 namespace icecache::kvstore {
 namespace {
@@ -349,16 +350,8 @@ TEST(DciTreeInt8ParentsTest, BuildsValidTreeWithBf16RecallAndRoundTrips) {
   EXPECT_NEAR(r_i8, r_bf, 0.03);
   EXPECT_GT(r_i8, 0.5);  // and the tree retrieves (not a vacuous comparison)
 
-  WireWriter w;
-  tree_i8->Serialize(&w);
   auto dst = MakePool(dim, 3000);
-  std::vector<int32_t> pages;
-  ASSERT_TRUE(dst->AllocateMany(tree_i8->AllPages().size(), &pages).ok());
-  for (size_t i = 0; i < pages.size(); ++i)
-    std::memcpy(dst->PageK(pages[i]), pool_i8->PageK(tree_i8->AllPages()[i]), pool_i8->page_bytes());
-  WireReader r(w.buffer().data(), w.buffer().size());
-  size_t used = 0;
-  auto copy = DciTree::Deserialize(&r, dst.get(), pages.data(), pages.size(), &used);
+  auto copy = testing::ShipTree(*tree_i8, dst.get());
   ASSERT_TRUE(copy.ok()) << copy.status().ToString();
   EXPECT_TRUE((*copy)->params().int8_parent_search);
   EXPECT_TRUE((*copy)->params().bf16_parent_search);
