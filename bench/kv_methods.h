@@ -54,6 +54,10 @@ struct KvMethod {
 // The methods' names, comma separated, for usage text.
 inline constexpr const char kKvMethodNames[] = "full,oracle,icecache,quest,window";
 
+// Whether the method selects from a DCI tree (icecache, oracle), so that DciParams (its seed
+// included) change its answers.
+inline bool TreeMethod(const std::string& name) { return name == "icecache" || name == "oracle"; }
+
 // INVALID_ARGUMENT naming the method when its budget leaves no retrieved page (icecache, oracle,
 // quest: B > S + W; window: B > S) or the name is unknown.
 Status ValidateKvMethod(const KvMethod& m, const KvLayout& layout);

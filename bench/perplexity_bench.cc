@@ -8,6 +8,7 @@
 // serving (the window slides, evicted window pages join the tree or, for quest, the middle pages).
 // perplexity = exp(mean negative log-likelihood of the E targets).
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,8 +35,9 @@ constexpr const char* kUsage =
     "         included; a list runs each)] [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16]\n"
     "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
     "         [--dci reference|tuned|flat (default: the serving preset)] [--cell-spread isotropic|directional\n"
-    "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--dci-seed S (DciParams::seed:\n"
-    "         the trees' random level sampling; another seed builds another tree of the same kind)]\n"
+    "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--dci-seed S[,S..] (DciParams::seed:\n"
+    "         the trees' random level sampling; icecache and oracle run once per seed, and the seeds' mean,\n"
+    "         min and max ratio are reported, since one tree's ratio moves by 0.01-0.02 with its seed)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
@@ -104,7 +106,15 @@ int RunPerplexity(int argc, char** argv) {
     }
     dci->cell_spread = *spread;
   }
-  if (!seed_s.empty()) dci->seed = std::strtoull(seed_s.c_str(), nullptr, 0);
+  std::vector<uint64_t> seeds;  // empty: the preset's seed, one run per tree method
+  for (const std::string& v : Split(seed_s)) {
+    char* end = nullptr;
+    seeds.push_back(std::strtoull(v.c_str(), &end, 0));
+    if (v.empty() || *end != '\0') {
+      std::fprintf(stderr, "perplexity: --dci-seed takes integers separated by commas, got '%s'\n", seed_s.c_str());
+      return 2;
+    }
+  }
   auto dtype = ParseKvDtype(kv_dtype);
   if (!dtype.ok()) {
     std::fprintf(stderr, "perplexity: %s\n", dtype.status().message().c_str());
@@ -123,6 +133,13 @@ int RunPerplexity(int argc, char** argv) {
       if (!st.ok()) {
         std::fprintf(stderr, "perplexity: %s\n", st.message().c_str());
         return 2;
+      }
+      if (!TreeMethod(name) || seeds.empty()) continue;
+      const KvMethod base = methods.back();
+      methods.pop_back();
+      for (uint64_t seed : seeds) {
+        methods.push_back(base);
+        methods.back().dci.seed = seed;
       }
     }
   }
@@ -198,6 +215,7 @@ int RunPerplexity(int argc, char** argv) {
     if (meth.name == "full") full_ppl = ppl;
     nlohmann::json r = {{"method", meth.name}, {"perplexity", ppl}, {"seconds", Wall() - t0}};
     if (meth.name != "full") r["budget_pages"] = meth.budget_pages;
+    if (TreeMethod(meth.name) && !seeds.empty()) r["dci_seed"] = meth.dci.seed;
     r["ice_group"] = meth.ice_group;
     rows.push_back(r);
     std::fprintf(stderr, "perplexity: %-16s %.4f (%.1f s)\n", MethodLabel(meth).c_str(), ppl, Wall() - t0);
@@ -205,21 +223,42 @@ int RunPerplexity(int argc, char** argv) {
   for (auto& r : rows) {
     if (full_ppl > 0) r["ratio_to_full"] = r["perplexity"].get<double>() / full_ppl;
   }
+  // Per tree method and budget, over the seeds: mean, min and max perplexity (and ratio).
+  nlohmann::json over_seeds = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    if (!r.contains("dci_seed") || r["dci_seed"].get<uint64_t>() != seeds.front()) continue;
+    std::vector<double> ppl;
+    for (size_t j = i; j < rows.size() && ppl.size() < seeds.size(); ++j) ppl.push_back(rows[j]["perplexity"].get<double>());
+    const double mean = std::accumulate(ppl.begin(), ppl.end(), 0.0) / static_cast<double>(ppl.size());
+    nlohmann::json s = {{"method", r["method"]}, {"budget_pages", r["budget_pages"]}, {"seeds", ppl.size()},
+                        {"perplexity_mean", mean}, {"perplexity_min", *std::min_element(ppl.begin(), ppl.end())},
+                        {"perplexity_max", *std::max_element(ppl.begin(), ppl.end())}};
+    if (full_ppl > 0)
+      for (const char* k : {"mean", "min", "max"}) s[std::string("ratio_") + k] = s[std::string("perplexity_") + k].get<double>() / full_ppl;
+    over_seeds.push_back(s);
+  }
   if (json) {
     nlohmann::json out = {{"workload", "perplexity"}, {"text", text_path}, {"context", context},
                           {"eval_tokens", eval_tokens}, {"page_size", layout.page_size},
                           {"sink_pages", layout.sink_pages}, {"window_pages", layout.window_pages},
                           {"dense_layers", layout.dense_layers}, {"prefill_seconds", prefill_s}, {"results", rows}};
+    if (!over_seeds.empty()) out["over_seeds"] = over_seeds;
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("perplexity of the last %d of %d tokens of %s\n", eval_tokens, context, text_path.c_str());
     for (const auto& r : rows) {
-      std::printf("  %-10s %-4s ppl %.4f  ratio to full %s  %.1f s\n", r["method"].get<std::string>().c_str(),
+      std::printf("  %-10s %-4s ppl %.4f  ratio to full %s  %.1f s%s\n", r["method"].get<std::string>().c_str(),
                   r.contains("budget_pages") ? ("b" + std::to_string(r["budget_pages"].get<int>())).c_str() : "",
                   r["perplexity"].get<double>(),
                   r.contains("ratio_to_full") ? std::to_string(r["ratio_to_full"].get<double>()).c_str() : "-",
-                  r["seconds"].get<double>());
+                  r["seconds"].get<double>(),
+                  r.contains("dci_seed") ? ("  tree seed " + std::to_string(r["dci_seed"].get<uint64_t>())).c_str() : "");
     }
+    for (const auto& s : over_seeds)
+      std::printf("  %-10s b%-3d over %d tree seeds: ppl mean %.4f (min %.4f, max %.4f)\n", s["method"].get<std::string>().c_str(),
+                  s["budget_pages"].get<int>(), s["seeds"].get<int>(), s["perplexity_mean"].get<double>(),
+                  s["perplexity_min"].get<double>(), s["perplexity_max"].get<double>());
   }
   return 0;
 }
