@@ -104,8 +104,10 @@ What is the pass key? The pass key is"
   max_tokens=6
 fi
 
+# tee -a: when stderr is a file (demo.sh > log 2>&1), tee's own open of it must append; without -a
+# it truncates the log (losing everything written before the answer) and leaves a run of NULs.
 answer=$($BIN/icecache generate --router "127.0.0.1:$PORT" "${chat[@]}" --prompt "$prompt" --max-tokens "$max_tokens" \
-  --budget "$budget" | tee /dev/stderr)
+  --budget "$budget" | tee -a /dev/stderr)
 echo "demo: the cluster answered '$answer'"
 if [ "$task" = fact ]; then
   if grep -qw -- "$expected" <<<"$answer"; then echo "demo: correct"; else echo "demo: wrong (expected $expected)"; fi
