@@ -94,7 +94,7 @@ enum class LeafRank : uint8_t {
 };
 
 // How the spread bonus of a level-1 cell's ranking score is measured (centroid_cells);
-// docs/kvstore.md, "Cell spread".
+// docs/kvstore.md (centroid_cells) and docs/BENCHMARKS.md, "Cell spread".
 enum class CellSpread : uint8_t {
   // b = |q| * spread * sqrt(2 ln c / head_dim): spread the RMS distance of the c children to their
   // mean, as if they scattered alike in every direction (the reference).
