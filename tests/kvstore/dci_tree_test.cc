@@ -13,18 +13,12 @@
 
 #include "kvstore/synthetic_keys.h"
 #include "kvstore/vector_ops.h"
+#include "tests/kvstore/kv_test_util.h"
 
 namespace icecache::kvstore {
 namespace {
 
-std::unique_ptr<PagePool> MakePool(int dim, int64_t pages, kernels::DType dt = kernels::DType::kF32, int ps = 16) {
-  PagePoolOptions o;
-  o.page_size = ps;
-  o.head_dim = dim;
-  o.dtype = dt;
-  o.num_pages = pages;
-  return PagePool::Create(o).value();
-}
+using testing::MakePool;
 
 std::vector<float> Gaussian(size_t n, uint64_t seed, float scale = 1.f) {
   std::mt19937_64 rng(seed);

@@ -297,14 +297,7 @@ TEST(ArgmaxDotI8Test, HeadroomColumnsPastTheLastRowBlockAreNotRead) {
   EXPECT_EQ(RunArgmax(p), NaiveI8(p0));
 }
 
-std::unique_ptr<PagePool> MakePool(int dim, int64_t pages) {
-  PagePoolOptions o;
-  o.page_size = 16;
-  o.head_dim = dim;
-  o.dtype = kernels::DType::kBF16;
-  o.num_pages = pages;
-  return PagePool::Create(o).value();
-}
+std::unique_ptr<PagePool> MakePool(int dim, int64_t pages) { return testing::MakePool(dim, pages, kernels::DType::kBF16); }
 
 TokenBlock Block(const std::vector<float>& k, const std::vector<float>& v, int offset, int count, int dim,
                  const float** kp, const float** vp) {
