@@ -35,7 +35,8 @@ constexpr const char* kUsage =
     "         included; a list runs each)] [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16]\n"
     "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
     "         [--dci reference|tuned|flat (default: the serving preset)] [--cell-spread isotropic|directional\n"
-    "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--dci-seed S[,S..] (DciParams::seed:\n"
+    "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--leaf-rank off|centroid|box\n"
+    "         (DciParams::leaf_rank, likewise; its other fields the preset's)] [--dci-seed S[,S..] (DciParams::seed:\n"
     "         the trees' random level sampling; icecache and oracle run once per seed, and the seeds' mean,\n"
     "         min and max ratio are reported, since one tree's ratio moves by 0.01-0.02 with its seed)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
@@ -65,7 +66,7 @@ int RunPerplexity(int argc, char** argv) {
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
-  std::string spread_s, seed_s;
+  std::string spread_s, seed_s, rank_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -83,6 +84,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--dci" && has) dci = kvstore::DciParamsPreset(argv[++i]);
     else if (f == "--cell-spread" && has) spread_s = argv[++i];
     else if (f == "--dci-seed" && has) seed_s = argv[++i];
+    else if (f == "--leaf-rank" && has) rank_s = argv[++i];
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--json") json = true;
     else {
@@ -105,6 +107,14 @@ int RunPerplexity(int argc, char** argv) {
       return 2;
     }
     dci->cell_spread = *spread;
+  }
+  if (!rank_s.empty()) {
+    auto rank = kvstore::LeafRankNamed(rank_s);
+    if (!rank.ok()) {
+      std::fprintf(stderr, "perplexity: --leaf-rank: %s\n", rank.status().message().c_str());
+      return 2;
+    }
+    dci->leaf_rank = *rank;
   }
   std::vector<uint64_t> seeds;  // empty: the preset's seed, one run per tree method
   for (const std::string& v : Split(seed_s)) {

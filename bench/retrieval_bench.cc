@@ -220,14 +220,9 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--leaf-rank-leaves") a->dci.leaf_rank_leaves = std::atof(v);
     else if (k == "--leaf-bonus") a->dci.leaf_bonus = std::atof(v);
     else if (k == "--leaf-rank") {
-      const std::string l = v;
-      if (l == "off") a->dci.leaf_rank = kvstore::LeafRank::kOff;
-      else if (l == "centroid") a->dci.leaf_rank = kvstore::LeafRank::kCentroid;
-      else if (l == "box") a->dci.leaf_rank = kvstore::LeafRank::kBox;
-      else {
-        std::fprintf(stderr, "--leaf-rank must be off, centroid or box, got '%s'\n", v);
-        return false;
-      }
+      auto rank = kvstore::LeafRankNamed(v);
+      if (!rank.ok()) { std::fprintf(stderr, "retrieval: --leaf-rank: %s\n", rank.status().message().c_str()); return false; }
+      a->dci.leaf_rank = *rank;
     }
     else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
     else if (k == "--cell-spread") {

@@ -75,6 +75,13 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name) {
   return InvalidArgumentError("DCI preset must be reference, tuned or flat, got '" + name + "'");
 }
 
+StatusOr<LeafRank> LeafRankNamed(const std::string& name) {
+  if (name == "off") return LeafRank::kOff;
+  if (name == "centroid") return LeafRank::kCentroid;
+  if (name == "box") return LeafRank::kBox;
+  return InvalidArgumentError("leaf rank must be off, centroid or box, got '" + name + "'");
+}
+
 StatusOr<CellSpread> CellSpreadNamed(const std::string& name) {
   if (name == "isotropic") return CellSpread::kIsotropic;
   if (name == "directional") return CellSpread::kDirectional;

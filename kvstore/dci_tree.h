@@ -190,9 +190,10 @@ struct DciParams {
   // Leaves are not ranked (leaf_rank kOff): LeafRank::kCentroid over 1.5 fov cells with 3 fov
   // leaves scored exactly kept more of the own oracle's mass on the six synthetic families (0.884 ->
   // 0.909 at 32k, 0.960 -> 0.970 at 8k; held-out seed 23: 0.896 -> 0.910, 0.956 -> 0.962) and the
-  // same on SmolLM2's real keys, but raised SmolLM2's perplexity ratio on the 8k docs text at 16
-  // pages from 1.133 to 1.144, at 1.05-1.17x the query CPU and ~5 % more tree memory
-  // (docs/BENCHMARKS.md, "Leaf ranking"), so it is an option, not the default.
+  // same on SmolLM2's real keys, but gave SmolLM2's perplexity on three 8k texts no gain (+0.001
+  // on average over 3 tree seeds; its single-seed 1.133 -> 1.144 was within the seeds' spread), at
+  // 1.05-1.17x the query CPU and ~5 % more tree memory (docs/BENCHMARKS.md, "Leaf ranking" and
+  // "Cell spread"), so it is an option, not the default.
   // The cell spread is isotropic: CellSpread::kDirectional kept more of the oracle's mass on all six
   // synthetic families at 8k-128k (32k: 0.884 -> 0.901) and as much on SmolLM2's real keys, but
   // its perplexity ratio on three 8k texts was no better (+0.004 on average over 3-4 tree seeds,
@@ -216,6 +217,8 @@ Status ValidateDciParams(const DciParams& p);
 // The preset of a config's cache.dci_preset: "reference" (DciParams{}), "tuned" or "flat";
 // INVALID_ARGUMENT naming the accepted names otherwise.
 StatusOr<DciParams> DciParamsPreset(const std::string& name);
+// DciParams::leaf_rank by name: "off", "centroid" or "box"; INVALID_ARGUMENT otherwise.
+StatusOr<LeafRank> LeafRankNamed(const std::string& name);
 // DciParams::cell_spread by name: "isotropic" or "directional"; INVALID_ARGUMENT otherwise.
 StatusOr<CellSpread> CellSpreadNamed(const std::string& name);
 // The preset that serves by default (cache.dci_preset's default; benchmarks default to it too).

@@ -447,6 +447,10 @@ TEST(DciParamsPresetTest, NamesMapToPresetsAndUnknownIsInvalidArgument) {
   EXPECT_EQ(DciParams{}.cell_spread, CellSpread::kIsotropic);
   EXPECT_EQ(CellSpreadNamed("directional").value(), CellSpread::kDirectional);
   EXPECT_EQ(CellSpreadNamed("isotropic").value(), CellSpread::kIsotropic);
+  EXPECT_EQ(LeafRankNamed("centroid").value(), LeafRank::kCentroid);
+  EXPECT_EQ(LeafRankNamed("off").value(), LeafRank::kOff);
+  EXPECT_EQ(LeafRankNamed("box").value(), LeafRank::kBox);
+  EXPECT_EQ(LeafRankNamed("leaf").status().code(), StatusCode::kInvalidArgument);
   auto spread = CellSpreadNamed("radial");
   ASSERT_FALSE(spread.ok());
   EXPECT_EQ(spread.status().code(), StatusCode::kInvalidArgument);
