@@ -100,22 +100,17 @@ int RunPerplexity(int argc, char** argv) {
     std::fprintf(stderr, "perplexity: --dci: %s\n", dci.status().message().c_str());
     return 2;
   }
-  if (!spread_s.empty()) {
-    auto spread = kvstore::CellSpreadNamed(spread_s);
-    if (!spread.ok()) {
-      std::fprintf(stderr, "perplexity: --cell-spread: %s\n", spread.status().message().c_str());
-      return 2;
-    }
-    dci->cell_spread = *spread;
-  }
-  if (!rank_s.empty()) {
-    auto rank = kvstore::LeafRankNamed(rank_s);
-    if (!rank.ok()) {
-      std::fprintf(stderr, "perplexity: --leaf-rank: %s\n", rank.status().message().c_str());
-      return 2;
-    }
-    dci->leaf_rank = *rank;
-  }
+  // A named DciParams field set on the preset when its flag was given; false (after saying why) on a bad name.
+  auto set_named = [](const char* flag, const std::string& name, auto named, auto* field) {
+    if (name.empty()) return true;
+    auto v = named(name);
+    if (!v.ok()) std::fprintf(stderr, "perplexity: %s: %s\n", flag, v.status().message().c_str());
+    else *field = *v;
+    return v.ok();
+  };
+  if (!set_named("--cell-spread", spread_s, kvstore::CellSpreadNamed, &dci->cell_spread) ||
+      !set_named("--leaf-rank", rank_s, kvstore::LeafRankNamed, &dci->leaf_rank))
+    return 2;
   std::vector<uint64_t> seeds;  // empty: the preset's seed, one run per tree method
   for (const std::string& v : Split(seed_s)) {
     char* end = nullptr;

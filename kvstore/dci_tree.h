@@ -197,7 +197,7 @@ struct DciParams {
   // The cell spread is isotropic: CellSpread::kDirectional kept more of the oracle's mass on all six
   // synthetic families at 8k-128k (32k: 0.884 -> 0.901) and as much on SmolLM2's real keys, but
   // its perplexity ratio on three 8k texts was no better (+0.004 on average over 3-4 tree seeds,
-  // whose own spread is 0.01-0.02) and its query CPU is 23-36 % higher at 128k
+  // whose own spread is 0.01-0.02) and its query CPU is 23-36 % higher at 128k on avx512 (~22 % on avx2)
   // (docs/BENCHMARKS.md, "Cell spread"), so it is an option.
   static DciParams Flat() {
     DciParams p = Tuned();
