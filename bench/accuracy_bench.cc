@@ -228,6 +228,8 @@ constexpr const char* kUsage =
     "         [--dci-fov-fraction F[,F..] (field of view per tree token, [0, 1]; 0: constant fov_min)]\n"
     "         [--dci-group-fov G (cap on a GQA group's cells, G x fov; 0: none; default: the preset's)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)]\n"
+    "         [--group-merge rank|mass[,..] (kvstore::GroupMerge of icecache, oracle and quest; a list runs\n"
+    "         each; default: the serving merge)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods (all through decode::IceCacheBackend), budget B pages, S sink, W window pages:\n"
     "  icecache  S sink + B-S-W DCI-tree leaves + W window   oracle  the same with the exact best leaves\n"
@@ -263,6 +265,7 @@ int RunAccuracy(int argc, char** argv) {
   std::string fov_mins_s, fov_fractions_s;
   std::optional<double> group_fov;  // unset: the preset's
   int ice_group = 1;
+  std::string merge_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -295,6 +298,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--dci-fov-fraction" && has) fov_fractions_s = argv[++i];
     else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]);
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
+    else if (f == "--group-merge" && has) merge_s = argv[++i];
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'%s\n%s", f.c_str(),
                    f == "--budgets" ? " (budgets are in pages of 16 tokens now: --budget-pages)" : "", kUsage);
@@ -327,6 +331,11 @@ int RunAccuracy(int argc, char** argv) {
     return 2;
   }
   budgets = *budgets_or;
+  auto merges = ParseGroupMerges(merge_s);
+  if (!merges.ok()) {
+    std::fprintf(stderr, "accuracy: --group-merge: %s\n", merges.status().message().c_str());
+    return 2;
+  }
   std::vector<Method> methods;
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
@@ -334,15 +343,18 @@ int RunAccuracy(int argc, char** argv) {
       continue;
     }
     for (int b : budgets) {
-      if (name == "icecache") {
-        for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, d, ice_group, true});
-      } else {
-        methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false});
-      }
-      Status st = ValidateKvMethod(methods.back(), layout);
-      if (!st.ok()) {
-        std::fprintf(stderr, "accuracy: %s\n", st.message().c_str());
-        return 2;
+      for (size_t mi = 0; mi < (name == "window" ? 1 : merges->size()); ++mi) {
+        const kvstore::GroupMerge merge = (*merges)[mi];
+        if (name == "icecache") {
+          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, d, ice_group, true, merge});
+        } else {
+          methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false, merge});
+        }
+        Status st = ValidateKvMethod(methods.back(), layout);
+        if (!st.ok()) {
+          std::fprintf(stderr, "accuracy: %s\n", st.message().c_str());
+          return 2;
+        }
       }
     }
   }
@@ -449,6 +461,8 @@ int RunAccuracy(int argc, char** argv) {
         const Cell& cell = it->second;
         nlohmann::json r = {{"task", task}, {"context", c}, {"depth", d}, {"method", methods[mi].name}};
         if (methods[mi].name != "full") r["budget_pages"] = methods[mi].budget_pages;
+        if (methods[mi].name != "full" && methods[mi].name != "window")
+          r["group_merge"] = kvstore::GroupMergeName(methods[mi].merge);
         if (methods[mi].fov_swept) {
           r["fov_min"] = methods[mi].dci.fov_min;
           r["fov_fraction"] = methods[mi].dci.fov_fraction;

@@ -93,7 +93,7 @@ StatusOr<std::unique_ptr<decode::IceCacheBackend>> ImportMethod(model::Model& m,
   ICE_ASSIGN_OR_RETURN(auto be, decode::IceCacheBackend::Create(shape, pool, bo));
   // full: any budget above sink + window (kFull takes every page).
   const int budget = method.name == "full" ? o.sink_pages + o.window_pages + 1 : method.budget_pages;
-  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode));
+  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode, method.merge));
   return be;
 }
 
@@ -112,7 +112,24 @@ std::string MethodLabel(const KvMethod& m) {
   } else {
     std::snprintf(buf, sizeof(buf), "%s b%d", m.name.c_str(), m.budget_pages);
   }
-  return buf;
+  std::string label = buf;
+  // A merge other than the serving one is named (window selects nothing to merge).
+  if (m.name != "full" && m.name != "window" && m.merge != kvstore::RetrievalPolicy{}.merge)
+    label += std::string(" merge ") + kvstore::GroupMergeName(m.merge);
+  return label;
+}
+
+StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& list) {
+  std::vector<kvstore::GroupMerge> out;
+  size_t b = 0;
+  while (b <= list.size() && !list.empty()) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    ICE_ASSIGN_OR_RETURN(kvstore::GroupMerge g, kvstore::GroupMergeNamed(list.substr(b, e - b)));
+    out.push_back(g);
+    b = e + 1;
+  }
+  if (out.empty()) out.push_back(kvstore::RetrievalPolicy{}.merge);
+  return out;
 }
 
 StatusOr<kernels::DType> ParseKvDtype(const std::string& s) {

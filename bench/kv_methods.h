@@ -49,6 +49,7 @@ struct KvMethod {
   kvstore::DciParams dci;  // the tree's parameters (icecache, oracle; also used to build full)
   int ice_group = 1;       // ICE(r) over the sparse layers (tree methods only)
   bool fov_swept = false;  // icecache: dci carries one point of a field-of-view sweep
+  kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge;  // the serving default
 };
 
 // The methods' names, comma separated, for usage text.
@@ -87,6 +88,10 @@ Status DecodeStep(model::Model& m, model::AttentionBackend& be, int32_t tok, std
 
 // "icecache b16", "full", "icecache b16 fov_min 32 frac 0.001".
 std::string MethodLabel(const KvMethod& m);
+
+// "rank,mass" -> the GroupMerges named, in order; empty -> the serving default alone.
+// INVALID_ARGUMENT naming the bad entry.
+StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& list);
 
 // Parses --kv-dtype f32|bf16|f16.
 StatusOr<kernels::DType> ParseKvDtype(const std::string& s);

@@ -39,6 +39,8 @@ constexpr const char* kUsage =
     "         (DciParams::leaf_rank, likewise; its other fields the preset's)] [--dci-seed S[,S..] (DciParams::seed:\n"
     "         the trees' random level sampling; icecache and oracle run once per seed, and the seeds' mean,\n"
     "         min and max ratio are reported, since one tree's ratio moves by 0.01-0.02 with its seed)]\n"
+    "         [--group-merge rank|mass[,..] (kvstore::GroupMerge: how a GQA group's lists become one page set;\n"
+    "         a list runs each; default: the serving merge)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
@@ -66,7 +68,7 @@ int RunPerplexity(int argc, char** argv) {
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
-  std::string spread_s, seed_s, rank_s;
+  std::string spread_s, seed_s, rank_s, merge_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -85,6 +87,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--cell-spread" && has) spread_s = argv[++i];
     else if (f == "--dci-seed" && has) seed_s = argv[++i];
     else if (f == "--leaf-rank" && has) rank_s = argv[++i];
+    else if (f == "--group-merge" && has) merge_s = argv[++i];
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--json") json = true;
     else {
@@ -120,6 +123,12 @@ int RunPerplexity(int argc, char** argv) {
       return 2;
     }
   }
+  auto merges_or = ParseGroupMerges(merge_s);
+  if (!merges_or.ok()) {
+    std::fprintf(stderr, "perplexity: --group-merge: %s\n", merges_or.status().message().c_str());
+    return 2;
+  }
+  const std::vector<kvstore::GroupMerge> merges = *merges_or;
   auto dtype = ParseKvDtype(kv_dtype);
   if (!dtype.ok()) {
     std::fprintf(stderr, "perplexity: %s\n", dtype.status().message().c_str());
@@ -133,18 +142,21 @@ int RunPerplexity(int argc, char** argv) {
       continue;
     }
     for (const std::string& b : Split(budgets_s)) {
-      methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false});
-      Status st = ValidateKvMethod(methods.back(), layout);
-      if (!st.ok()) {
-        std::fprintf(stderr, "perplexity: %s\n", st.message().c_str());
-        return 2;
-      }
-      if (!TreeMethod(name) || seeds.empty()) continue;
-      const KvMethod base = methods.back();
-      methods.pop_back();
-      for (uint64_t seed : seeds) {
-        methods.push_back(base);
-        methods.back().dci.seed = seed;
+      // window retrieves nothing, so the merge does not apply to it.
+      for (size_t mi = 0; mi < (name == "window" ? 1 : merges.size()); ++mi) {
+        methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false, merges[mi]});
+        Status st = ValidateKvMethod(methods.back(), layout);
+        if (!st.ok()) {
+          std::fprintf(stderr, "perplexity: %s\n", st.message().c_str());
+          return 2;
+        }
+        if (!TreeMethod(name) || seeds.empty()) continue;
+        const KvMethod base = methods.back();
+        methods.pop_back();
+        for (uint64_t seed : seeds) {
+          methods.push_back(base);
+          methods.back().dci.seed = seed;
+        }
       }
     }
   }
@@ -220,6 +232,7 @@ int RunPerplexity(int argc, char** argv) {
     if (meth.name == "full") full_ppl = ppl;
     nlohmann::json r = {{"method", meth.name}, {"perplexity", ppl}, {"seconds", Wall() - t0}};
     if (meth.name != "full") r["budget_pages"] = meth.budget_pages;
+    if (meth.name != "full" && meth.name != "window") r["group_merge"] = kvstore::GroupMergeName(meth.merge);
     if (TreeMethod(meth.name) && !seeds.empty()) r["dci_seed"] = meth.dci.seed;
     r["ice_group"] = meth.ice_group;
     rows.push_back(r);
@@ -236,7 +249,8 @@ int RunPerplexity(int argc, char** argv) {
     std::vector<double> ppl;
     for (size_t j = i; j < rows.size() && ppl.size() < seeds.size(); ++j) ppl.push_back(rows[j]["perplexity"].get<double>());
     const double mean = std::accumulate(ppl.begin(), ppl.end(), 0.0) / static_cast<double>(ppl.size());
-    nlohmann::json s = {{"method", r["method"]}, {"budget_pages", r["budget_pages"]}, {"seeds", ppl.size()},
+    nlohmann::json s = {{"method", r["method"]}, {"budget_pages", r["budget_pages"]}, {"group_merge", r["group_merge"]},
+                        {"seeds", ppl.size()},
                         {"perplexity_mean", mean}, {"perplexity_min", *std::min_element(ppl.begin(), ppl.end())},
                         {"perplexity_max", *std::max_element(ppl.begin(), ppl.end())}};
     if (full_ppl > 0)
@@ -253,16 +267,18 @@ int RunPerplexity(int argc, char** argv) {
   } else {
     std::printf("perplexity of the last %d of %d tokens of %s\n", eval_tokens, context, text_path.c_str());
     for (const auto& r : rows) {
-      std::printf("  %-10s %-4s ppl %.4f  ratio to full %s  %.1f s%s\n", r["method"].get<std::string>().c_str(),
+      std::printf("  %-10s %-4s %-4s ppl %.4f  ratio to full %s  %.1f s%s\n", r["method"].get<std::string>().c_str(),
                   r.contains("budget_pages") ? ("b" + std::to_string(r["budget_pages"].get<int>())).c_str() : "",
+                  r.contains("group_merge") ? r["group_merge"].get<std::string>().c_str() : "",
                   r["perplexity"].get<double>(),
                   r.contains("ratio_to_full") ? std::to_string(r["ratio_to_full"].get<double>()).c_str() : "-",
                   r["seconds"].get<double>(),
                   r.contains("dci_seed") ? ("  tree seed " + std::to_string(r["dci_seed"].get<uint64_t>())).c_str() : "");
     }
     for (const auto& s : over_seeds)
-      std::printf("  %-10s b%-3d over %d tree seeds: ppl mean %.4f (min %.4f, max %.4f)\n", s["method"].get<std::string>().c_str(),
-                  s["budget_pages"].get<int>(), s["seeds"].get<int>(), s["perplexity_mean"].get<double>(),
+      std::printf("  %-10s b%-3d %-4s over %d tree seeds: ppl mean %.4f (min %.4f, max %.4f)\n",
+                  s["method"].get<std::string>().c_str(), s["budget_pages"].get<int>(),
+                  s["group_merge"].get<std::string>().c_str(), s["seeds"].get<int>(), s["perplexity_mean"].get<double>(),
                   s["perplexity_min"].get<double>(), s["perplexity_max"].get<double>());
   }
   return 0;

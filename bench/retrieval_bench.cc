@@ -100,6 +100,7 @@ struct Args {
   int keys = 32768, dim = 128, queries = 200, page_size = 16, budget = 16, sink = 2, window = 2;
   int insert_tokens = 4096;
   int group = 1;  // query heads of one KV head selecting together (a GQA group, as served)
+  kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge;  // how a group's lists merge (the serving default)
   int profile_loops = 0;  // > 0: only time sparse Select over the queries this many times (for profilers)
   int profile_evict_mb = 0;  // with profile_loops: bytes streamed through between queries (cold caches)
   int profile_builds = 0;  // > 0: only rebuild the tree this many more times and report the median build cpu
@@ -124,11 +125,12 @@ void Usage() {
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
                "  [--sticky-margin M (DciParams::sticky_margin)]\n"
                "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; off in every preset)\n"
-               "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse queries, N passes)] [--profile-evict-mb M]\n"
+               "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse selections, N passes; per --group)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
                "  [--group G (queries G at a time select one page set, as a GQA group of G query heads is served;\n"
                "   consecutive queries form a group, as dump-keys writes them; 1: each query alone)]\n"
+               "  [--group-merge rank|mass (kvstore::GroupMerge of every method; default the serving one, mass)]\n"
                "  [--json] [--dump-selection FILE]\n");
 }
 
@@ -219,6 +221,11 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--leaf-rank-cells") a->dci.leaf_rank_cells = std::atof(v);
     else if (k == "--leaf-rank-leaves") a->dci.leaf_rank_leaves = std::atof(v);
     else if (k == "--leaf-bonus") a->dci.leaf_bonus = std::atof(v);
+    else if (k == "--group-merge") {
+      auto merge = kvstore::GroupMergeNamed(v);
+      if (!merge.ok()) { std::fprintf(stderr, "retrieval: --group-merge: %s\n", merge.status().message().c_str()); return false; }
+      a->merge = *merge;
+    }
     else if (k == "--leaf-rank") {
       auto rank = kvstore::LeafRankNamed(v);
       if (!rank.ok()) { std::fprintf(stderr, "retrieval: --leaf-rank: %s\n", rank.status().message().c_str()); return false; }
@@ -365,26 +372,26 @@ int RunRetrieval(int argc, char** argv) {
                 *std::min_element(cpu.begin(), cpu.end()) / 1000.0);
     return 0;
   }
-  Retriever sparse(RetrievalPolicy{a.budget, RetrievalMode::kSparse});
+  Retriever sparse(RetrievalPolicy{a.budget, RetrievalMode::kSparse, a.merge});
   if (a.profile_loops > 0) {
     std::vector<double> cpu;
     PageSelection sel;
     std::vector<uint64_t> evict(static_cast<size_t>(a.profile_evict_mb) << 17, 1);
     uint64_t sink = 0;
     for (int loop = 0; loop < a.profile_loops; ++loop) {
-      for (int j = 0; j < nq; ++j) {
+      for (int j = 0; j < nq; j += a.group) {  // one selection per GQA group, as the main loop
         for (size_t e = 0; e < evict.size(); e += 8) sink += evict[e]++;
         const double c = ThreadCpuUs();
-        Status s = sparse.Select({seq.get()}, 0, queries.data() + static_cast<size_t>(j) * d, 1, &sel);
+        Status s = sparse.Select({seq.get()}, 0, queries.data() + static_cast<size_t>(j) * d, std::min(a.group, nq - j), &sel);
         cpu.push_back(ThreadCpuUs() - c);
         if (!s.ok()) { std::fprintf(stderr, "retrieval: %s\n", s.ToString().c_str()); return 1; }
       }
     }
-    std::printf("profile: %zu sparse queries, median %.1f us thread cpu (build %.2f ms cpu)%s\n", cpu.size(), Median(cpu),
+    std::printf("profile: %zu sparse selections, median %.1f us thread cpu (build %.2f ms cpu)%s\n", cpu.size(), Median(cpu),
                 build_cpu_ms, sink == 1 ? " " : "");
     return 0;
   }
-  Retriever oracle(RetrievalPolicy{a.budget, RetrievalMode::kOracle});
+  Retriever oracle(RetrievalPolicy{a.budget, RetrievalMode::kOracle, a.merge});
   // Quest over the same keys in token order.
   kvstore::SequenceCacheOptions qo = so;
   qo.layout = kvstore::SparseLayout::kTokenOrder;
@@ -392,7 +399,7 @@ int RunRetrieval(int argc, char** argv) {
   Status qs = quest_seq_or.ok() ? (*quest_seq_or)->Build(&kp, &vp, n) : quest_seq_or.status();
   if (!qs.ok()) { std::fprintf(stderr, "retrieval: quest layout: %s\n", qs.ToString().c_str()); return 1; }
   auto quest_seq = std::move(quest_seq_or).value();
-  Retriever quest(RetrievalPolicy{a.budget, RetrievalMode::kQuest});
+  Retriever quest(RetrievalPolicy{a.budget, RetrievalMode::kQuest, a.merge});
   std::unordered_map<int32_t, int64_t> middle_first;  // quest middle page -> its first position
   for (size_t i = 0; i < quest_seq->middle_pages(0, 0).size(); ++i)
     middle_first[quest_seq->middle_pages(0, 0)[i]] = quest_seq->sink_tokens() + static_cast<int64_t>(i) * a.page_size;
@@ -415,7 +422,7 @@ int RunRetrieval(int argc, char** argv) {
   std::vector<std::vector<int64_t>> selections(nq);
   std::vector<Weights> weights(nq);
   // With --group G the G queries of a group share one selection (sparse, oracle and Quest alike:
-  // each head ranks its own leaves or pages, merged rank by rank, as Retriever serves a GQA group);
+  // each head ranks its own leaves or pages, merged by the serving kvstore::GroupMerge, as Retriever serves a GQA group);
   // kept mass is still per query, against that query's own softmax. Selection times are per group.
   PageSelection sel, best, qsel;
   for (int j = 0; j < nq; ++j) {
@@ -571,7 +578,7 @@ int RunRetrieval(int argc, char** argv) {
 
   nlohmann::json out = {
       {"workload", "retrieval"},
-      {"n", n}, {"dim", d}, {"queries", nq}, {"group", a.group}, {"dtype", a.dtype},
+      {"n", n}, {"dim", d}, {"queries", nq}, {"group", a.group}, {"group_merge", kvstore::GroupMergeName(a.merge)}, {"dtype", a.dtype},
       {"page_size", a.page_size}, {"budget_pages", a.budget}, {"sink_pages", a.sink}, {"window_pages", a.window},
       {"tokens_selected_mean", T}, {"tokens_scored_mean", tokens_scored / nq}, {"cells_expanded_mean", cells_expanded / nq},
       {"levels", seq->tree(0, 0)->level_counts()},

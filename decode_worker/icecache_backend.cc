@@ -50,7 +50,7 @@ IceCacheBackend::IceCacheBackend(const model::AttentionShape& shape, kvstore::Pa
 IceCacheBackend::~IceCacheBackend() = default;  // each SequenceCache frees its pages
 
 Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
-                               kvstore::RetrievalMode mode) {
+                               kvstore::RetrievalMode mode, kvstore::GroupMerge merge) {
   if (seqs_.count(id)) return AlreadyExistsError("sequence " + std::to_string(id) + " exists");
   const auto& o = cache->options();
   if (o.num_layers != shape_.num_layers || o.num_kv_heads != shape_.num_kv_heads ||
@@ -74,6 +74,7 @@ Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceC
   s.cache = std::move(cache);
   s.policy.budget_pages = std::max(budget_pages, 1);
   s.policy.mode = mode;
+  s.policy.merge = merge;
   seqs_.emplace(id, std::move(s));
   return Status::Ok();
 }

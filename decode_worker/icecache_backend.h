@@ -93,10 +93,13 @@ class IceCacheBackend final : public model::AttentionBackend {
   // of sparse layers (ignored when the cache has none); at least the cache's sink_pages +
   // window_pages (equal: no retrieved pages, the StreamingLLM-style baseline). mode: kSparse serves; kFull, kOracle (exact best leaves) and kQuest (on a
   // cache built with kvstore::SparseLayout::kTokenOrder) are the accuracy baselines; a mode that
-  // does not match the cache's layout is INVALID_ARGUMENT. INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
+  // does not match the cache's layout is INVALID_ARGUMENT. merge: how a GQA group's lists become
+  // one page set (kvstore::GroupMerge; the serving default unless a benchmark compares).
+  // INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
   // too small; ALREADY_EXISTS for a used id. On error the cache is released.
   Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
-                kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse);
+                kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse,
+                kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge);
 
   // AddSequence is not supported (FAILED_PRECONDITION): sequences come from Import.
   Status AddSequence(model::SequenceId id) override;

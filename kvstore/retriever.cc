@@ -1,9 +1,14 @@
 #include "kvstore/retriever.h"
 
+#include "kvstore/vector_ops.h"
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace icecache::kvstore {
@@ -31,6 +36,90 @@ std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>&
   return out;
 }
 
+StatusOr<GroupMerge> GroupMergeNamed(const std::string& name) {
+  if (name == "rank") return GroupMerge::kRank;
+  if (name == "mass") return GroupMerge::kMass;
+  return InvalidArgumentError("unknown group merge '" + name + "' (rank or mass)");
+}
+
+const char* GroupMergeName(GroupMerge merge) { return merge == GroupMerge::kMass ? "mass" : "rank"; }
+
+std::vector<int32_t> MergeByMass(const std::vector<std::vector<ScoredLeaf>>& lists, int k, float c,
+                                 const float* fixed_logz) {
+  struct Candidate {
+    int32_t leaf;
+    int32_t order;  // position in rank-by-rank order of its first occurrence
+    float weight;
+  };
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // Head j's exp(c s - m_j) for each listed entry (entry r of list j at w[off[j] + r]), and its
+  // Z_j relative to m_j: the fixed tokens plus its listed pages.
+  thread_local std::vector<float> w;
+  thread_local std::vector<size_t> off;
+  w.clear();
+  off.assign(lists.size() + 1, 0);
+  size_t longest = 0;
+  for (size_t j = 0; j < lists.size(); ++j) {
+    const auto& l = lists[j];
+    longest = std::max(longest, l.size());
+    off[j] = w.size();
+    const float fixed = fixed_logz == nullptr ? kNegInf : fixed_logz[j];
+    float m = fixed;
+    for (const ScoredLeaf& e : l) m = std::max(m, c * e.score);
+    if (!(m > kNegInf)) {  // nothing finite: the head's entries weigh 0
+      w.insert(w.end(), l.size(), 0.f);
+      continue;
+    }
+    float z = fixed > kNegInf ? std::exp(fixed - m) : 0.f;
+    for (const ScoredLeaf& e : l) {
+      w.push_back(std::exp(c * e.score - m));
+      z += w.back();
+    }
+    const float inv = 1.f / z;
+    for (size_t r = off[j]; r < w.size(); ++r) w[r] *= inv;
+  }
+  // One candidate per leaf in rank-by-rank order of first occurrence, its weights summed.
+  thread_local std::vector<Candidate> all;
+  all.clear();
+  const bool linear = w.size() <= 128;  // budgets are a few dozen pages: a scan beats hashing
+  thread_local std::unordered_map<int32_t, int32_t> at;
+  at.clear();
+  int32_t order = 0;
+  for (size_t r = 0; r < longest; ++r) {
+    for (size_t j = 0; j < lists.size(); ++j) {
+      if (r >= lists[j].size()) continue;
+      const int32_t leaf = lists[j][r].leaf;
+      const float x = w[off[j] + r];
+      int32_t i = -1;
+      if (linear) {
+        for (size_t t = 0; t < all.size(); ++t) {
+          if (all[t].leaf == leaf) {
+            i = static_cast<int32_t>(t);
+            break;
+          }
+        }
+      } else {
+        auto [it, fresh] = at.emplace(leaf, static_cast<int32_t>(all.size()));
+        if (!fresh) i = it->second;
+      }
+      if (i >= 0) {
+        all[i].weight += x;
+      } else {
+        all.push_back({leaf, order, x});
+      }
+      ++order;
+    }
+  }
+  const size_t take = std::min(all.size(), static_cast<size_t>(std::max(k, 0)));
+  auto better = [](const Candidate& a, const Candidate& b) {
+    return a.weight > b.weight || (a.weight == b.weight && a.order < b.order);
+  };
+  std::partial_sort(all.begin(), all.begin() + take, all.end(), better);
+  std::vector<int32_t> out(take);
+  for (size_t i = 0; i < take; ++i) out[i] = all[i].leaf;
+  return out;
+}
+
 float QuestBound(const float* q, const float* bounds, int head_dim) {
   const float* lo = bounds;
   const float* hi = bounds + head_dim;
@@ -40,6 +129,61 @@ float QuestBound(const float* q, const float* bounds, int head_dim) {
 }
 
 namespace {
+
+// Head j's log sum of exp(c q_j . k) over the sink and window tokens of (layer, kv_head), for
+// GroupMerge::kMass: out [group].
+void FixedLogZ(const SequenceCache& seq, int layer, int kv_head, const float* q_group, int group, float c,
+               std::vector<float>* out) {
+  const PagePool& pool = *seq.pool();
+  const int d = pool.head_dim();
+  const auto& sink = seq.sink_pages(layer, kv_head);
+  const auto& window = seq.window_pages(layer, kv_head);
+  // Every fixed token's score for every head, head-major per page: [page][head][token].
+  thread_local std::vector<float> scores;
+  thread_local std::vector<int> counts;
+  scores.clear();
+  counts.clear();
+  auto add = [&](int32_t page, int valid) {
+    if (valid <= 0) return;
+    const size_t at = scores.size();
+    scores.resize(at + static_cast<size_t>(group) * valid);
+    ScoreRowsMulti(pool.dtype(), pool.PageK(page), valid, d, q_group, group, scores.data() + at);
+    counts.push_back(valid);
+  };
+  for (size_t i = 0; i < sink.size(); ++i) add(sink[i], seq.sink_valid(i));
+  for (size_t i = 0; i < window.size(); ++i) add(window[i], seq.window_valid(i));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  out->assign(group, kNegInf);
+  for (int j = 0; j < group; ++j) {
+    float m = kNegInf;
+    size_t at = 0;
+    for (int v : counts) {
+      const float* sj = scores.data() + at + static_cast<size_t>(j) * v;
+      for (int t = 0; t < v; ++t) m = std::max(m, sj[t]);
+      at += static_cast<size_t>(group) * v;
+    }
+    if (!(m > kNegInf)) continue;
+    float z = 0.f;
+    at = 0;
+    for (int v : counts) {
+      const float* sj = scores.data() + at + static_cast<size_t>(j) * v;
+      for (int t = 0; t < v; ++t) z += std::exp(c * (sj[t] - m));
+      at += static_cast<size_t>(group) * v;
+    }
+    (*out)[j] = c * m + std::log(z);
+  }
+}
+
+// The policy's merge of a group's lists into at most k leaves.
+std::vector<int32_t> MergeGroup(const RetrievalPolicy& policy, const SequenceCache& seq, int layer, int kv_head,
+                                const float* q_group, int group, const std::vector<std::vector<ScoredLeaf>>& lists,
+                                int k) {
+  if (policy.merge == GroupMerge::kRank || group == 1) return MergeRankByRank(lists, k);
+  const float c = 1.f / std::sqrt(static_cast<float>(seq.pool()->head_dim()));
+  thread_local std::vector<float> fixed;
+  FixedLogZ(seq, layer, kv_head, q_group, group, c, &fixed);
+  return MergeByMass(lists, k, c, fixed.data());
+}
 
 // Token-order (Quest) layout: sink, then the middle pages, then window.
 Status SelectTokenOrder(const RetrievalPolicy& policy, const SequenceCache& seq, int layer, int kv_head,
@@ -72,7 +216,7 @@ Status SelectTokenOrder(const RetrievalPolicy& policy, const SequenceCache& seq,
       std::partial_sort(l.begin(), l.begin() + k, l.end(), better);
       l.resize(k);
     }
-    std::vector<int32_t> chosen = MergeRankByRank(lists, k);
+    std::vector<int32_t> chosen = MergeGroup(policy, seq, layer, kv_head, q_group, group, lists, k);
     std::sort(chosen.begin(), chosen.end());  // position order, as the pages lie
     for (int32_t i : chosen) push(middle[i], seq.middle_valid(i));
   }
@@ -119,7 +263,7 @@ Status Retriever::SelectHead(const RetrievalPolicy& policy, const SequenceCache&
       } else {
         tree->QueryGroup(q_group, group, k, &lists);
       }
-      for (int32_t leaf : MergeRankByRank(lists, k)) push(tree->leaf_page(leaf, payload), tree->leaf_valid(leaf), leaf);
+      for (int32_t leaf : MergeGroup(policy, seq, layer, kv_head, q_group, group, lists, k)) push(tree->leaf_page(leaf, payload), tree->leaf_valid(leaf), leaf);
     }
   }
   for (size_t i = 0; i < window.size(); ++i) push(window[i], seq.window_valid(i), -1);

@@ -3,17 +3,17 @@
 // For each (sequence, kv head) of a layer it selects, under a budget counted in pages (sink and
 // window included: 16 pages = 2 sink + 12 retrieved + 2 window):
 //   sink pages + K retrieved tree leaves + window pages,  K = budget - #sink - #window.
-// The K leaves come from DciTree::Query for every query head of the GQA group, merged rank by
-// rank (rank 0 of every head, then rank 1, ...) without duplicates. If the tree has <= K leaves,
-// all are taken (exact). Modes:
+// The K leaves come from DciTree::Query for every query head of the GQA group (each head's best K,
+// ranked by their best token score), merged into one set of K by the policy's GroupMerge (below).
+// If the tree has <= K leaves, all are taken (exact). Modes:
 //   kSparse  the tree search above;
 //   kFull    every page (sink, all leaves, window): exact dense attention;
 //   kOracle  as kSparse but each head's list is the exact best-K leaves by best token score;
 //   kQuest   the Quest baseline (Tang et al. 2024) on a SparseLayout::kTokenOrder cache: the
 //            middle pages in position order, each ranked for every query head by the upper bound
 //            sum_c max(q_c * max_c, q_c * min_c) of q.k over its keys (per-channel min/max of the
-//            page's keys), the K best per head merged rank by rank as above. Same sink, window and
-//            budget accounting as kSparse.
+//            page's keys), the K best per head merged as above. Same sink, window and budget
+//            accounting as kSparse.
 // kSparse / kOracle need the tree layout and kQuest the token-order layout (INVALID_ARGUMENT
 // otherwise); kFull takes every page of either.
 // Dense layers always select all their pages. If budget < #sink + #window, sink and window are
@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -58,9 +59,26 @@ inline SparseLayout LayoutFor(RetrievalMode mode) {
 // Quest's bound for query q [head_dim] over page bounds [2, head_dim] (min row, max row).
 float QuestBound(const float* q, const float* bounds, int head_dim);
 
+// How the ranked lists of a GQA group's query heads become one set of K pages for their KV head.
+//   kRank  rank by rank: rank 0 of every head, then rank 1, ..., first occurrence wins (each head
+//          an equal share, whatever its attention looks like).
+//   kMass  by the group's estimated attention weight: head j's softmax over the pages it can see is
+//          estimated from its sink and window tokens (scored exactly) and its listed pages (each
+//          standing for its best token score s); a page weighs sum_j exp(c s_j) / Z_j over the
+//          heads that list it, c = 1 / sqrt(head_dim) (the attention scale of every supported
+//          family). A head whose attention sits in a few pages, or in its sink and window, gives
+//          up slots to a head whose attention is spread over many (docs/kvstore.md, "Group merge").
+// With one query head per KV head both give that head's K best.
+enum class GroupMerge : int { kRank = 0, kMass = 1 };
+
+// "rank" | "mass" (INVALID_ARGUMENT otherwise), and back.
+StatusOr<GroupMerge> GroupMergeNamed(const std::string& name);
+const char* GroupMergeName(GroupMerge merge);
+
 struct RetrievalPolicy {
   int budget_pages = 16;  // >= 1; sink and window pages count against it
   RetrievalMode mode = RetrievalMode::kSparse;
+  GroupMerge merge = GroupMerge::kMass;  // the serving default (docs/kvstore.md, "Group merge")
 };
 
 struct PageSelection {
@@ -105,5 +123,13 @@ class Retriever {
 
 // Merges ranked lists rank by rank into at most k distinct leaves (first occurrence wins).
 std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>& lists, int k);
+
+// GroupMerge::kMass: at most k distinct leaves of `lists` (one per query head, scores q_j . k) by
+// w(l) = sum_j exp(c s_j(l)) / Z_j, Z_j = fixed_z[j] + sum over list j of exp(c s), where
+// fixed_logz[j] = log of head j's sum of exp(c q_j . k) over its sink and window tokens (-inf
+// for none). Best weight first; ties by first occurrence in rank order (so equal lists give
+// MergeRankByRank's answer).
+std::vector<int32_t> MergeByMass(const std::vector<std::vector<ScoredLeaf>>& lists, int k, float c,
+                                 const float* fixed_logz);
 
 }  // namespace icecache::kvstore

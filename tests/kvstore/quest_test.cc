@@ -108,7 +108,8 @@ TEST(QuestTest, SelectionMatchesBruteForceRanking) {
   std::mt19937 rng(5);
   std::normal_distribution<float> g;
   for (auto& x : q) x = g(rng);
-  Retriever r(RetrievalPolicy{budget, RetrievalMode::kQuest});
+  // Rank-by-rank merge here (the mass merge of the same lists is retriever_test's).
+  Retriever r(RetrievalPolicy{budget, RetrievalMode::kQuest, GroupMerge::kRank});
   PageSelection sel;
   ASSERT_TRUE(r.Select({seq.get()}, 2, q.data(), nq, &sel).ok());
   const int k = budget - 1 - 2;

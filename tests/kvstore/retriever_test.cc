@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -30,6 +32,35 @@ TEST(RetrieverTest, MergeRankByRank) {
   std::vector<std::vector<ScoredLeaf>> lists = {{{5, 9}, {3, 8}, {7, 1}}, {{3, 9}, {4, 8}}, {{5, 2}, {8, 1}, {9, 0}}};
   EXPECT_EQ(MergeRankByRank(lists, 4), (std::vector<int32_t>{5, 3, 4, 8}));
   EXPECT_EQ(MergeRankByRank(lists, 10), (std::vector<int32_t>{5, 3, 4, 8, 7, 9}));
+}
+
+TEST(RetrieverTest, MergeByMassOneHeadKeepsItsOrder) {
+  std::vector<std::vector<ScoredLeaf>> one = {{{5, 9}, {3, 8}, {7, 1}, {2, 1}}};
+  EXPECT_EQ(MergeByMass(one, 3, 1.f, nullptr), (std::vector<int32_t>{5, 3, 7}));
+  // Equal scores everywhere: ties go by rank-by-rank order.
+  std::vector<std::vector<ScoredLeaf>> flat = {{{5, 1}, {3, 1}}, {{4, 1}, {8, 1}}};
+  EXPECT_EQ(MergeByMass(flat, 3, 1.f, nullptr), MergeRankByRank(flat, 3));
+}
+
+TEST(RetrieverTest, MergeByMassGivesSlotsToTheSpreadHead) {
+  // Head 0 puts its attention on one leaf; head 1 spreads it evenly over six.
+  std::vector<std::vector<ScoredLeaf>> lists = {{{0, 40}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}},
+                                                {{10, 5}, {11, 5}, {12, 5}, {13, 5}, {14, 5}, {15, 5}}};
+  EXPECT_EQ(MergeRankByRank(lists, 4), (std::vector<int32_t>{0, 10, 1, 11}));
+  EXPECT_EQ(MergeByMass(lists, 4, 1.f, nullptr), (std::vector<int32_t>{0, 10, 11, 12}));
+  // Head 0's sink and window hold e^60 of weight: its listed leaves weigh almost nothing.
+  const float fixed[2] = {60.f, -std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(MergeByMass(lists, 4, 1.f, fixed), (std::vector<int32_t>{10, 11, 12, 13}));
+  // A leaf both heads list sums its weights.
+  std::vector<std::vector<ScoredLeaf>> shared = {{{1, 3}, {2, 3}, {3, 3}}, {{4, 3}, {3, 3}, {5, 3}}};
+  EXPECT_EQ(MergeByMass(shared, 1, 1.f, nullptr), (std::vector<int32_t>{3}));
+  // More slots than distinct leaves: every leaf once.
+  auto all = MergeByMass(shared, 10, 1.f, nullptr);
+  EXPECT_EQ(std::set<int32_t>(all.begin(), all.end()), (std::set<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(all.size(), 5u);
+  EXPECT_EQ(GroupMergeNamed("mass").value(), GroupMerge::kMass);
+  EXPECT_EQ(GroupMergeNamed("rank").value(), GroupMerge::kRank);
+  EXPECT_EQ(GroupMergeNamed("sum").status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(RetrieverTest, BudgetCompositionSinkTopKWindow) {
@@ -116,7 +147,7 @@ TEST(RetrieverTest, OracleModeIsPerHeadExactThenMerged) {
   std::mt19937 rng(9);
   std::normal_distribution<float> g;
   for (auto& x : q) x = g(rng);
-  Retriever oracle(RetrievalPolicy{16, RetrievalMode::kOracle});
+  Retriever oracle(RetrievalPolicy{16, RetrievalMode::kOracle, GroupMerge::kRank});
   PageSelection sel;
   ASSERT_TRUE(oracle.Select({seq.get()}, 1, q.data(), nq, &sel).ok());
   // Naive: per head, best token score per leaf over the raw keys; rank; merge.
@@ -138,6 +169,25 @@ TEST(RetrieverTest, OracleModeIsPerHeadExactThenMerged) {
   auto want = MergeRankByRank(lists, 12);
   std::vector<int32_t> got(sel.tree_leaf.begin() + 2, sel.tree_leaf.begin() + 14);
   EXPECT_EQ(got, want);
+  // kMass on the same lists, with each head's sink and window weight summed naively.
+  const double c = 1.0 / std::sqrt(double(dim));
+  std::vector<float> fixed(nq);
+  for (int h = 0; h < nq; ++h) {
+    double z = 0;
+    auto add = [&](int64_t pos) {
+      double s = 0;
+      for (int j = 0; j < dim; ++j) s += double(m.K(1, pos, 0)[j]) * q[h * dim + j];
+      z += std::exp(c * s);
+    };
+    for (int64_t pos = 0; pos < seq->sink_tokens(); ++pos) add(pos);
+    for (int64_t pos = seq->window_start(); pos < m.n; ++pos) add(pos);
+    fixed[h] = float(std::log(z));
+  }
+  Retriever mass(RetrievalPolicy{16, RetrievalMode::kOracle, GroupMerge::kMass});
+  ASSERT_TRUE(mass.Select({seq.get()}, 1, q.data(), nq, &sel).ok());
+  std::vector<int32_t> got_mass(sel.tree_leaf.begin() + 2, sel.tree_leaf.begin() + 14);
+  EXPECT_EQ(got_mass, MergeByMass(lists, 12, float(c), fixed.data()));
+  EXPECT_NE(got_mass, want);  // the two merges differ on these heads
 }
 
 TEST(RetrieverTest, IceReuseFollowersShareLeaderLeaves) {
@@ -209,7 +259,7 @@ TEST_P(RecallTest, RecallOnStructuredSyntheticKeys) {
   auto seq = SequenceCache::Create(o, pool.get()).value();
   ASSERT_TRUE(seq->Build(&kp, &vp, n).ok());
   Retriever sparse(RetrievalPolicy{16, RetrievalMode::kSparse});
-  Retriever oracle(RetrievalPolicy{16, RetrievalMode::kOracle});
+  Retriever oracle(RetrievalPolicy{16, RetrievalMode::kOracle, GroupMerge::kRank});
   const float scale = 1.f / std::sqrt(float(dim));
   double page_recall = 0, mass_recall = 0;
   for (int j = 0; j < nqueries; ++j) {
