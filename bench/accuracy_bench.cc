@@ -99,13 +99,6 @@ StatusOr<TrialResult> RunTrial(model::Model& m, kvstore::PagePool* pool, const P
   return r;
 }
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');) if (!t.empty()) out.push_back(t);
-  return out;
-}
-
 int ParseContext(const std::string& s) {
   if (!s.empty() && (s.back() == 'k' || s.back() == 'K')) return std::atoi(s.c_str()) * 1024;
   return std::atoi(s.c_str());

@@ -1,6 +1,7 @@
 #include "bench/kv_methods.h"
 
 #include <cstdio>
+#include <sstream>
 
 #include "kvstore/sequence_cache.h"
 #include "model/dense_kv_cache.h"
@@ -119,14 +120,18 @@ std::string MethodLabel(const KvMethod& m) {
   return label;
 }
 
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) if (!t.empty()) out.push_back(t);
+  return out;
+}
+
 StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& list) {
   std::vector<kvstore::GroupMerge> out;
-  size_t b = 0;
-  while (b <= list.size() && !list.empty()) {
-    const size_t e = std::min(list.find(',', b), list.size());
-    ICE_ASSIGN_OR_RETURN(kvstore::GroupMerge g, kvstore::GroupMergeNamed(list.substr(b, e - b)));
+  for (const std::string& name : Split(list)) {
+    ICE_ASSIGN_OR_RETURN(kvstore::GroupMerge g, kvstore::GroupMergeNamed(name));
     out.push_back(g);
-    b = e + 1;
   }
   if (out.empty()) out.push_back(kvstore::RetrievalPolicy{}.merge);
   return out;

@@ -89,6 +89,9 @@ Status DecodeStep(model::Model& m, model::AttentionBackend& be, int32_t tok, std
 // "icecache b16", "full", "icecache b16 fov_min 32 frac 0.001".
 std::string MethodLabel(const KvMethod& m);
 
+// "a,b,,c" -> {"a", "b", "c"}: the benches' comma lists (empty items dropped).
+std::vector<std::string> Split(const std::string& s);
+
 // "rank,mass" -> the GroupMerges named, in order; empty -> the serving default alone.
 // INVALID_ARGUMENT naming the bad entry.
 StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& list);

@@ -46,13 +46,6 @@ constexpr const char* kUsage =
 
 double Wall() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');) if (!t.empty()) out.push_back(t);
-  return out;
-}
-
 // -log softmax(logits)[target], in double.
 double Nll(const std::vector<float>& logits, int vocab, int32_t target) {
   double mx = -1e300;

@@ -57,7 +57,7 @@ std::vector<int32_t> MergeByMass(const std::vector<std::vector<ScoredLeaf>>& lis
   thread_local std::vector<float> w;
   thread_local std::vector<size_t> off;
   w.clear();
-  off.assign(lists.size() + 1, 0);
+  off.assign(lists.size(), 0);
   size_t longest = 0;
   for (size_t j = 0; j < lists.size(); ++j) {
     const auto& l = lists[j];

@@ -125,7 +125,7 @@ class Retriever {
 std::vector<int32_t> MergeRankByRank(const std::vector<std::vector<ScoredLeaf>>& lists, int k);
 
 // GroupMerge::kMass: at most k distinct leaves of `lists` (one per query head, scores q_j . k) by
-// w(l) = sum_j exp(c s_j(l)) / Z_j, Z_j = fixed_z[j] + sum over list j of exp(c s), where
+// w(l) = sum_j exp(c s_j(l)) / Z_j, Z_j = exp(fixed_logz[j]) + sum over list j of exp(c s), where
 // fixed_logz[j] = log of head j's sum of exp(c q_j . k) over its sink and window tokens (-inf
 // for none). Best weight first; ties by first occurrence in rank order (so equal lists give
 // MergeRankByRank's answer).
