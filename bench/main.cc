@@ -35,7 +35,12 @@ int main(int argc, char** argv) {
   }
   // Figures depend on the SIMD target of the CPU kernels: name it (ICECACHE_SIMD=avx512|avx2|scalar
   // forces one; kernels/simd_target.h).
-  std::fprintf(stderr, "icecache-bench: CPU kernels on SIMD target %s\n",
-               std::string(icecache::kernels::SimdTargetName(icecache::kernels::ActiveSimdTarget())).c_str());
+  // On avx2 the int8 kernels' form too (ICECACHE_AVX_VNNI=off turns AVX-VNNI off).
+  const auto target = icecache::kernels::ActiveSimdTarget();
+  const char* vnni = target != icecache::kernels::SimdTarget::kAvx2 ? ""
+                     : icecache::kernels::AvxVnniActive()       ? " (int8 kernels: AVX-VNNI)"
+                                                                : " (int8 kernels: vpmaddwd)";
+  std::fprintf(stderr, "icecache-bench: CPU kernels on SIMD target %s%s\n",
+               std::string(icecache::kernels::SimdTargetName(target)).c_str(), vnni);
   return it->second.second(argc - 1, argv + 1);
 }

@@ -56,4 +56,17 @@ bool AmxActive();     // AmxSupported() and not turned off
 // FAILED_PRECONDITION when turning it on where AmxSupported() is false.
 Status SetAmxActive(bool on);
 
+// AVX-VNNI (`vpdpbusd` on ymm registers, VEX-encoded: Intel Alder Lake and later client cores,
+// the Sierra Forest E-core Xeons, AMD Zen 5): on the avx2 target the IceCache store's int8
+// kernels (the DCI build's parent search ArgmaxDotI8 and the upper-level scoring ScoreRowsI8,
+// kvstore/vector_ops.h) use it in place of their `vpmaddwd` form, a quarter of the multiplies.
+// Not a SIMD target of its own: the same integers, so the same trees and scores (the avx512
+// target has `vpdpbusd` on zmm already). ICECACHE_AVX_VNNI=off turns it off at start (on, the
+// default, uses it where supported). Logged once (INFO) when first asked.
+bool AvxVnniSupported();  // CPU (cpuid leaf 7.1 EAX bit 4) and the avx2 target supported
+bool AvxVnniActive();     // AvxVnniSupported() and not turned off
+// Turns the AVX-VNNI int8 path on or off (tests and benchmarks compare both in one process).
+// FAILED_PRECONDITION when turning it on where AvxVnniSupported() is false.
+Status SetAvxVnniActive(bool on);
+
 }  // namespace icecache::kernels

@@ -2,14 +2,16 @@
 // active SIMD target's copy of this file): the quantisers of keys and rows, the exact int8
 // parent search of the DCI-tree build (ArgmaxDotI8) and the int8 scoring of a query's upper
 // levels (ScoreRowsI8). Every target computes the same integers (vpdpbusd on avx512, vpmaddwd on
-// avx2, vmull_s8 + vpadalq_s16 or sdot on neon, plain loops on scalar).
+// avx2 or, where the CPU has AVX-VNNI (kernels/simd_target.h), vpdpbusd on ymm, vmull_s8 +
+// vpadalq_s16 or sdot on neon, plain loops on scalar).
 #include <climits>
 
 #if defined(__aarch64__)
 #include <sys/auxv.h>  // getauxval: the dotprod probe
 #endif
 
-#include "kernels/cpu/simd.h"  // last: switches code generation to the target
+#include "kernels/simd_target.h"  // AvxVnniActive
+#include "kernels/cpu/simd.h"     // last: switches code generation to the target
 
 namespace icecache::kernels::cpu::ICE_SIMD_NS {
 namespace {
@@ -102,6 +104,116 @@ inline void SplitS8Words(const uint32_t* w, int quads, int32_t* kl, int32_t* kh)
 // acc + per lane the 4-byte dot of the row word (split as even / odd) with the key word (kl, kh).
 inline __m256i AddDotPairs(__m256i acc, __m256i even, __m256i odd, __m256i kl, __m256i kh) {
   return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(even, kl), _mm256_madd_epi16(odd, kh)));
+}
+
+// The AVX2 parent search's running best of one key over a strip of 16 rows (two vectors of 8
+// lanes), kept as the AVX-512 kernel keeps it: per lane dot * 128 + (127 - strip in the chunk), so
+// a max picks the larger dot and, on ties, the earlier strip. Lanes of rows at or past nr (the
+// strip's valid lanes: v0, v1) never count.
+inline void KeepBest16(__m256i (&bk)[2], __m256i acc0, __m256i acc1, __m256i v0, __m256i v1, __m256i c) {
+  const __m256i int_min = _mm256_set1_epi32(INT32_MIN);
+  bk[0] = _mm256_max_epi32(bk[0], _mm256_blendv_epi8(int_min, _mm256_add_epi32(_mm256_slli_epi32(acc0, 7), c), v0));
+  bk[1] = _mm256_max_epi32(bk[1], _mm256_blendv_epi8(int_min, _mm256_add_epi32(_mm256_slli_epi32(acc1, 7), c), v1));
+}
+
+// The valid lanes of strip b (rows b * 16 ..) for nr rows, as KeepBest16 takes them.
+inline void StripLanes16(int nr, int b, __m256i* v0, __m256i* v1) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i rem = _mm256_set1_epi32(nr - b * 16);
+  *v0 = _mm256_cmpgt_epi32(rem, lane);
+  *v1 = _mm256_cmpgt_epi32(rem, _mm256_add_epi32(lane, _mm256_set1_epi32(8)));
+}
+
+// A chunk's best (from strip c0 on) into the key's (best_dot, best_row) when its dot is larger:
+// the largest lane; among lanes holding it, the lowest (same strip, same dot).
+inline void TakeChunkBest16(const __m256i (&bk)[2], int c0, int32_t* best_dot, int32_t* best_row) {
+  __m256i mv = _mm256_max_epi32(bk[0], bk[1]);
+  mv = _mm256_max_epi32(mv, _mm256_permute2x128_si256(mv, mv, 1));
+  mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0x4e));
+  mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0xb1));
+  const int32_t m = _mm256_cvtsi256_si32(mv);
+  const uint32_t eq = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[0], mv)))) |
+                      static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[1], mv)))) << 8;
+  const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - strip
+  if (dot > *best_dot) {
+    *best_dot = dot;
+    *best_row = (c0 + 127 - (m & 127)) * 16 + __builtin_ctz(eq);
+  }
+}
+#endif
+
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+// The AVX-VNNI forms of the avx2 target's int8 kernels (used where AvxVnniActive()): one
+// vpdpbusd (four u8 row bytes x s8 key bytes into an int32 lane, exact) per 8 rows, key word and
+// quad, where the vpmaddwd form takes two multiplies and two adds on pre-split bytes. The same
+// integers in the same order as the vpmaddwd form and the scalar loops. Compiled for AVX-VNNI on
+// top of the avx2 target's ISA, so the helpers above inline into them.
+#define ICE_AVX_VNNI_FN __attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,avxvnni")))
+
+// ArgmaxDotI8 (the avx2 kernel's strips, chunks and best-keeping; kT keys per pass).
+ICE_AVX_VNNI_FN void ArgmaxDotI8AvxVnni(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t,
+                                        int ld, int nr, int quads, int32_t* best) {
+  constexpr int kT = 6;
+  const int ns = (nr + 15) / 16;
+  for (int i = 0; i < nx; i += kT) {
+    const uint32_t* xs[kT];
+    __m256i init[kT];
+    int32_t best_dot[kT], best_row[kT];
+    for (int t = 0; t < kT; ++t) {
+      const int src = std::min(i + t, nx - 1);
+      xs[t] = x + static_cast<size_t>(src) * quads;
+      init[t] = _mm256_set1_epi32(-128 * x_sum[src]);
+      best_dot[t] = INT32_MIN;
+      best_row[t] = 0;
+    }
+    for (int c0 = 0; c0 < ns; c0 += 128) {
+      const int c1 = std::min(ns, c0 + 128);
+      __m256i bk[kT][2];
+      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = _mm256_set1_epi32(INT32_MIN);
+      for (int b = c0; b < c1; ++b) {
+        __m256i acc[kT][2];
+        for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
+        const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
+        for (int j = 0; j < quads; ++j, r += ld) {
+          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
+          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
+          for (int t = 0; t < kT; ++t) {
+            const __m256i u = _mm256_set1_epi32(static_cast<int>(xs[t][j]));
+            acc[t][0] = _mm256_dpbusd_avx_epi32(acc[t][0], r0, u);
+            acc[t][1] = _mm256_dpbusd_avx_epi32(acc[t][1], r1, u);
+          }
+        }
+        __m256i v0, v1;
+        StripLanes16(nr, b, &v0, &v1);
+        const __m256i c = _mm256_set1_epi32(127 - (b - c0));
+        for (int t = 0; t < kT; ++t) KeepBest16(bk[t], acc[t][0], acc[t][1], v0, v1, c);
+      }
+      for (int t = 0; t < kT; ++t) TakeChunkBest16(bk[t], c0, &best_dot[t], &best_row[t]);
+    }
+    for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
+  }
+}
+
+// ScoreRowsI8's dots of 16 rows (word j of row c at rw[j * 32 + c]) with nh <= 4 queries (word j
+// of query h at q[h][j], byte sum q_sum[h]; the accumulators start at -128 * q_sum[h], which
+// removes the rows' +128 offset).
+ICE_AVX_VNNI_FN void DotRows16AvxVnni(const uint32_t* rw, int quads, const uint32_t* const* q, const int32_t* q_sum,
+                                      int nh, __m256i (*acc)[2]) {
+  __m256i a[4][2];
+  for (int h = 0; h < nh; ++h) a[h][0] = a[h][1] = _mm256_set1_epi32(-128 * q_sum[h]);
+  for (int j = 0; j < quads; ++j, rw += 32) {
+    const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
+    const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));
+    for (int h = 0; h < nh; ++h) {
+      const __m256i u = _mm256_set1_epi32(static_cast<int>(q[h][j]));
+      a[h][0] = _mm256_dpbusd_avx_epi32(a[h][0], r0, u);
+      a[h][1] = _mm256_dpbusd_avx_epi32(a[h][1], r1, u);
+    }
+  }
+  for (int h = 0; h < nh; ++h) {
+    acc[h][0] = a[h][0];
+    acc[h][1] = a[h][1];
+  }
 }
 #endif
 
@@ -411,14 +523,16 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
   }
 #elif ICE_SIMD_AVX2
+  if (AvxVnniActive()) {
+    ArgmaxDotI8AvxVnni(x, x_sum, nx, rows_t, ld, nr, quads, best);
+    return;
+  }
   // Exact int32 dots by AddDotPairs (each key's words split once). kT keys against 16 rows per
   // pass; the running best per lane and the chunk scheme are those of the AVX-512 kernel, with
-  // strips of 16 rows in place of blocks of 32.
+  // strips of 16 rows in place of blocks of 32 (KeepBest16, TakeChunkBest16).
   constexpr int kT = 6;
   const int ns = (nr + 15) / 16;
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i even = _mm256_set1_epi32(0x00ff00ff);
-  const __m256i int_min = _mm256_set1_epi32(INT32_MIN);
   alignas(32) int32_t kl[kT][kI8MaxQuadsKernel], kh[kT][kI8MaxQuadsKernel];
   // The rows' u8 bytes split into even / odd int16 pairs once per call, strip by strip and quad
   // by quad (4 vectors: even bytes of rows 0-7, of rows 8-15, odd bytes of rows 0-7, of 8-15),
@@ -455,7 +569,7 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     for (int c0 = 0; c0 < ns; c0 += 128) {
       const int c1 = std::min(ns, c0 + 128);
       __m256i bk[kT][2];
-      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = int_min;
+      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = _mm256_set1_epi32(INT32_MIN);
       for (int b = c0; b < c1; ++b) {
         __m256i acc[kT][2];
         for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
@@ -471,33 +585,12 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
             acc[t][1] = AddDotPairs(acc[t][1], e1, o1, ul, uh);
           }
         }
-        // Lanes past nr never count.
-        const __m256i rem = _mm256_set1_epi32(nr - b * 16);
-        const __m256i v0 = _mm256_cmpgt_epi32(rem, lane);
-        const __m256i v1 = _mm256_cmpgt_epi32(rem, _mm256_add_epi32(lane, _mm256_set1_epi32(8)));
+        __m256i v0, v1;
+        StripLanes16(nr, b, &v0, &v1);
         const __m256i c = _mm256_set1_epi32(127 - (b - c0));
-        for (int t = 0; t < kT; ++t) {
-          const __m256i s0 = _mm256_add_epi32(_mm256_slli_epi32(acc[t][0], 7), c);
-          const __m256i s1 = _mm256_add_epi32(_mm256_slli_epi32(acc[t][1], 7), c);
-          bk[t][0] = _mm256_max_epi32(bk[t][0], _mm256_blendv_epi8(int_min, s0, v0));
-          bk[t][1] = _mm256_max_epi32(bk[t][1], _mm256_blendv_epi8(int_min, s1, v1));
-        }
+        for (int t = 0; t < kT; ++t) KeepBest16(bk[t], acc[t][0], acc[t][1], v0, v1, c);
       }
-      for (int t = 0; t < kT; ++t) {
-        // The best key; among lanes holding it, the lowest (same strip, same dot).
-        __m256i mv = _mm256_max_epi32(bk[t][0], bk[t][1]);
-        mv = _mm256_max_epi32(mv, _mm256_permute2x128_si256(mv, mv, 1));
-        mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0x4e));
-        mv = _mm256_max_epi32(mv, _mm256_shuffle_epi32(mv, 0xb1));
-        const int32_t m = _mm256_cvtsi256_si32(mv);
-        const uint32_t eq = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[t][0], mv)))) |
-                            static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bk[t][1], mv)))) << 8;
-        const int32_t dot = m >> 7;  // arithmetic: the low 7 bits hold 127 - strip
-        if (dot > best_dot[t]) {
-          best_dot[t] = dot;
-          best_row[t] = (c0 + 127 - (m & 127)) * 16 + __builtin_ctz(eq);
-        }
-      }
+      for (int t = 0; t < kT; ++t) TakeChunkBest16(bk[t], c0, &best_dot[t], &best_row[t]);
     }
     for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
   }
@@ -527,12 +620,19 @@ float QuantizeRowI8(const float* v, int dim, uint32_t* words, size_t stride) {
 
 void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, const uint32_t* qw, int qstride,
                  const int32_t* q_sum, const float* q_scale, int nq, float* out) {
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+  const bool vnni = AvxVnniActive();
+#endif
   for (int h0 = 0; h0 < nq; h0 += 4) {
     const int nh = std::min(4, nq - h0);
 #if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
-    // The queries' words split once for all blocks (AddDotPairs).
+    // The queries' words split once for all blocks (AddDotPairs), or as they are for AVX-VNNI.
     int32_t kl[4][kI8MaxQuadsKernel], kh[4][kI8MaxQuadsKernel];
-    for (int h = 0; h < nh; ++h) SplitS8Words(qw + static_cast<size_t>(h0 + h) * qstride, quads, kl[h], kh[h]);
+    const uint32_t* qrow[4];
+    for (int h = 0; h < nh; ++h) qrow[h] = qw + static_cast<size_t>(h0 + h) * qstride;
+    if (!vnni) {
+      for (int h = 0; h < nh; ++h) SplitS8Words(qrow[h], quads, kl[h], kh[h]);
+    }
 #endif
     for (int b = 0; b * 32 < nr; ++b) {
       const uint32_t* blk = words + static_cast<size_t>(b) * quads * 32;
@@ -560,13 +660,15 @@ void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, c
         _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][1]), _mm512_mul_ps(qs, s1)));
       }
 #elif ICE_SIMD_AVX2
-      // As ArgmaxDotI8's AVX2 kernel (AddDotPairs), 16 rows of the block per pass.
+      // As ArgmaxDotI8's AVX2 kernel (AddDotPairs, or AVX-VNNI: DotRows16AvxVnni), 16 rows of
+      // the block per pass.
       const __m256i even = _mm256_set1_epi32(0x00ff00ff);
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       for (int half = 0; half * 16 < cnt; ++half) {
         __m256i acc[4][2];
         for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm256_set1_epi32(-128 * q_sum[h0 + h]);
-        for (int j = 0; j < quads; ++j) {
+        if (vnni) DotRows16AvxVnni(blk + half * 16, quads, qrow, q_sum + h0, nh, acc);
+        for (int j = 0; j < quads && !vnni; ++j) {
           const uint32_t* rw = blk + j * 32 + half * 16;
           const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
           const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));

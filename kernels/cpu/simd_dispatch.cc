@@ -150,17 +150,41 @@ bool DetectAmx() {
 #endif
 }
 
+// Whether the switch named by env (values on | off, unset = on) asks for its path.
+bool EnvSwitchOn(const char* env) {
+  const char* v = std::getenv(env);
+  const std::string s = v == nullptr ? "" : v;
+  if (!s.empty() && s != "on" && s != "off") ICE_LOG(WARNING) << "ignoring " << env << "='" << s << "' (on or off)";
+  return s != "off";
+}
+
 std::atomic<bool>& AmxOn() {
   static std::atomic<bool> on{[] {
-    const char* env = std::getenv("ICECACHE_AMX");
-    const std::string v = env == nullptr ? "" : env;
-    if (!v.empty() && v != "on" && v != "off") {
-      ICE_LOG(WARNING) << "ignoring ICECACHE_AMX='" << v << "' (on or off)";
-    }
-    const bool want = v != "off";
+    const bool want = EnvSwitchOn("ICECACHE_AMX");
     const bool on = want && AmxSupported();
     ICE_LOG(INFO) << "CPU bf16 GEMMs and prefill attention: AMX tiles " << (on ? "on" : "off")
                   << (AmxSupported() ? (want ? "" : " (ICECACHE_AMX=off)") : " (not supported here)");
+    return on;
+  }()};
+  return on;
+}
+
+bool DetectAvxVnni() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return ((a >> 4) & 1u) != 0 && SimdTargetSupported(SimdTarget::kAvx2);
+#else
+  return false;
+#endif
+}
+
+std::atomic<bool>& AvxVnniOn() {
+  static std::atomic<bool> on{[] {
+    const bool want = EnvSwitchOn("ICECACHE_AVX_VNNI");
+    const bool on = want && AvxVnniSupported();
+    ICE_LOG(INFO) << "CPU int8 kernels on the avx2 target: AVX-VNNI " << (on ? "on" : "off")
+                  << (AvxVnniSupported() ? (want ? "" : " (ICECACHE_AVX_VNNI=off)") : " (not supported here)");
     return on;
   }()};
   return on;
@@ -180,6 +204,21 @@ Status SetAmxActive(bool on) {
     return FailedPreconditionError("AMX (AMX-TILE + AMX-BF16 with the OS's tile state) is not supported here");
   }
   AmxOn().store(on, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+bool AvxVnniSupported() {
+  static const bool supported = DetectAvxVnni();
+  return supported;
+}
+
+bool AvxVnniActive() { return AvxVnniOn().load(std::memory_order_relaxed); }
+
+Status SetAvxVnniActive(bool on) {
+  if (on && !AvxVnniSupported()) {
+    return FailedPreconditionError("AVX-VNNI (with the avx2 target) is not supported by this CPU");
+  }
+  AvxVnniOn().store(on, std::memory_order_relaxed);
   return Status::Ok();
 }
 

@@ -69,6 +69,25 @@ TEST(SimdTargetTest, AmxCanBeTurnedOnOnlyWhereSupported) {
   ASSERT_TRUE(SetAmxActive(saved).ok());
 }
 
+TEST(SimdTargetTest, AvxVnniCanBeTurnedOnOnlyWhereSupported) {
+  const bool saved = AvxVnniActive();
+  EXPECT_TRUE(!saved || AvxVnniSupported());
+  EXPECT_TRUE(!AvxVnniSupported() || SimdTargetSupported(SimdTarget::kAvx2));
+  ASSERT_TRUE(SetAvxVnniActive(false).ok());
+  EXPECT_FALSE(AvxVnniActive());
+  const Status on = SetAvxVnniActive(true);
+  if (AvxVnniSupported()) {
+    EXPECT_TRUE(on.ok()) << on.ToString();
+    EXPECT_TRUE(AvxVnniActive());
+  } else {
+    EXPECT_EQ(on.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(on.message().find("AVX-VNNI"), std::string::npos);
+    EXPECT_FALSE(AvxVnniActive());
+    std::cout << "note: this CPU lacks AVX-VNNI; the avx2 target's vpdpbusd int8 form is not run here\n";
+  }
+  ASSERT_TRUE(SetAvxVnniActive(saved).ok());
+}
+
 // Matmul across the GEMV (m <= 16) and GEMM paths, every weight type, ragged k and n; with bf16
 // weights also with bf16_activations (vdpbf16ps on avx512, rounded x elsewhere).
 TEST(SimdTargetTest, MatmulOnEveryTargetMatchesScalar) {

@@ -1,6 +1,8 @@
 // Helpers shared by the kvstore tests: pools, per-layer K/V, naive attention.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -8,12 +10,29 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/simd_target.h"
 #include "kvstore/dci_tree.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/sequence_cache.h"
 #include "kvstore/vector_ops.h"
 
 namespace icecache::kvstore::testing {
+
+// fn() once per form of the int8 kernels (ArgmaxDotI8, ScoreRowsI8) on the active target: the
+// vpmaddwd form, and on the avx2 target of a CPU with AVX-VNNI the vpdpbusd form too
+// (kernels::SetAvxVnniActive), each named in the trace. Restores the setting.
+template <typename Fn>
+void ForEachInt8Form(Fn&& fn) {
+  const bool saved = kernels::AvxVnniActive();
+  const bool both = kernels::AvxVnniSupported() && kernels::ActiveSimdTarget() == kernels::SimdTarget::kAvx2;
+  for (bool vnni : {false, true}) {
+    if (vnni && !both) break;
+    SCOPED_TRACE(vnni ? "int8 form: AVX-VNNI" : "int8 form: the target's own");
+    ASSERT_TRUE(kernels::SetAvxVnniActive(vnni).ok());
+    fn();
+  }
+  ASSERT_TRUE(kernels::SetAvxVnniActive(saved).ok());
+}
 
 inline std::unique_ptr<PagePool> MakePool(int dim, int64_t pages, kernels::DType dt = kernels::DType::kF32, int ps = 16) {
   PagePoolOptions o;

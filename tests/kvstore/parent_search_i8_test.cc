@@ -168,10 +168,19 @@ void SetAllKeyBytes(I8Problem* p, int b) {
   std::fill(p->x_sum.begin(), p->x_sum.end(), b * 4 * p->quads);
 }
 
+// ArgmaxDotI8's answer; every int8 form of the active target must give the same (ForEachInt8Form).
 std::vector<int32_t> RunArgmax(const I8Problem& p) {
-  std::vector<int32_t> best(p.nx, -1);
-  ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
-  return best;
+  std::vector<int32_t> first;
+  testing::ForEachInt8Form([&] {
+    std::vector<int32_t> best(p.nx, -1);
+    ArgmaxDotI8(p.xw.data(), p.x_sum.data(), p.nx, p.rows_t.data(), p.ld, p.nr, p.quads, best.data());
+    if (first.empty()) {
+      first = best;
+    } else {
+      EXPECT_EQ(best, first);
+    }
+  });
+  return first;
 }
 
 TEST(ArgmaxDotI8Test, MatchesNaiveInt8Reference) {

@@ -46,26 +46,29 @@ TEST(ScoreRowsI8Test, MatchesIntegerReferenceAndStaysWithinErrorBound) {
         for (int h = 0; h < nq; ++h)
           sum[h] = QuantizeKeyI8(qs.data() + static_cast<size_t>(h) * dim, dim, 0.f, qw.data() + static_cast<size_t>(h) * qq, &scale[h]);
         std::vector<float> out(static_cast<size_t>(nq) * nr, NAN);
-        ScoreRowsI8(b, qw.data(), qq, sum.data(), scale.data(), nq, out.data());
-        for (int h = 0; h < nq; ++h) {
-          const float* q = qs.data() + static_cast<size_t>(h) * dim;
-          float q_l1 = 0.f;
-          for (int j = 0; j < dim; ++j) q_l1 += std::fabs(q[j]);
-          for (int r = 0; r < nr; ++r) {
-            // Bytes read back from the documented layout: block r / 32, [quads][32].
-            int64_t dot = 0;
-            const uint32_t* blk = b.words.data() + static_cast<size_t>(r / 32) * b.quads * 32 + r % 32;
-            for (int j = 0; j < b.quads; ++j)
-              for (int k = 0; k < 4; ++k)
-                dot += int64_t{static_cast<int8_t>(qw[static_cast<size_t>(h) * qq + j] >> (8 * k))} *
-                       (static_cast<int>((blk[j * 32] >> (8 * k)) & 0xff) - 128);
-            const float got = out[static_cast<size_t>(h) * nr + r];
-            EXPECT_EQ(got, static_cast<float>(dot) * (scale[h] * b.scale[r])) << "h " << h << " r " << r;
-            double exact = 0;
-            for (int j = 0; j < dim; ++j) exact += double{q[j]} * rows[static_cast<size_t>(r) * dim + j];
-            EXPECT_LE(std::fabs(got - exact), b.ErrorBound(q_l1, scale[h]) * 1.0001 + 1e-6) << "h " << h << " r " << r;
+        testing::ForEachInt8Form([&] {
+          std::fill(out.begin(), out.end(), NAN);
+          ScoreRowsI8(b, qw.data(), qq, sum.data(), scale.data(), nq, out.data());
+          for (int h = 0; h < nq; ++h) {
+            const float* q = qs.data() + static_cast<size_t>(h) * dim;
+            float q_l1 = 0.f;
+            for (int j = 0; j < dim; ++j) q_l1 += std::fabs(q[j]);
+            for (int r = 0; r < nr; ++r) {
+              // Bytes read back from the documented layout: block r / 32, [quads][32].
+              int64_t dot = 0;
+              const uint32_t* blk = b.words.data() + static_cast<size_t>(r / 32) * b.quads * 32 + r % 32;
+              for (int j = 0; j < b.quads; ++j)
+                for (int k = 0; k < 4; ++k)
+                  dot += int64_t{static_cast<int8_t>(qw[static_cast<size_t>(h) * qq + j] >> (8 * k))} *
+                         (static_cast<int>((blk[j * 32] >> (8 * k)) & 0xff) - 128);
+              const float got = out[static_cast<size_t>(h) * nr + r];
+              EXPECT_EQ(got, static_cast<float>(dot) * (scale[h] * b.scale[r])) << "h " << h << " r " << r;
+              double exact = 0;
+              for (int j = 0; j < dim; ++j) exact += double{q[j]} * rows[static_cast<size_t>(r) * dim + j];
+              EXPECT_LE(std::fabs(got - exact), b.ErrorBound(q_l1, scale[h]) * 1.0001 + 1e-6) << "h " << h << " r " << r;
+            }
           }
-        }
+        });
       }
     }
   }

@@ -2,6 +2,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/simd_target.h"
+#include "tests/kvstore/kv_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -304,14 +305,16 @@ TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
   for (kernels::SimdTarget t : kernels::SupportedSimdTargets()) {
     SCOPED_TRACE(std::string(kernels::SimdTargetName(t)));
     ASSERT_TRUE(kernels::SetSimdTarget(t).ok());
-    std::vector<int32_t> best(nx, -1);
-    ArgmaxDotI8(x.data(), x_sum.data(), nx, rows_t.data(), ld, nr, quads, best.data());
-    EXPECT_EQ(best, want);
-    std::vector<float> out(static_cast<size_t>(nx) * nr);
-    ScoreRowsI8(blocks, x.data(), quads, x_sum.data(), q_scale.data(), nx, out.data());
-    for (int i = 0; i < nx; ++i)
-      for (int r = 0; r < nr; ++r)
-        ASSERT_EQ(out[static_cast<size_t>(i) * nr + r], static_cast<float>(dot(x.data() + static_cast<size_t>(i) * quads, r))) << i << " " << r;
+    testing::ForEachInt8Form([&] {
+      std::vector<int32_t> best(nx, -1);
+      ArgmaxDotI8(x.data(), x_sum.data(), nx, rows_t.data(), ld, nr, quads, best.data());
+      EXPECT_EQ(best, want);
+      std::vector<float> out(static_cast<size_t>(nx) * nr);
+      ScoreRowsI8(blocks, x.data(), quads, x_sum.data(), q_scale.data(), nx, out.data());
+      for (int i = 0; i < nx; ++i)
+        for (int r = 0; r < nr; ++r)
+          ASSERT_EQ(out[static_cast<size_t>(i) * nr + r], static_cast<float>(dot(x.data() + static_cast<size_t>(i) * quads, r))) << i << " " << r;
+    });
   }
   ASSERT_TRUE(kernels::SetSimdTarget(saved).ok());
 }
