@@ -140,28 +140,24 @@ inline void TakeChunkBest16(const __m256i (&bk)[2], int c0, int32_t* best_dot, i
     *best_row = (c0 + 127 - (m & 127)) * 16 + __builtin_ctz(eq);
   }
 }
-#endif
 
-#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
-// The AVX-VNNI forms of the avx2 target's int8 kernels (used where AvxVnniActive()): one
-// vpdpbusd (four u8 row bytes x s8 key bytes into an int32 lane, exact) per 8 rows, key word and
-// quad, where the vpmaddwd form takes two multiplies and two adds on pre-split bytes. The same
-// integers in the same order as the vpmaddwd form and the scalar loops. Compiled for AVX-VNNI on
-// top of the avx2 target's ISA, so the helpers above inline into them.
-#define ICE_AVX_VNNI_FN __attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,avxvnni")))
-
-// ArgmaxDotI8 (the avx2 kernel's strips, chunks and best-keeping; kT keys per pass).
-ICE_AVX_VNNI_FN void ArgmaxDotI8AvxVnni(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t,
-                                        int ld, int nr, int quads, int32_t* best) {
-  constexpr int kT = 6;
+// The avx2 parent search's scan, for both forms of its dots: kArgmaxKeys keys per pass (a ragged
+// last pass repeats the last key) against strips of 16 rows, in chunks of 128 strips, with the
+// best-keeping of KeepBest16 / TakeChunkBest16. prepare(t, src) readies key src as the pass's t-th;
+// strip(b, acc) adds strip b's dots to acc[t][0] (rows 0-7) and acc[t][1] (rows 8-15), which start
+// at -128 * the key's byte sum (removing the rows' +128 offset). Inlined into each form.
+constexpr int kArgmaxKeys = 6;
+template <typename Prepare, typename StripDots>
+__attribute__((always_inline)) inline void ArgmaxStrips16(const int32_t* x_sum, int nx, int nr, Prepare&& prepare,
+                                                          StripDots&& strip, int32_t* best) {
+  constexpr int kT = kArgmaxKeys;
   const int ns = (nr + 15) / 16;
   for (int i = 0; i < nx; i += kT) {
-    const uint32_t* xs[kT];
     __m256i init[kT];
     int32_t best_dot[kT], best_row[kT];
     for (int t = 0; t < kT; ++t) {
       const int src = std::min(i + t, nx - 1);
-      xs[t] = x + static_cast<size_t>(src) * quads;
+      prepare(t, src);
       init[t] = _mm256_set1_epi32(-128 * x_sum[src]);
       best_dot[t] = INT32_MIN;
       best_row[t] = 0;
@@ -173,16 +169,7 @@ ICE_AVX_VNNI_FN void ArgmaxDotI8AvxVnni(const uint32_t* x, const int32_t* x_sum,
       for (int b = c0; b < c1; ++b) {
         __m256i acc[kT][2];
         for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
-        const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
-        for (int j = 0; j < quads; ++j, r += ld) {
-          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
-          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
-          for (int t = 0; t < kT; ++t) {
-            const __m256i u = _mm256_set1_epi32(static_cast<int>(xs[t][j]));
-            acc[t][0] = _mm256_dpbusd_avx_epi32(acc[t][0], r0, u);
-            acc[t][1] = _mm256_dpbusd_avx_epi32(acc[t][1], r1, u);
-          }
-        }
+        strip(b, acc);
         __m256i v0, v1;
         StripLanes16(nr, b, &v0, &v1);
         const __m256i c = _mm256_set1_epi32(127 - (b - c0));
@@ -193,14 +180,43 @@ ICE_AVX_VNNI_FN void ArgmaxDotI8AvxVnni(const uint32_t* x, const int32_t* x_sum,
     for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
   }
 }
+#endif
+
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+// The AVX-VNNI forms of the avx2 target's int8 kernels (used where AvxVnniActive()): one
+// vpdpbusd (four u8 row bytes x s8 key bytes into an int32 lane, exact) per 8 rows, key word and
+// quad, where the vpmaddwd form takes two multiplies and two adds on pre-split bytes. The same
+// integers in the same order as the vpmaddwd form and the scalar loops. Compiled for AVX-VNNI on
+// top of the avx2 target's ISA, so the helpers above inline into them.
+#define ICE_AVX_VNNI_FN __attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,avxvnni")))
+
+// ArgmaxDotI8 on ArgmaxStrips16: the key words as they are, the strip's row words as they are.
+ICE_AVX_VNNI_FN void ArgmaxDotI8AvxVnni(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t,
+                                        int ld, int nr, int quads, int32_t* best) {
+  const uint32_t* xs[kArgmaxKeys];
+  ArgmaxStrips16(
+      x_sum, nx, nr, [&](int t, int src) { xs[t] = x + static_cast<size_t>(src) * quads; },
+      [&](int b, __m256i (&acc)[kArgmaxKeys][2]) ICE_AVX_VNNI_FN {
+        const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
+        for (int j = 0; j < quads; ++j, r += ld) {
+          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
+          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
+          for (int t = 0; t < kArgmaxKeys; ++t) {
+            const __m256i u = _mm256_set1_epi32(static_cast<int>(xs[t][j]));
+            acc[t][0] = _mm256_dpbusd_avx_epi32(acc[t][0], r0, u);
+            acc[t][1] = _mm256_dpbusd_avx_epi32(acc[t][1], r1, u);
+          }
+        }
+      },
+      best);
+}
 
 // ScoreRowsI8's dots of 16 rows (word j of row c at rw[j * 32 + c]) with nh <= 4 queries (word j
-// of query h at q[h][j], byte sum q_sum[h]; the accumulators start at -128 * q_sum[h], which
-// removes the rows' +128 offset).
-ICE_AVX_VNNI_FN void DotRows16AvxVnni(const uint32_t* rw, int quads, const uint32_t* const* q, const int32_t* q_sum,
-                                      int nh, __m256i (*acc)[2]) {
+// of query h at q[h][j]), added to acc[h][0] (rows 0-7) and acc[h][1] (rows 8-15).
+ICE_AVX_VNNI_FN void DotRows16AvxVnni(const uint32_t* rw, int quads, const uint32_t* const* q, int nh,
+                                      __m256i (*acc)[2]) {
   __m256i a[4][2];
-  for (int h = 0; h < nh; ++h) a[h][0] = a[h][1] = _mm256_set1_epi32(-128 * q_sum[h]);
+  for (int h = 0; h < nh; ++h) a[h][0] = acc[h][0], a[h][1] = acc[h][1];
   for (int j = 0; j < quads; ++j, rw += 32) {
     const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
     const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));
@@ -210,10 +226,7 @@ ICE_AVX_VNNI_FN void DotRows16AvxVnni(const uint32_t* rw, int quads, const uint3
       a[h][1] = _mm256_dpbusd_avx_epi32(a[h][1], r1, u);
     }
   }
-  for (int h = 0; h < nh; ++h) {
-    acc[h][0] = a[h][0];
-    acc[h][1] = a[h][1];
-  }
+  for (int h = 0; h < nh; ++h) acc[h][0] = a[h][0], acc[h][1] = a[h][1];
 }
 #endif
 
@@ -527,10 +540,9 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     ArgmaxDotI8AvxVnni(x, x_sum, nx, rows_t, ld, nr, quads, best);
     return;
   }
-  // Exact int32 dots by AddDotPairs (each key's words split once). kT keys against 16 rows per
-  // pass; the running best per lane and the chunk scheme are those of the AVX-512 kernel, with
-  // strips of 16 rows in place of blocks of 32 (KeepBest16, TakeChunkBest16).
-  constexpr int kT = 6;
+  // Exact int32 dots by AddDotPairs (each key's words split once) on ArgmaxStrips16, the scan the
+  // AVX-512 kernel runs with strips of 16 rows in place of blocks of 32.
+  constexpr int kT = kArgmaxKeys;
   const int ns = (nr + 15) / 16;
   const __m256i even = _mm256_set1_epi32(0x00ff00ff);
   alignas(32) int32_t kl[kT][kI8MaxQuadsKernel], kh[kT][kI8MaxQuadsKernel];
@@ -555,24 +567,9 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
       _mm256_store_si256(reinterpret_cast<__m256i*>(s[3].w), _mm256_and_si256(_mm256_srli_epi32(r1, 8), even));
     }
   }
-  for (; i < nx; i += kT) {
-    __m256i init[kT];
-    int32_t best_dot[kT], best_row[kT];
-    for (int t = 0; t < kT; ++t) {
-      const int src = std::min(i + t, nx - 1);
-      const uint32_t* xs = x + static_cast<size_t>(src) * quads;
-      SplitS8Words(xs, quads, kl[t], kh[t]);
-      init[t] = _mm256_set1_epi32(-128 * x_sum[src]);
-      best_dot[t] = INT32_MIN;
-      best_row[t] = 0;
-    }
-    for (int c0 = 0; c0 < ns; c0 += 128) {
-      const int c1 = std::min(ns, c0 + 128);
-      __m256i bk[kT][2];
-      for (int t = 0; t < kT; ++t) bk[t][0] = bk[t][1] = _mm256_set1_epi32(INT32_MIN);
-      for (int b = c0; b < c1; ++b) {
-        __m256i acc[kT][2];
-        for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = init[t];
+  ArgmaxStrips16(
+      x_sum, nx, nr, [&](int t, int src) { SplitS8Words(x + static_cast<size_t>(src) * quads, quads, kl[t], kh[t]); },
+      [&](int b, __m256i (&acc)[kT][2]) {
         const Vec* sp = split.data() + static_cast<size_t>(b) * quads * 4;
         for (int j = 0; j < quads; ++j, sp += 4) {
           const __m256i e0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sp[0].w));
@@ -585,15 +582,9 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
             acc[t][1] = AddDotPairs(acc[t][1], e1, o1, ul, uh);
           }
         }
-        __m256i v0, v1;
-        StripLanes16(nr, b, &v0, &v1);
-        const __m256i c = _mm256_set1_epi32(127 - (b - c0));
-        for (int t = 0; t < kT; ++t) KeepBest16(bk[t], acc[t][0], acc[t][1], v0, v1, c);
-      }
-      for (int t = 0; t < kT; ++t) TakeChunkBest16(bk[t], c0, &best_dot[t], &best_row[t]);
-    }
-    for (int t = 0; t < kT && i + t < nx; ++t) best[i + t] = best_row[t];
-  }
+      },
+      best);
+  i = nx;
 #elif ICE_SIMD_NEON
   // 4 keys against 8 rows (vmull_s8) or 16 rows (sdot) per pass; x_sum is not needed (see
   // RowValuesS8).
@@ -667,17 +658,20 @@ void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, c
       for (int half = 0; half * 16 < cnt; ++half) {
         __m256i acc[4][2];
         for (int h = 0; h < nh; ++h) acc[h][0] = acc[h][1] = _mm256_set1_epi32(-128 * q_sum[h0 + h]);
-        if (vnni) DotRows16AvxVnni(blk + half * 16, quads, qrow, q_sum + h0, nh, acc);
-        for (int j = 0; j < quads && !vnni; ++j) {
-          const uint32_t* rw = blk + j * 32 + half * 16;
-          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
-          const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));
-          const __m256i ae = _mm256_and_si256(a, even), ao = _mm256_and_si256(_mm256_srli_epi32(a, 8), even);
-          const __m256i ce = _mm256_and_si256(c, even), co = _mm256_and_si256(_mm256_srli_epi32(c, 8), even);
-          for (int h = 0; h < nh; ++h) {
-            const __m256i ul = _mm256_set1_epi32(kl[h][j]), uh = _mm256_set1_epi32(kh[h][j]);
-            acc[h][0] = AddDotPairs(acc[h][0], ae, ao, ul, uh);
-            acc[h][1] = AddDotPairs(acc[h][1], ce, co, ul, uh);
+        if (vnni) {
+          DotRows16AvxVnni(blk + half * 16, quads, qrow, nh, acc);
+        } else {
+          for (int j = 0; j < quads; ++j) {
+            const uint32_t* rw = blk + j * 32 + half * 16;
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw));
+            const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rw + 8));
+            const __m256i ae = _mm256_and_si256(a, even), ao = _mm256_and_si256(_mm256_srli_epi32(a, 8), even);
+            const __m256i ce = _mm256_and_si256(c, even), co = _mm256_and_si256(_mm256_srli_epi32(c, 8), even);
+            for (int h = 0; h < nh; ++h) {
+              const __m256i ul = _mm256_set1_epi32(kl[h][j]), uh = _mm256_set1_epi32(kh[h][j]);
+              acc[h][0] = AddDotPairs(acc[h][0], ae, ao, ul, uh);
+              acc[h][1] = AddDotPairs(acc[h][1], ce, co, ul, uh);
+            }
           }
         }
         const int base = r0 + half * 16, n16 = std::min(16, cnt - half * 16);
