@@ -223,6 +223,8 @@ constexpr const char* kUsage =
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)]\n"
     "         [--group-merge rank|mass[,..] (kvstore::GroupMerge of icecache, oracle and quest; a list runs\n"
     "         each; default: the serving merge)]\n"
+    "         [--rest-estimate on|off[,..] (kvstore::RetrievalPolicy::estimate_rest of icecache and oracle; a list\n"
+    "         runs each; default: the serving one)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods (all through decode::IceCacheBackend), budget B pages, S sink, W window pages:\n"
     "  icecache  S sink + B-S-W DCI-tree leaves + W window   oracle  the same with the exact best leaves\n"
@@ -258,7 +260,7 @@ int RunAccuracy(int argc, char** argv) {
   std::string fov_mins_s, fov_fractions_s;
   std::optional<double> group_fov;  // unset: the preset's
   int ice_group = 1;
-  std::string merge_s;
+  std::string merge_s, rest_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -292,6 +294,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--dci-group-fov" && has) group_fov = std::atof(argv[++i]);
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--group-merge" && has) merge_s = argv[++i];
+    else if (f == "--rest-estimate" && has) rest_s = argv[++i];
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'%s\n%s", f.c_str(),
                    f == "--budgets" ? " (budgets are in pages of 16 tokens now: --budget-pages)" : "", kUsage);
@@ -329,6 +332,11 @@ int RunAccuracy(int argc, char** argv) {
     std::fprintf(stderr, "accuracy: --group-merge: %s\n", merges.status().message().c_str());
     return 2;
   }
+  auto rests = ParseRestEstimates(rest_s);
+  if (!rests.ok()) {
+    std::fprintf(stderr, "accuracy: --rest-estimate: %s\n", rests.status().message().c_str());
+    return 2;
+  }
   std::vector<Method> methods;
   for (auto& name : Split(methods_s)) {
     if (name == "full") {
@@ -336,12 +344,14 @@ int RunAccuracy(int argc, char** argv) {
       continue;
     }
     for (int b : budgets) {
-      for (size_t mi = 0; mi < (name == "window" ? 1 : merges->size()); ++mi) {
-        const kvstore::GroupMerge merge = (*merges)[mi];
+      const size_t nr = TreeMethod(name) ? rests->size() : 1;
+      for (size_t mi = 0; mi < (name == "window" ? 1 : merges->size() * nr); ++mi) {
+        const kvstore::GroupMerge merge = (*merges)[mi / nr];
+        const bool rest = TreeMethod(name) && (*rests)[mi % nr];
         if (name == "icecache") {
-          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, d, ice_group, true, merge});
+          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, d, ice_group, true, merge, rest});
         } else {
-          methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false, merge});
+          methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false, merge, rest});
         }
         Status st = ValidateKvMethod(methods.back(), layout);
         if (!st.ok()) {
@@ -456,6 +466,7 @@ int RunAccuracy(int argc, char** argv) {
         if (methods[mi].name != "full") r["budget_pages"] = methods[mi].budget_pages;
         if (methods[mi].name != "full" && methods[mi].name != "window")
           r["group_merge"] = kvstore::GroupMergeName(methods[mi].merge);
+        if (TreeMethod(methods[mi].name)) r["rest_estimate"] = methods[mi].estimate_rest;
         if (methods[mi].fov_swept) {
           r["fov_min"] = methods[mi].dci.fov_min;
           r["fov_fraction"] = methods[mi].dci.fov_fraction;

@@ -94,7 +94,8 @@ StatusOr<std::unique_ptr<decode::IceCacheBackend>> ImportMethod(model::Model& m,
   ICE_ASSIGN_OR_RETURN(auto be, decode::IceCacheBackend::Create(shape, pool, bo));
   // full: any budget above sink + window (kFull takes every page).
   const int budget = method.name == "full" ? o.sink_pages + o.window_pages + 1 : method.budget_pages;
-  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode, method.merge));
+  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode, method.merge,
+                                 TreeMethod(method.name) && method.estimate_rest));
   return be;
 }
 
@@ -117,6 +118,9 @@ std::string MethodLabel(const KvMethod& m) {
   // A merge other than the serving one is named (window selects nothing to merge).
   if (m.name != "full" && m.name != "window" && m.merge != kvstore::RetrievalPolicy{}.merge)
     label += std::string(" merge ") + kvstore::GroupMergeName(m.merge);
+  // Likewise a rest estimate other than the serving one (tree methods only).
+  if (TreeMethod(m.name) && m.estimate_rest != kvstore::RetrievalPolicy{}.estimate_rest)
+    label += m.estimate_rest ? " rest on" : " rest off";
   return label;
 }
 
@@ -134,6 +138,16 @@ StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& l
     out.push_back(g);
   }
   if (out.empty()) out.push_back(kvstore::RetrievalPolicy{}.merge);
+  return out;
+}
+
+StatusOr<std::vector<bool>> ParseRestEstimates(const std::string& list) {
+  std::vector<bool> out;
+  for (const std::string& name : Split(list)) {
+    if (name != "on" && name != "off") return InvalidArgumentError("'" + name + "' (known: on, off)");
+    out.push_back(name == "on");
+  }
+  if (out.empty()) out.push_back(kvstore::RetrievalPolicy{}.estimate_rest);
   return out;
 }
 

@@ -14,6 +14,9 @@
 //   window    S sink + (B - S) window pages (StreamingLLM-style: the cache is built with a wider
 //             window and nothing is retrieved)
 //   full      every page (kFull; the budget is ignored)
+// icecache and oracle also merge in the estimated attention of the tree leaves they leave out
+// (kvstore::RetrievalPolicy::estimate_rest, the serving default; KvMethod::estimate_rest); that
+// estimate reads only the leaves' mean keys and values, no page of theirs.
 // so every budgeted method attends to at most B * 16 tokens of the prompt in each sparse layer
 // (the first dense_layers layers are always dense, as served).
 #pragma once
@@ -50,6 +53,9 @@ struct KvMethod {
   int ice_group = 1;       // ICE(r) over the sparse layers (tree methods only)
   bool fov_swept = false;  // icecache: dci carries one point of a field-of-view sweep
   kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge;  // the serving default
+  // Tree methods (icecache, oracle): merge in the estimate of the leaves left out
+  // (kvstore::RetrievalPolicy::estimate_rest, the serving default); quest and window never have one.
+  bool estimate_rest = kvstore::RetrievalPolicy{}.estimate_rest;
 };
 
 // The methods' names, comma separated, for usage text.
@@ -95,6 +101,10 @@ std::vector<std::string> Split(const std::string& s);
 // "rank,mass" -> the GroupMerges named, in order; empty -> the serving default alone.
 // INVALID_ARGUMENT naming the bad entry.
 StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& list);
+
+// "on,off" -> the rest-estimate settings named, in order; empty -> the serving default alone.
+// INVALID_ARGUMENT naming the bad entry.
+StatusOr<std::vector<bool>> ParseRestEstimates(const std::string& list);
 
 // Parses --kv-dtype f32|bf16|f16.
 StatusOr<kernels::DType> ParseKvDtype(const std::string& s);

@@ -41,6 +41,8 @@ constexpr const char* kUsage =
     "         min and max ratio are reported, since one tree's ratio moves by 0.01-0.02 with its seed)]\n"
     "         [--group-merge rank|mass[,..] (kvstore::GroupMerge: how a GQA group's lists become one page set;\n"
     "         a list runs each; default: the serving merge)]\n"
+    "         [--rest-estimate on|off[,..] (kvstore::RetrievalPolicy::estimate_rest of icecache and oracle: the\n"
+    "         leaves left out estimated from their mean keys and values; a list runs each; default: the serving one)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
@@ -61,7 +63,7 @@ int RunPerplexity(int argc, char** argv) {
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
-  std::string spread_s, seed_s, rank_s, merge_s;
+  std::string spread_s, seed_s, rank_s, merge_s, rest_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -81,6 +83,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--dci-seed" && has) seed_s = argv[++i];
     else if (f == "--leaf-rank" && has) rank_s = argv[++i];
     else if (f == "--group-merge" && has) merge_s = argv[++i];
+    else if (f == "--rest-estimate" && has) rest_s = argv[++i];
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--json") json = true;
     else {
@@ -122,6 +125,12 @@ int RunPerplexity(int argc, char** argv) {
     return 2;
   }
   const std::vector<kvstore::GroupMerge> merges = *merges_or;
+  auto rests_or = ParseRestEstimates(rest_s);
+  if (!rests_or.ok()) {
+    std::fprintf(stderr, "perplexity: --rest-estimate: %s\n", rests_or.status().message().c_str());
+    return 2;
+  }
+  const std::vector<bool> rests = *rests_or;
   auto dtype = ParseKvDtype(kv_dtype);
   if (!dtype.ok()) {
     std::fprintf(stderr, "perplexity: %s\n", dtype.status().message().c_str());
@@ -136,8 +145,10 @@ int RunPerplexity(int argc, char** argv) {
     }
     for (const std::string& b : Split(budgets_s)) {
       // window retrieves nothing, so the merge does not apply to it.
-      for (size_t mi = 0; mi < (name == "window" ? 1 : merges.size()); ++mi) {
-        methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false, merges[mi]});
+      for (size_t mi = 0; mi < (name == "window" ? 1 : merges.size() * (TreeMethod(name) ? rests.size() : 1)); ++mi) {
+        const kvstore::GroupMerge merge = merges[TreeMethod(name) ? mi / rests.size() : mi];
+        methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false, merge,
+                           TreeMethod(name) ? static_cast<bool>(rests[mi % rests.size()]) : false});
         Status st = ValidateKvMethod(methods.back(), layout);
         if (!st.ok()) {
           std::fprintf(stderr, "perplexity: %s\n", st.message().c_str());
@@ -226,6 +237,7 @@ int RunPerplexity(int argc, char** argv) {
     nlohmann::json r = {{"method", meth.name}, {"perplexity", ppl}, {"seconds", Wall() - t0}};
     if (meth.name != "full") r["budget_pages"] = meth.budget_pages;
     if (meth.name != "full" && meth.name != "window") r["group_merge"] = kvstore::GroupMergeName(meth.merge);
+    if (TreeMethod(meth.name)) r["rest_estimate"] = meth.estimate_rest;
     if (TreeMethod(meth.name) && !seeds.empty()) r["dci_seed"] = meth.dci.seed;
     r["ice_group"] = meth.ice_group;
     rows.push_back(r);
@@ -243,7 +255,7 @@ int RunPerplexity(int argc, char** argv) {
     for (size_t j = i; j < rows.size() && ppl.size() < seeds.size(); ++j) ppl.push_back(rows[j]["perplexity"].get<double>());
     const double mean = std::accumulate(ppl.begin(), ppl.end(), 0.0) / static_cast<double>(ppl.size());
     nlohmann::json s = {{"method", r["method"]}, {"budget_pages", r["budget_pages"]}, {"group_merge", r["group_merge"]},
-                        {"seeds", ppl.size()},
+                        {"rest_estimate", r["rest_estimate"]}, {"seeds", ppl.size()},
                         {"perplexity_mean", mean}, {"perplexity_min", *std::min_element(ppl.begin(), ppl.end())},
                         {"perplexity_max", *std::max_element(ppl.begin(), ppl.end())}};
     if (full_ppl > 0)
@@ -260,18 +272,20 @@ int RunPerplexity(int argc, char** argv) {
   } else {
     std::printf("perplexity of the last %d of %d tokens of %s\n", eval_tokens, context, text_path.c_str());
     for (const auto& r : rows) {
-      std::printf("  %-10s %-4s %-4s ppl %.4f  ratio to full %s  %.1f s%s\n", r["method"].get<std::string>().c_str(),
+      std::printf("  %-10s %-4s %-4s %-8s ppl %.4f  ratio to full %s  %.1f s%s\n", r["method"].get<std::string>().c_str(),
                   r.contains("budget_pages") ? ("b" + std::to_string(r["budget_pages"].get<int>())).c_str() : "",
                   r.contains("group_merge") ? r["group_merge"].get<std::string>().c_str() : "",
+                  r.contains("rest_estimate") ? (r["rest_estimate"].get<bool>() ? "rest on" : "rest off") : "",
                   r["perplexity"].get<double>(),
                   r.contains("ratio_to_full") ? std::to_string(r["ratio_to_full"].get<double>()).c_str() : "-",
                   r["seconds"].get<double>(),
                   r.contains("dci_seed") ? ("  tree seed " + std::to_string(r["dci_seed"].get<uint64_t>())).c_str() : "");
     }
     for (const auto& s : over_seeds)
-      std::printf("  %-10s b%-3d %-4s over %d tree seeds: ppl mean %.4f (min %.4f, max %.4f)\n",
+      std::printf("  %-10s b%-3d %-4s %-8s over %d tree seeds: ppl mean %.4f (min %.4f, max %.4f)\n",
                   s["method"].get<std::string>().c_str(), s["budget_pages"].get<int>(),
-                  s["group_merge"].get<std::string>().c_str(), s["seeds"].get<int>(), s["perplexity_mean"].get<double>(),
+                  s["group_merge"].get<std::string>().c_str(), s["rest_estimate"].get<bool>() ? "rest on" : "rest off",
+                  s["seeds"].get<int>(), s["perplexity_mean"].get<double>(),
                   s["perplexity_min"].get<double>(), s["perplexity_max"].get<double>());
   }
   return 0;

@@ -31,6 +31,7 @@
 #include "bench/workload.h"
 #include "common/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/kv_pages.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/retriever.h"
 #include "kvstore/sequence_cache.h"
@@ -111,6 +112,7 @@ std::vector<int> ParseInts(const std::string& s) {
 int Run(int argc, char** argv) {
   std::vector<int> contexts = {4096, 16384, 32768, 65536};
   int steps = 20, budget = 16, threads = 2;
+  bool rest = kvstore::RetrievalPolicy{}.estimate_rest;  // the serving default
   kvstore::DciParams dci = kvstore::DciParams::Tuned();
   std::vector<Variant> variants;
   bool json = false;
@@ -121,6 +123,7 @@ int Run(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(next().c_str());
     else if (a == "--budget-pages") budget = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--rest-estimate") rest = next() == "on";
     else if (a == "--fov-min") dci.fov_min = std::atoi(next().c_str());
     else if (a == "--fov-fraction") dci.fov_fraction = std::atof(next().c_str());
     else if (a == "--fov-sqrt") dci.fov_sqrt = std::atof(next().c_str());
@@ -140,7 +143,9 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: icecache-bench sparse-layer [--contexts 4096,16384,32768,65536] [--steps 20]\n"
                    "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--fov-sqrt C]\n"
-                   "       [--group-fov G] [--variant NAME[:key=value,...]]... [--json]\n"
+                   "       [--group-fov G] [--variant NAME[:key=value,...]]... [--rest-estimate on|off] [--json]\n"
+                   "  (--rest-estimate: kvstore::RetrievalPolicy::estimate_rest of the IceCache selection, merged into\n"
+                   "   its attention by kernels::MergeStates; default: the serving one)\n"
                    "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
                    "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus, p1,\n"
                    "   owners 0|1), Flat() for names\n"
@@ -221,7 +226,9 @@ int Run(int argc, char** argv) {
       const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
 
       std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
-      kvstore::Retriever sparse_r({budget, kvstore::RetrievalMode::kSparse}, &pool_threads);
+      kvstore::RetrievalPolicy sparse_policy{budget, kvstore::RetrievalMode::kSparse};
+      sparse_policy.estimate_rest = rest;
+      kvstore::Retriever sparse_r(sparse_policy, &pool_threads);
       kvstore::Retriever full_r({budget, kvstore::RetrievalMode::kFull}, &pool_threads);
       kvstore::Retriever oracle_r({budget, kvstore::RetrievalMode::kOracle}, &pool_threads);
       // Attention mass of query head h covered by the pages of `ps` (exact softmax over all keys).
@@ -280,6 +287,16 @@ int Run(int argc, char** argv) {
         a.page_size = kPageSize;
         a.scale = 1.f / std::sqrt(static_cast<float>(kDim));
         (void)kernels::PagedDecodeAttention(a);
+        if (ps.has_rest) {  // the leaves left out, estimated (as the decode backend merges them)
+          kernels::MergeStatesParams m;
+          m.out = o.data();
+          m.lse = lse.data();
+          m.out2 = ps.rest_out.data();
+          m.lse2 = ps.rest_lse.data();
+          m.rows = kQHeads;
+          m.head_dim = kDim;
+          (void)kernels::MergeStates(m);
+        }
       };
       for (int step = 0; step < steps; ++step) {
         for (int g = 0; g < kKvHeads; ++g)
@@ -319,6 +336,7 @@ int Run(int argc, char** argv) {
       const double st = Median(sparse_total.cpu), dn = Median(dense.cpu);
       if (sparse_base[vi] == 0) sparse_base[vi] = st;
       nlohmann::json row = {{"variant", var.name},
+                            {"rest_estimate", rest},
                             {"context", n},
                             {"build_s", build_s},
                             {"pages_sparse", pages_sparse},

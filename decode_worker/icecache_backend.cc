@@ -50,7 +50,7 @@ IceCacheBackend::IceCacheBackend(const model::AttentionShape& shape, kvstore::Pa
 IceCacheBackend::~IceCacheBackend() = default;  // each SequenceCache frees its pages
 
 Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
-                               kvstore::RetrievalMode mode, kvstore::GroupMerge merge) {
+                               kvstore::RetrievalMode mode, kvstore::GroupMerge merge, bool estimate_rest) {
   if (seqs_.count(id)) return AlreadyExistsError("sequence " + std::to_string(id) + " exists");
   const auto& o = cache->options();
   if (o.num_layers != shape_.num_layers || o.num_kv_heads != shape_.num_kv_heads ||
@@ -75,6 +75,8 @@ Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceC
   s.policy.budget_pages = std::max(budget_pages, 1);
   s.policy.mode = mode;
   s.policy.merge = merge;
+  s.policy.estimate_rest = estimate_rest;
+  s.policy.scale = shape_.scale;
   seqs_.emplace(id, std::move(s));
   return Status::Ok();
 }
@@ -233,16 +235,18 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
   ICE_RETURN_IF_ERROR(kernels::CopyToHost(be, step_v_[layer].data(), v, kv_bytes));
 
   // Selection on the host. ICE(r) followers reuse their leader layer's selection; a tree query
-  // needs q on the host.
+  // and the rest estimate need q on the host.
   int leader = -1;
   bool query = false;
-  for (const kvstore::SequenceCache* c : step_caches_) {
+  for (size_t b = 0; b < batch; ++b) {
+    const kvstore::SequenceCache* c = step_caches_[b];
     if (c->IsDense(layer)) continue;
     if (c->LeaderOf(layer) != layer) {
       leader = c->LeaderOf(layer);
     } else {
       query = true;
     }
+    if (step_policies_[b].estimate_rest) query = true;
   }
   const float* q_host = nullptr;
   if (query) {
@@ -279,6 +283,23 @@ Status IceCacheBackend::Attend(int layer, const float* q, const float* k, const 
     first = last;
   }
 
+  // The leaves left out, estimated on the host (PageSelection::rest_*): merged into the paged result.
+  if (sel.has_rest) {
+    const size_t rows = batch * nq;
+    const size_t bytes = rows * (hd + 1) * sizeof(float);
+    ICE_RETURN_IF_ERROR(kernels::DeviceBuffer::Reserve(be, bytes, &rest_dev_));
+    ICE_RETURN_IF_ERROR(rest_dev_.CopyFromHost(sel.rest_out.data(), rows * hd * sizeof(float)));
+    ICE_RETURN_IF_ERROR(rest_dev_.CopyFromHost(sel.rest_lse.data(), rows * sizeof(float), rows * hd * sizeof(float)));
+    float* rest = rest_dev_.as<float>();
+    kernels::MergeStatesParams ms;
+    ms.out = out;
+    ms.lse = lse_.as<float>();
+    ms.out2 = rest;
+    ms.lse2 = rest + rows * hd;
+    ms.rows = static_cast<int>(rows);
+    ms.head_dim = hd;
+    ICE_RETURN_IF_ERROR(kernels::MergeStates(ms, be));
+  }
   // The new token (not yet in the cache): softmax over pages ∪ {new} from the paged result.
   kernels::MergeTokenParams m;
   m.q = q;

@@ -18,8 +18,10 @@
 //      the pages not resident are copied, in one batched host→device copy per group of
 //      sequences that fits the cache; without one (the CPU default, whose memory is the host
 //      pool) attention reads the pool in place;
-//   4. runs kernels::PagedDecodeAttention on the device, then kernels::MergeToken adds the new
-//      token itself (not yet in any page) by log-sum-exp;
+//   4. runs kernels::PagedDecodeAttention on the device; merges in the selection's estimate of
+//      the tree leaves left out (PageSelection::rest_*, computed on the host from the leaves' mean
+//      keys and values; uploaded, then kernels::MergeStates); then kernels::MergeToken adds the
+//      new token itself (not yet in any page) by log-sum-exp;
 //   5. with a device page cache, writes the token's K/V (kernels::StoreKv, from the device's own
 //      k/v) into the device copy of the page that will receive it at EndStep, when that page is
 //      resident (SequenceCache::NextTokenLocation: every step but those that open a page), so the
@@ -95,11 +97,14 @@ class IceCacheBackend final : public model::AttentionBackend {
   // cache built with kvstore::SparseLayout::kTokenOrder) are the accuracy baselines; a mode that
   // does not match the cache's layout is INVALID_ARGUMENT. merge: how a GQA group's lists become
   // one page set (kvstore::GroupMerge; the serving default unless a benchmark compares).
+  // estimate_rest: merge in the estimated attention of the tree leaves left out
+  // (kvstore::RetrievalPolicy::estimate_rest; the serving default unless a benchmark compares).
   // INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
   // too small; ALREADY_EXISTS for a used id. On error the cache is released.
   Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
                 kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse,
-                kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge);
+                kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge,
+                bool estimate_rest = kvstore::RetrievalPolicy{}.estimate_rest);
 
   // AddSequence is not supported (FAILED_PRECONDITION): sequences come from Import.
   Status AddSequence(model::SequenceId id) override;
@@ -163,7 +168,7 @@ class IceCacheBackend final : public model::AttentionBackend {
   std::vector<int64_t> host_pages_;
   std::vector<int32_t> slots_;
   std::vector<int64_t> token_slots_;
-  kernels::DeviceBuffer lists_dev_, lse_, token_slots_dev_;
+  kernels::DeviceBuffer lists_dev_, lse_, token_slots_dev_, rest_dev_;
   IceCacheTimings timings_;
 };
 

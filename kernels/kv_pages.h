@@ -67,4 +67,21 @@ struct MergeTokenParams {
 };
 Status MergeToken(const MergeTokenParams& p, Backend backend = Backend::kCpu);
 
+// Merges a second partial attention result into a first, in place. Row i (one query head of one
+// sequence) holds two softmax results over disjoint sets of keys: (out[i], lse[i]) and (out2[i],
+// lse2[i]), each lse the natural log-sum-exp of its set's (scaled) scores, -inf for an empty set.
+// With m = max(lse, lse2), a = exp(lse - m), b = exp(lse2 - m):
+//   out[i] = (a * out[i] + b * out2[i]) / (a + b),  lse[i] = m + log(a + b),
+// softmax over the union, as if one attention had read both sets. A row whose lse2 is -inf (or
+// NaN) is left as it is; a row whose lse is -inf (or NaN) takes (out2[i], lse2[i]).
+struct MergeStatesParams {
+  float* out = nullptr;         // [rows, head_dim], updated in place
+  float* lse = nullptr;         // [rows], updated in place
+  const float* out2 = nullptr;  // [rows, head_dim]
+  const float* lse2 = nullptr;  // [rows]
+  int rows = 0;
+  int head_dim = 0;
+};
+Status MergeStates(const MergeStatesParams& p, Backend backend = Backend::kCpu);
+
 }  // namespace icecache::kernels

@@ -30,6 +30,7 @@ struct OpTable {
   Status (*store_kv)(const StoreKvParams&);
   Status (*gather_kv)(const GatherKvParams&);
   Status (*merge_token)(const MergeTokenParams&);
+  Status (*merge_states)(const MergeStatesParams&);
   Status (*argmax)(const ArgmaxParams&);
   Status (*repetition_penalty)(const RepetitionPenaltyParams&);
   Status (*count_penalty)(const CountPenaltyParams&);

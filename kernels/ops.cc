@@ -193,6 +193,17 @@ Status MergeToken(const MergeTokenParams& p, Backend backend) {
   return t->merge_token(p);
 }
 
+Status MergeStates(const MergeStatesParams& p, Backend backend) {
+  if (p.rows < 0) return Invalid("MergeStates", "rows must be >= 0");
+  if (p.head_dim <= 0) return Invalid("MergeStates", "head_dim must be > 0");
+  if (p.rows == 0) return Status::Ok();
+  if (p.out == nullptr || p.lse == nullptr || p.out2 == nullptr || p.lse2 == nullptr) {
+    return Invalid("MergeStates", "null out, lse, out2 or lse2");
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->merge_states(p);
+}
+
 Status RepetitionPenalty(const RepetitionPenaltyParams& p, Backend backend) {
   if (p.vocab <= 0 || p.count < 0) return Invalid("RepetitionPenalty", "vocab > 0 and count >= 0 required");
   if (!(p.penalty > 0.f) || !std::isfinite(p.penalty)) {

@@ -267,6 +267,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   StoreFence();
   if (params_.centroid_cells) FoldSummaries(keys, stride, false);
   if (leaf_rank_on()) SummarizeAllLeaves();
+  MeanAllLeaves();
   return Status::Ok();
 }
 
@@ -503,6 +504,7 @@ void DciTree::Release() {
   level1_matrix_ = LevelMatrix{};
   ResetSummaries();
   leaf_sums_ = LeafSummaries{};
+  means_ = LeafMeans{};
 }
 
 std::vector<int64_t> DciTree::LeafPositions(int32_t leaf) const {

@@ -300,6 +300,21 @@ class DciTree {
   // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
   void Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const;
 
+  // The rest estimate (docs/kvstore.md, "Rest estimate"): the attention of the query heads qs
+  // ([nq, head_dim] fp32) over every leaf NOT in skip[0, nskip) (leaf ids, any order, repeats and
+  // out-of-range ids ignored), estimated from each leaf's mean key k̄ and mean value v̄ in
+  // `payload`: leaf l stands for its n_l valid tokens as one key of weight n_l, score
+  //   x_jl = scale * q_j . k̄_l + log n_l,
+  //   lse[j] = log sum_l exp(x_jl),  out[j] = sum_l exp(x_jl - lse[j]) v̄_l,
+  // the form of kernels::MergeStates' second set. lse[j] = -inf and out[j] = 0 when no leaf is
+  // left. out: [nq, head_dim], lse: [nq]. Cost: one pass over the means of every leaf (2 rows of
+  // the pool dtype a leaf). Thread-safe w.r.t. other const calls.
+  void EstimateRest(const float* qs, int nq, float scale, int payload, const int32_t* skip, int nskip, float* out,
+                    float* lse) const;
+  // The mean key / mean value row of `leaf` in `payload` (pool dtype, head_dim elements).
+  const void* LeafMeanKey(int32_t leaf, int payload = 0) const;
+  const void* LeafMeanValue(int32_t leaf, int payload = 0) const;
+
   // Frees every page back to the pool; the tree becomes empty (size() == 0).
   void Release();
   // Forgets its pages without freeing them (ownership goes back to whoever shipped them in).
@@ -488,6 +503,19 @@ class DciTree {
     std::vector<double> open_sumsq;   // [cells]
   };
   LeafSummaries leaf_sums_;
+  // Leaf means (EstimateRest): per payload, each leaf's mean key and mean value over its valid
+  // slots, in the pool dtype ([num_leaves, head_dim] each; zeros for an empty leaf). A function of
+  // the leaf's pages alone, so not on the wire: BuildFrom and Deserialize compute every leaf's,
+  // Insert those of the leaves it changed (NoteWritten and MoveSlot list them in dirty) before it
+  // returns, also after an error.
+  struct LeafMeans {
+    std::vector<std::vector<uint8_t>> key, value;  // [num_payloads][num_leaves * row_bytes]
+    std::vector<int32_t> dirty;                    // leaves changed since the last refresh (may repeat)
+  };
+  LeafMeans means_;
+  void MeanLeaf(int32_t leaf);  // means_' rows of `leaf` from its pages
+  void MeanAllLeaves();
+  void RefreshDirtyMeans();     // MeanLeaf for each dirty leaf (and sizes the rows), then clears the list
   bool leaf_rank_on() const { return params_.leaf_rank != LeafRank::kOff; }
   void SummarizeLeaf(int32_t leaf);       // leaf_sums_' row and bonus of `leaf` from its page
   // kCentroid: folds slots [from, leaf_valid) of `leaf` into sum [head_dim] / sumsq, then writes

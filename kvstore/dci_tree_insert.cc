@@ -24,12 +24,14 @@ Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pa
   if (written_pages == nullptr) {
     Status s = InsertBlock(block);
     RefreshDirtyLeaves();
+    RefreshDirtyMeans();
     return s;
   }
   written_pages->clear();
   written_ = written_pages;
   Status s = InsertBlock(block);
   RefreshDirtyLeaves();
+  RefreshDirtyMeans();
   written_ = nullptr;
   std::sort(written_pages->begin(), written_pages->end());
   written_pages->erase(std::unique(written_pages->begin(), written_pages->end()), written_pages->end());
@@ -38,6 +40,7 @@ Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pa
 
 void DciTree::NoteWritten(int32_t leaf) {
   if (leaf_rank_on()) leaf_sums_.dirty.push_back(leaf);
+  means_.dirty.push_back(leaf);
   if (written_ == nullptr) return;
   for (int p = 0; p < num_payloads_; ++p) written_->push_back(leaf_page(leaf, p));
 }
@@ -207,6 +210,7 @@ void DciTree::MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to
   }
   NoteWritten(to_leaf);
   if (leaf_rank_on()) leaf_sums_.dirty.push_back(from_leaf);  // its page is unchanged, its contents not
+  means_.dirty.push_back(from_leaf);
   const int32_t t = leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot];
   leaf_tokens_[static_cast<size_t>(to_leaf) * page_size_ + to_slot] = t;
   leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot] = -1;

@@ -270,6 +270,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   }
   if (params.centroid_cells) t->FoldSummaries(nullptr, 0, true);  // rows from the shipped sums, then catch up
   if (t->leaf_rank_on()) t->SummarizeAllLeaves();                  // from the shipped pages
+  t->MeanAllLeaves();                                               // likewise
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include "kvstore/vector_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -130,6 +131,17 @@ float QuestBound(const float* q, const float* bounds, int head_dim) {
 
 namespace {
 
+float ScaleOf(const RetrievalPolicy& policy, int head_dim) {
+  return policy.scale > 0.f ? policy.scale : 1.f / std::sqrt(static_cast<float>(head_dim));
+}
+
+// Whether a unit of `seq` in `layer` under `policy` gets a rest estimate (a tree layer retrieved
+// sparsely; SelectHead's own test of whether every leaf was taken comes after).
+bool EstimatesRest(const RetrievalPolicy& policy, const SequenceCache& seq, int layer) {
+  return policy.estimate_rest && !seq.IsDense(layer) && !seq.token_order() &&
+         (policy.mode == RetrievalMode::kSparse || policy.mode == RetrievalMode::kOracle);
+}
+
 // Head j's log sum of exp(c q_j . k) over the sink and window tokens of (layer, kv_head), for
 // GroupMerge::kMass: out [group].
 void FixedLogZ(const SequenceCache& seq, int layer, int kv_head, const float* q_group, int group, float c,
@@ -179,7 +191,7 @@ std::vector<int32_t> MergeGroup(const RetrievalPolicy& policy, const SequenceCac
                                 const float* q_group, int group, const std::vector<std::vector<ScoredLeaf>>& lists,
                                 int k) {
   if (policy.merge == GroupMerge::kRank || group == 1) return MergeRankByRank(lists, k);
-  const float c = 1.f / std::sqrt(static_cast<float>(seq.pool()->head_dim()));
+  const float c = ScaleOf(policy, seq.pool()->head_dim());
   thread_local std::vector<float> fixed;
   FixedLogZ(seq, layer, kv_head, q_group, group, c, &fixed);
   return MergeByMass(lists, k, c, fixed.data());
@@ -335,6 +347,32 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
         leader->page_indptr.size() != static_cast<size_t>(units) + 1)
       return InvalidArgumentError("Retriever: leader selection shape does not match the batch");
   }
+  // The rest estimate's output, when any unit may have one.
+  bool any_rest = false;
+  for (int b = 0; b < batch && q != nullptr; ++b) any_rest = any_rest || EstimatesRest(policies[b], *seqs[b], layer);
+  out->has_rest = false;
+  out->rest_out.clear();
+  out->rest_lse.clear();
+  if (any_rest) {
+    out->rest_out.assign(static_cast<size_t>(batch) * num_q_heads * head_dim, 0.f);
+    out->rest_lse.assign(static_cast<size_t>(batch) * num_q_heads, -std::numeric_limits<float>::infinity());
+  }
+  std::atomic<bool> estimated{false};
+  // The unit's estimate over the leaves it left out (none when it took every leaf).
+  auto estimate = [&](int b, int g, const std::vector<int32_t>& unit_leaves) {
+    const SequenceCache& seq = *seqs[b];
+    if (!any_rest || !EstimatesRest(policies[b], seq, layer)) return;
+    const DciTree* tree = seq.tree(layer, g);
+    if (tree == nullptr) return;
+    int taken = 0;
+    for (int32_t leaf : unit_leaves) taken += leaf >= 0;
+    if (taken >= tree->num_leaves()) return;
+    const size_t row = static_cast<size_t>(b) * num_q_heads + static_cast<size_t>(g) * group;
+    tree->EstimateRest(q + row * head_dim, group, ScaleOf(policies[b], head_dim), seq.PayloadOf(layer),
+                       unit_leaves.data(), static_cast<int>(unit_leaves.size()), out->rest_out.data() + row * head_dim,
+                       out->rest_lse.data() + row);
+    estimated.store(true, std::memory_order_relaxed);
+  };
   auto task = [&](size_t u) {
     const int b = static_cast<int>(u / nkv), g = static_cast<int>(u % nkv);
     const SequenceCache& seq = *seqs[b];
@@ -343,6 +381,7 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
       const float* qg = q == nullptr ? nullptr : q + (static_cast<size_t>(b) * num_q_heads + static_cast<size_t>(g) * group) * head_dim;
       Status s = SelectHead(policies[b], seq, layer, g, qg, group, &ids[u], &valid[u], &leaves[u]);
       if (!s.ok()) fail(s);
+      if (s.ok()) estimate(b, g, leaves[u]);
       out->unit_seconds[u] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return;
     }
@@ -372,6 +411,7 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
       valid[u].push_back(seq.window_valid(i));
       leaves[u].push_back(-1);
     }
+    estimate(b, g, leaves[u]);
   };
   int64_t tree_tokens = 0;
   for (int u = 0; u < units; ++u) {
@@ -387,6 +427,11 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
     for (int u = 0; u < units; ++u) task(u);
   }
   ICE_RETURN_IF_ERROR(first);
+  out->has_rest = estimated.load();
+  if (!out->has_rest) {
+    out->rest_out.clear();
+    out->rest_lse.clear();
+  }
   for (int u = 0; u < units; ++u) {
     out->page_ids.insert(out->page_ids.end(), ids[u].begin(), ids[u].end());
     out->page_valid.insert(out->page_valid.end(), valid[u].begin(), valid[u].end());

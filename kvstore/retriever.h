@@ -23,6 +23,14 @@
 // for its leader layer in the same step; the follower's pages are then the same tree leaves in the
 // follower's payload plus its own sink/window pages, and no query runs.
 //
+// Rest estimate (RetrievalPolicy::estimate_rest, kSparse / kOracle): the attention over the tree
+// leaves a unit did not select is estimated from their mean keys and values
+// (DciTree::EstimateRest) into PageSelection::rest_out / rest_lse; the attention kernels' result
+// over the selected pages is then merged with it (kernels::MergeStates), so the leaves left out
+// still count, each as one key of its token count's weight. ICE(r) followers estimate in their
+// own payload. The estimate needs q: a call without one (kFull, or ICE(r) followers alone) makes
+// none.
+//
 // Output (PageSelection) feeds kernels::PagedDecodeAttention directly: for b in [0, batch) and
 // kv head g, the pages of (b, g) are page_ids[page_indptr[b*H+g] .. page_indptr[b*H+g+1]) with
 // page_valid giving the valid slots of each.
@@ -79,6 +87,13 @@ struct RetrievalPolicy {
   int budget_pages = 16;  // >= 1; sink and window pages count against it
   RetrievalMode mode = RetrievalMode::kSparse;
   GroupMerge merge = GroupMerge::kMass;  // the serving default (docs/kvstore.md, "Group merge")
+  // kSparse / kOracle: also estimate the attention of the tree leaves left out, from their mean
+  // keys and values (DciTree::EstimateRest), into PageSelection::rest_*; the serving default
+  // (docs/kvstore.md, "Rest estimate").
+  bool estimate_rest = true;
+  // The attention scale of the model (the group merge's and the rest estimate's c); 0 means
+  // 1 / sqrt(head_dim), that of every supported family.
+  float scale = 0.f;
 };
 
 struct PageSelection {
@@ -89,6 +104,13 @@ struct PageSelection {
   std::vector<int32_t> page_valid;   // [same] valid slots, 1..page_size
   std::vector<int32_t> tree_leaf;    // [same] tree leaf index, or -1 for sink/window/dense pages
   std::vector<double> unit_seconds;  // [batch * num_kv_heads] time spent selecting each unit
+  // The rest estimate (RetrievalPolicy::estimate_rest), per (sequence, query head): the estimated
+  // attention over the tree leaves not selected, in kernels::MergeStates' form. rest_lse is -inf
+  // where nothing was estimated (dense layers, every leaf selected, estimate off, Quest, full).
+  // Both empty when no unit of the batch has an estimate (has_rest false).
+  bool has_rest = false;
+  std::vector<float> rest_out;  // [batch * num_q_heads * head_dim]
+  std::vector<float> rest_lse;  // [batch * num_q_heads]
 };
 
 inline constexpr int64_t kParallelSelectTokens = 32768;

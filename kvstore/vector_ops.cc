@@ -27,6 +27,12 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
   ICE_SIMD_DISPATCH(ScoreRowsMulti, dtype, rows, count, dim, qs, nq, out);
 }
 
+float ExpShiftSum(float* x, int n, float m) { ICE_SIMD_DISPATCH(ExpShiftSum, x, n, m); }
+
+void AddWeightedRows(DType dtype, const void* rows, int count, int dim, const float* w, int nq, float* out) {
+  ICE_SIMD_DISPATCH(AddWeightedRows, dtype, rows, count, dim, w, nq, out);
+}
+
 void RowToF32(DType dtype, const void* src, float* dst, int n) { ICE_SIMD_DISPATCH(RowToF32, dtype, src, dst, n); }
 
 void RowFromF32(DType dtype, const float* src, void* dst, int n) { ICE_SIMD_DISPATCH(RowFromF32, dtype, src, dst, n); }

@@ -30,6 +30,15 @@ void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q
 void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const float* qs, int nq,
                     float* out);
 
+// x[i] = exp(x[i] - m) for i < n (every x[i] <= m); returns the sum of the new values. The
+// attention kernels' exp polynomial (about 1 ulp) on the SIMD targets; arguments below -87
+// (-inf included) give exactly 0.
+float ExpShiftSum(float* x, int n, float m);
+
+// out[j, :] += sum_i w[j * count + i] * rows[i, :] for j < nq: the transpose of ScoreRowsMulti
+// (one pass over the rows). rows: [count, dim] elements of `dtype`; w: [nq, count]; out: [nq, dim].
+void AddWeightedRows(DType dtype, const void* rows, int count, int dim, const float* w, int nq, float* out);
+
 // Converts n values between fp32 and `dtype` (round to nearest even; f16 overflows to inf).
 void RowToF32(DType dtype, const void* src, float* dst, int n);
 void RowFromF32(DType dtype, const float* src, void* dst, int n);

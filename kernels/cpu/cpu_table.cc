@@ -61,7 +61,7 @@ const OpTable& CpuOpTable() {
   static const OpTable table = {
       Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
       cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
-      cpu::PagedDecodeAttention, cpu::StoreKv, cpu::GatherKv, cpu::MergeToken,
+      cpu::PagedDecodeAttention, cpu::StoreKv, cpu::GatherKv, cpu::MergeToken, cpu::MergeStates,
       cpu::Argmax,          cpu::RepetitionPenalty, cpu::CountPenalty, cpu::LogSumExp, cpu::TopLogits,
       /*host_memory=*/true, HostAlloc,
       HostFree,             HostCopy,      HostCopy,       HostCopy,

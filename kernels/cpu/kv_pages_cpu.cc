@@ -80,6 +80,28 @@ Status MergeToken(const MergeTokenParams& p) {
   return Status::Ok();
 }
 
+Status MergeStates(const MergeStatesParams& p) {
+  const int hd = p.head_dim;
+  for (int i = 0; i < p.rows; ++i) {
+    const float l2 = p.lse2[i];
+    if (!std::isfinite(l2)) continue;  // nothing in the second set
+    float* o = p.out + static_cast<size_t>(i) * hd;
+    const float* o2 = p.out2 + static_cast<size_t>(i) * hd;
+    const float l1 = p.lse[i];
+    if (!std::isfinite(l1)) {  // nothing in the first set
+      std::memcpy(o, o2, hd * sizeof(float));
+      p.lse[i] = l2;
+      continue;
+    }
+    const float m = std::max(l1, l2);
+    const float a = std::exp(l1 - m), b = std::exp(l2 - m);
+    const float inv = 1.f / (a + b);
+    for (int d = 0; d < hd; ++d) o[d] = (o[d] * a + o2[d] * b) * inv;
+    p.lse[i] = m + std::log(a + b);
+  }
+  return Status::Ok();
+}
+
 Status RepetitionPenalty(const RepetitionPenaltyParams& p) {
   for (int i = 0; i < p.count; ++i) {
     float& l = p.logits[p.ids[i]];

@@ -633,6 +633,70 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
   }
 }
 
+float ExpShiftSum(float* x, int n, float m) {
+  int i = 0;
+  float s = 0.f;
+#if ICE_SIMD_AVX512
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
+    // The polynomial clamps at -87 (about 1.6e-38); below that the exact 0 the contract gives.
+    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(-87.f), _CMP_GE_OQ), ExpNonPositive(a));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  s = _mm512_reduce_add_ps(acc);
+#elif ICE_SIMD_AVX2
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_sub_ps(_mm256_loadu_ps(x + i), vm);
+    const __m256 e = _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(-87.f), _CMP_GE_OQ), ExpNonPositive8(a));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  s = HSum8(acc);
+#elif ICE_SIMD_NEON
+  const float32x4_t vm = vdupq_n_f32(m);
+  float32x4_t acc = vdupq_n_f32(0.f);
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t a = vsubq_f32(vld1q_f32(x + i), vm);
+    const float32x4_t e = vreinterpretq_f32_u32(
+        vandq_u32(vcgeq_f32(a, vdupq_n_f32(-87.f)), vreinterpretq_u32_f32(ExpNonPositive4(a))));
+    vst1q_f32(x + i, e);
+    acc = vaddq_f32(acc, e);
+  }
+  s = vaddvq_f32(acc);
+#endif
+  for (; i < n; ++i) {
+    x[i] = x[i] - m >= -87.f ? std::exp(x[i] - m) : 0.f;
+    s += x[i];
+  }
+  return s;
+}
+
+namespace {
+template <DType T>
+void AddWeightedRowsT(const void* rows, int count, int dim, const float* w, int nq, float* out) {
+  for (int r = 0; r < count; ++r) {
+    const void* row = static_cast<const char*>(rows) + static_cast<size_t>(r) * dim * DTypeSize(T);
+    for (int j = 0; j < nq; ++j) {
+      const float a = w[static_cast<size_t>(j) * count + r];
+      if (a != 0.f) Axpy<T>(a, row, out + static_cast<size_t>(j) * dim, dim);
+    }
+  }
+}
+}  // namespace
+
+void AddWeightedRows(DType dtype, const void* rows, int count, int dim, const float* w, int nq, float* out) {
+  switch (dtype) {
+    case DType::kF32: return AddWeightedRowsT<DType::kF32>(rows, count, dim, w, nq, out);
+    case DType::kBF16: return AddWeightedRowsT<DType::kBF16>(rows, count, dim, w, nq, out);
+    case DType::kF16: return AddWeightedRowsT<DType::kF16>(rows, count, dim, w, nq, out);
+  }
+}
+
 void RowToF32(DType dtype, const void* src, float* dst, int n) {
   if (n <= 0) return;  // src/dst may be null (empty vectors)
   switch (dtype) {

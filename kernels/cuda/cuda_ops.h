@@ -27,6 +27,7 @@ Status PagedDecodeAttention(const PagedDecodeAttentionParams& p);
 Status StoreKv(const StoreKvParams& p);
 Status GatherKv(const GatherKvParams& p);
 Status MergeToken(const MergeTokenParams& p);
+Status MergeStates(const MergeStatesParams& p);
 Status Argmax(const ArgmaxParams& p);
 Status RepetitionPenalty(const RepetitionPenaltyParams& p);
 Status CountPenalty(const CountPenaltyParams& p);

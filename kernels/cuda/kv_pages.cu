@@ -1,5 +1,5 @@
 // StoreKv / GatherKv (one block per (row, head), a thread per element), MergeToken (one warp per
-// (sequence, query head)) and the repetition penalty.
+// (sequence, query head)), MergeStates (one warp per row) and the repetition penalty.
 #include "kernels/cuda/common.cuh"
 
 namespace icecache::kernels::cuda {
@@ -75,6 +75,29 @@ __global__ void MergeTokenKernel(MergeTokenParams p) {
   for (int d = lane; d < hd; d += 32) o[d] = (o[d] * w_old + vn[d] * w_new) * inv;
 }
 
+// One warp per row.
+__global__ void MergeStatesKernel(MergeStatesParams p) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.rows) return;
+  const float l2 = p.lse2[row];
+  if (!isfinite(l2)) return;
+  const int hd = p.head_dim;
+  float* o = p.out + static_cast<size_t>(row) * hd;
+  const float* o2 = p.out2 + static_cast<size_t>(row) * hd;
+  const float l1 = p.lse[row];
+  if (!isfinite(l1)) {
+    for (int d = lane; d < hd; d += 32) o[d] = o2[d];
+    if (lane == 0) p.lse[row] = l2;
+    return;
+  }
+  const float m = fmaxf(l1, l2);
+  const float a = expf(l1 - m), b = expf(l2 - m);
+  const float inv = 1.f / (a + b);
+  for (int d = lane; d < hd; d += 32) o[d] = (o[d] * a + o2[d] * b) * inv;
+  if (lane == 0) p.lse[row] = m + logf(a + b);
+}
+
 __global__ void RepetitionPenaltyKernel(RepetitionPenaltyParams p) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.count; i += gridDim.x * blockDim.x) {
     float& l = p.logits[p.ids[i]];
@@ -107,6 +130,13 @@ Status MergeToken(const MergeTokenParams& p) {
   const long warps = static_cast<long>(p.batch) * p.num_q_heads;
   MergeTokenKernel<<<CeilDiv(warps * 32, kThreads), kThreads, 0, Stream()>>>(p);
   return LaunchStatus("MergeTokenKernel");
+}
+
+Status MergeStates(const MergeStatesParams& p) {
+  constexpr int kThreads = 128;
+  const long warps = p.rows;
+  MergeStatesKernel<<<CeilDiv(warps * 32, kThreads), kThreads, 0, Stream()>>>(p);
+  return LaunchStatus("MergeStatesKernel");
 }
 
 Status RepetitionPenalty(const RepetitionPenaltyParams& p) {

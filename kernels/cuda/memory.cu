@@ -164,7 +164,7 @@ const OpTable& CudaOpTable() {
   static const OpTable table = {
       Backend::kCuda,     Matmul,      RmsNorm,           ApplyRope,     SwiGlu,
       Add,                Embedding,   PrefillAttention,  PagedDecodeAttention,
-      StoreKv,            GatherKv,    MergeToken,
+      StoreKv,            GatherKv,    MergeToken,  MergeStates,
       Argmax,             RepetitionPenalty, CountPenalty, LogSumExp, TopLogits,   /*host_memory=*/false,
       Alloc,              Free,          CopyToDevice,
       CopyToHost,         CopyOnDevice, GatherPages,   Synchronize,

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "kernels/device_buffer.h"
+#include "kvstore/retriever.h"
 
 namespace icecache::decode {
 namespace {
@@ -186,6 +188,128 @@ TEST_F(BackendTest, SmallBudgetAttendsAtMostBudgetPages) {
   EXPECT_LE(b.Stats(3)->pages_fetched, steps * 2 * kKvHeads * 6);
   EXPECT_GE(b.Stats(3)->pages_fetched, steps * 2 * kKvHeads * 4);
   EXPECT_GT(b.Stats(3)->retrieval_seconds, 0.0);
+}
+
+// The rest estimate (kvstore::RetrievalPolicy::estimate_rest, on by default) merged into the
+// paged result: each step's output is softmax over the selected pages' tokens, one pseudo-token per
+// tree leaf left out (its mean key with weight log n, its mean value) and the step's own token,
+// computed here in fp64 from a copy of the sequence (SequenceCache::Clone) that receives the same
+// tokens, so its selection is the backend's, across window pushes into the trees. Without the
+// estimate the same selection gives attention over the selected tokens alone.
+TEST_F(BackendTest, RestEstimateMergesTheLeftOutLeavesIntoTheAttention) {
+  const int n = 200, budget = 6;
+  std::mt19937 rng(21);
+  std::vector<std::vector<float>> k(kLayers), v(kLayers);
+  std::vector<const float*> kp, vp;
+  for (int l = 0; l < kLayers; ++l) {
+    k[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
+    v[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
+    kp.push_back(k[l].data());
+    vp.push_back(v[l].data());
+  }
+  kvstore::SequenceCacheOptions o;
+  o.num_layers = kLayers;
+  o.num_kv_heads = kKvHeads;
+  o.dense_layers = 1;
+  o.sink_pages = 1;
+  o.window_pages = 2;
+  auto cache = kvstore::SequenceCache::Create(o, pool_.get());
+  ASSERT_TRUE(cache.ok());
+  ASSERT_TRUE((*cache)->Build(kp.data(), vp.data(), n).ok());
+  auto mirror = (*cache)->Clone();
+  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
+  auto backend = NewBackend();
+  ASSERT_TRUE(backend->Import(1, std::move(*cache), budget).ok());
+  kvstore::RetrievalPolicy policy;
+  policy.budget_pages = budget;
+  policy.scale = Shape().scale;
+  const kvstore::Retriever retriever(policy);
+  const kvstore::PagePool& pool = *pool_;
+  const int group = kQHeads / kKvHeads;
+  float worst = 0.f, worst_unmerged = 0.f;
+  for (int step = 0; step < 12; ++step) {  // pages of 4: three window pushes into the trees
+    model::StepSegment seg{1, 1};
+    ASSERT_TRUE(backend->BeginStep(std::span(&seg, 1)).ok());
+    std::vector<std::vector<float>> kn(kLayers), vn(kLayers);
+    for (int l = 0; l < kLayers; ++l) {
+      auto q = Random(kQHeads * kHeadDim, rng);
+      for (float& x : q) x *= 2.f;
+      kn[l] = Random(kKvHeads * kHeadDim, rng);
+      vn[l] = Random(kKvHeads * kHeadDim, rng);
+      std::vector<float> out(kQHeads * kHeadDim);
+      Status st = backend->Attend(l, q.data(), kn[l].data(), vn[l].data(), out.data());
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      kvstore::PageSelection sel;
+      ASSERT_TRUE(retriever.Select({mirror->get()}, l, q.data(), kQHeads, &sel).ok());
+      EXPECT_EQ(sel.has_rest, l > 0);
+      for (int h = 0; h < kQHeads; ++h) {
+        const int g = h / group;
+        const float* qh = &q[h * kHeadDim];
+        // (score, value row) of every key the reference attends to.
+        std::vector<double> x;
+        std::vector<std::vector<double>> val;
+        auto add = [&](const float* key, const float* value, double weight_log) {
+          double dot = 0;
+          for (int e = 0; e < kHeadDim; ++e) dot += double(qh[e]) * key[e];
+          x.push_back(dot * Shape().scale + weight_log);
+          val.emplace_back(value, value + kHeadDim);
+        };
+        std::set<int32_t> taken;
+        for (int32_t e = sel.page_indptr[g]; e < sel.page_indptr[g + 1]; ++e) {
+          if (sel.tree_leaf[e] >= 0) taken.insert(sel.tree_leaf[e]);
+          for (int t = 0; t < sel.page_valid[e]; ++t) {
+            add(static_cast<const float*>(pool.KRow(sel.page_ids[e], t)),
+                static_cast<const float*>(pool.VRow(sel.page_ids[e], t)), 0.0);
+          }
+        }
+        add(&kn[l][g * kHeadDim], &vn[l][g * kHeadDim], 0.0);  // the step's own token
+        const size_t exact = x.size();
+        const kvstore::DciTree* tree = (*mirror)->tree(l, g);
+        for (int32_t leaf = 0; tree != nullptr && leaf < tree->num_leaves(); ++leaf) {
+          const int cnt = tree->leaf_valid(leaf);
+          if (taken.count(leaf) || cnt == 0) continue;
+          std::vector<float> km(kHeadDim, 0.f), vm(kHeadDim, 0.f);
+          for (int e = 0; e < kHeadDim; ++e) {
+            double ks = 0, vs = 0;
+            for (int t = 0; t < cnt; ++t) {
+              ks += static_cast<const float*>(pool.KRow(tree->leaf_page(leaf), t))[e];
+              vs += static_cast<const float*>(pool.VRow(tree->leaf_page(leaf), t))[e];
+            }
+            km[e] = static_cast<float>(ks / cnt);
+            vm[e] = static_cast<float>(vs / cnt);
+          }
+          add(km.data(), vm.data(), std::log(double(cnt)));
+        }
+        auto softmax_out = [&](size_t count) {
+          const double m = *std::max_element(x.begin(), x.begin() + count);
+          double z = 0;
+          std::vector<double> acc(kHeadDim, 0.0);
+          for (size_t i = 0; i < count; ++i) {
+            const double w = std::exp(x[i] - m);
+            z += w;
+            for (int e = 0; e < kHeadDim; ++e) acc[e] += w * val[i][e];
+          }
+          for (double& a : acc) a /= z;
+          return acc;
+        };
+        const auto want = softmax_out(x.size());
+        const auto unmerged = softmax_out(exact);
+        for (int e = 0; e < kHeadDim; ++e) {
+          worst = std::max(worst, static_cast<float>(std::abs(out[h * kHeadDim + e] - want[e])));
+          if (l > 0) worst_unmerged = std::max(worst_unmerged, static_cast<float>(std::abs(out[h * kHeadDim + e] - unmerged[e])));
+        }
+      }
+    }
+    backend->EndStep(true);
+    std::vector<const float*> kps, vps;
+    for (int l = 0; l < kLayers; ++l) {
+      kps.push_back(kn[l].data());
+      vps.push_back(vn[l].data());
+    }
+    ASSERT_TRUE((*mirror)->Append(kps.data(), vps.data()).ok());
+  }
+  EXPECT_LT(worst, 2e-5f);
+  EXPECT_GT(worst_unmerged, 1e-3f) << "the estimate changed nothing: the test would not see it missing";
 }
 
 // Quest (token-order layout): a budget covering every page is exact as the window slides pages

@@ -1,4 +1,4 @@
-// StoreKv / GatherKv / MergeToken / RepetitionPenalty on every backend against naive references.
+// StoreKv / GatherKv / MergeToken / MergeStates / RepetitionPenalty on every backend against naive references.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -177,6 +177,84 @@ TEST_P(KvPagesOnBackend, MergeTokenEqualsAttentionOverPagesPlusTheToken) {
   m.scale = scale;
   ASSERT_TRUE(MergeToken(m, b).ok());
   ExpectClose(testing::Download<float>(dout, want.size()), want, 1e-5, 1e-4, "paged + merged token");
+}
+
+// Paged attention over two disjoint page sets, the second merged into the first by MergeStates,
+// equals paged attention over their union (output and log-sum-exp), including lists that are
+// empty on either side (an empty second set leaves the first as it is, an empty first set takes
+// the second).
+TEST_P(KvPagesOnBackend, MergeStatesOfDisjointPageSetsEqualsAttentionOverTheirUnion) {
+  const Backend b = GetParam();
+  const int batch = 2, hq = 4, hkv = 2, hd = 32, ps = 4, pages = 8;
+  const float scale = 1.f / std::sqrt(float(hd));
+  const auto pool = RandomVector(static_cast<size_t>(pages) * 2 * ps * hd, 11, -2.f, 2.f);
+  const auto q = RandomVector(static_cast<size_t>(batch) * hq * hd, 12);
+  // Per (sequence, kv head): set A, set B, and A ∪ B. Unit 1 has no B, unit 2 no A.
+  const std::vector<std::vector<int32_t>> a_ids = {{0, 1}, {2}, {}, {5, 6}};
+  const std::vector<std::vector<int32_t>> b_ids = {{2, 3}, {}, {4, 7}, {0}};
+  const std::vector<int32_t> valid_of = {4, 3, 4, 1, 4, 2, 4, 4};  // per page id
+  auto run = [&](const std::vector<std::vector<int32_t>>& sets, std::vector<float>* out, std::vector<float>* lse) {
+    std::vector<int32_t> indptr = {0}, ids, valid;
+    for (const auto& l : sets) {
+      for (int32_t p : l) {
+        ids.push_back(p);
+        valid.push_back(valid_of[p]);
+      }
+      indptr.push_back(static_cast<int32_t>(ids.size()));
+    }
+    auto dpool = testing::Upload(b, pool), dq = testing::Upload(b, q), di = testing::Upload(b, indptr),
+         dids = testing::Upload(b, ids), dval = testing::Upload(b, valid),
+         dout = testing::Upload(b, std::vector<float>(q.size())), dlse = testing::Upload(b, std::vector<float>(batch * hq));
+    PagedDecodeAttentionParams a;
+    a.q = dq.as<float>();
+    a.pages = dpool.data();
+    a.kv_dtype = DType::kF32;
+    a.page_indptr = di.as<int32_t>();
+    a.page_ids = dids.as<int32_t>();
+    a.page_valid = dval.as<int32_t>();
+    a.out = dout.as<float>();
+    a.lse = dlse.as<float>();
+    a.batch = batch;
+    a.num_q_heads = hq;
+    a.num_kv_heads = hkv;
+    a.head_dim = hd;
+    a.page_size = ps;
+    a.scale = scale;
+    ASSERT_TRUE(PagedDecodeAttention(a, b).ok());
+    *out = testing::Download<float>(dout, q.size());
+    *lse = testing::Download<float>(dlse, batch * hq);
+  };
+  std::vector<std::vector<int32_t>> both(a_ids.size());
+  for (size_t u = 0; u < both.size(); ++u) {
+    both[u] = a_ids[u];
+    both[u].insert(both[u].end(), b_ids[u].begin(), b_ids[u].end());
+  }
+  std::vector<float> oa, la, ob, lb, ou, lu;
+  run(a_ids, &oa, &la);
+  run(b_ids, &ob, &lb);
+  run(both, &ou, &lu);
+  // The kernel's empty-list rows: zeros and -inf (its contract), which MergeStates relies on.
+  EXPECT_TRUE(std::isinf(lb[2]) && lb[2] < 0) << lb[2];  // unit 1 = (sequence 0, kv head 1): rows 2, 3
+  EXPECT_TRUE(std::isinf(la[4]) && la[4] < 0) << la[4];  // unit 2 = (1, 0): rows 4, 5
+  auto dout = testing::Upload(b, oa), dlse = testing::Upload(b, la), dout2 = testing::Upload(b, ob),
+       dlse2 = testing::Upload(b, lb);
+  MergeStatesParams m;
+  m.out = dout.as<float>();
+  m.lse = dlse.as<float>();
+  m.out2 = dout2.as<float>();
+  m.lse2 = dlse2.as<float>();
+  m.rows = batch * hq;
+  m.head_dim = hd;
+  ASSERT_TRUE(MergeStates(m, b).ok());
+  ExpectClose(testing::Download<float>(dout, q.size()), ou, 1e-5, 1e-5, "merged output");
+  ExpectClose(testing::Download<float>(dlse, batch * hq), lu, 1e-5, 1e-5, "merged log-sum-exp");
+  // Bad arguments are INVALID_ARGUMENT, nothing run.
+  MergeStatesParams bad = m;
+  bad.head_dim = 0;
+  EXPECT_EQ(MergeStates(bad, b).code(), StatusCode::kInvalidArgument);
+  bad = m;
+  bad.lse2 = nullptr;
+  EXPECT_EQ(MergeStates(bad, b).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_P(KvPagesOnBackend, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
