@@ -64,6 +64,8 @@ struct DecodeEngineOptions {
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)
   kernels::DType kv_dtype = kernels::DType::kBF16;  // page pool element type; must match the prefill side's
   int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions), per rank; 0 = none (CPU only)
+  // Merge the estimate of the tree leaves a step leaves out (kvstore::RetrievalPolicy::estimate_rest).
+  bool rest_estimate = kvstore::RetrievalPolicy{}.estimate_rest;
   // Called on the engine thread after each decode step with every rank's seconds in it: its
   // whole Forward and its collectives (only with a TpGroup of more than one rank).
   std::function<void(const model::RankStepTimes&)> rank_times_observer;

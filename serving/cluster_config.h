@@ -57,6 +57,10 @@ struct CacheSection {
   // stay on the device between steps and only missing ones are copied. 0 = automatic: none on the
   // CPU (attention reads the host pool in place), min(decode.pool_pages, 65536) on a GPU.
   int64_t device_cache_pages = 0;
+  // Decode workers merge into each sparse layer's attention the estimate of the tree leaves a
+  // step leaves out, from their mean keys and values (kvstore::RetrievalPolicy::estimate_rest,
+  // docs/kvstore.md "Rest estimate"). false: the selected pages alone (the method before).
+  bool rest_estimate = true;
 };
 
 struct LimitsSection {

@@ -318,6 +318,22 @@ TEST(ClusterConfig, DciFieldOfViewOverride) {
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(c.status().message().find("cache.dci_group_fov"), std::string::npos) << c.status().ToString();
   }
+
+  // cache.rest_estimate: on by default (the serving default of kvstore::RetrievalPolicy), off by
+  // name, round-trips, and a non-boolean is refused naming the key.
+  c = ParseClusterConfig("{}", "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->cache.rest_estimate);
+  c = ParseClusterConfig("cache: {rest_estimate: false}", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->cache.rest_estimate);
+  again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_FALSE(again->cache.rest_estimate);
+  c = ParseClusterConfig("cache: {rest_estimate: maybe}", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("cache.rest_estimate"), std::string::npos) << c.status().ToString();
 }
 
 }  // namespace
