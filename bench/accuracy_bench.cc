@@ -224,7 +224,7 @@ constexpr const char* kUsage =
     "         [--group-merge rank|mass[,..] (kvstore::GroupMerge of icecache, oracle and quest; a list runs\n"
     "         each; default: the serving merge)]\n"
     "         [--rest-estimate on|off[,..] (kvstore::RetrievalPolicy::estimate_rest of icecache and oracle; a list\n"
-    "         runs each; default: the serving one)]\n"
+    "         runs each; default: the serving one)] [--rest-cells N[,N..] (RetrievalPolicy::rest_cells; as perplexity)]\n"
     "         [--json] [--plot FILE.png]\n"
     "methods (all through decode::IceCacheBackend), budget B pages, S sink, W window pages:\n"
     "  icecache  S sink + B-S-W DCI-tree leaves + W window   oracle  the same with the exact best leaves\n"
@@ -260,7 +260,7 @@ int RunAccuracy(int argc, char** argv) {
   std::string fov_mins_s, fov_fractions_s;
   std::optional<double> group_fov;  // unset: the preset's
   int ice_group = 1;
-  std::string merge_s, rest_s;
+  std::string merge_s, rest_s, rest_cells_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -295,6 +295,7 @@ int RunAccuracy(int argc, char** argv) {
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--group-merge" && has) merge_s = argv[++i];
     else if (f == "--rest-estimate" && has) rest_s = argv[++i];
+    else if (f == "--rest-cells" && has) rest_cells_s = argv[++i];
     else {
       std::fprintf(stderr, "accuracy: bad argument '%s'%s\n%s", f.c_str(),
                    f == "--budgets" ? " (budgets are in pages of 16 tokens now: --budget-pages)" : "", kUsage);
@@ -332,7 +333,7 @@ int RunAccuracy(int argc, char** argv) {
     std::fprintf(stderr, "accuracy: --group-merge: %s\n", merges.status().message().c_str());
     return 2;
   }
-  auto rests = ParseRestEstimates(rest_s);
+  auto rests = ParseRestVariants(rest_s, rest_cells_s);
   if (!rests.ok()) {
     std::fprintf(stderr, "accuracy: --rest-estimate: %s\n", rests.status().message().c_str());
     return 2;
@@ -347,11 +348,12 @@ int RunAccuracy(int argc, char** argv) {
       const size_t nr = TreeMethod(name) ? rests->size() : 1;
       for (size_t mi = 0; mi < (name == "window" ? 1 : merges->size() * nr); ++mi) {
         const kvstore::GroupMerge merge = (*merges)[mi / nr];
-        const bool rest = TreeMethod(name) && (*rests)[mi % nr];
+        const auto rest = TreeMethod(name) ? (*rests)[mi % nr] : std::pair<bool, int>{false, 0};
         if (name == "icecache") {
-          for (const kvstore::DciParams& d : *sweep) methods.push_back({name, b, d, ice_group, true, merge, rest});
+          for (const kvstore::DciParams& d : *sweep)
+            methods.push_back({name, b, d, ice_group, true, merge, rest.first, rest.second});
         } else {
-          methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false, merge, rest});
+          methods.push_back({name, b, dci, name == "quest" ? 1 : ice_group, false, merge, rest.first, rest.second});
         }
         Status st = ValidateKvMethod(methods.back(), layout);
         if (!st.ok()) {
@@ -467,6 +469,7 @@ int RunAccuracy(int argc, char** argv) {
         if (methods[mi].name != "full" && methods[mi].name != "window")
           r["group_merge"] = kvstore::GroupMergeName(methods[mi].merge);
         if (TreeMethod(methods[mi].name)) r["rest_estimate"] = methods[mi].estimate_rest;
+        if (TreeMethod(methods[mi].name) && methods[mi].estimate_rest) r["rest_cells"] = methods[mi].rest_cells;
         if (methods[mi].fov_swept) {
           r["fov_min"] = methods[mi].dci.fov_min;
           r["fov_fraction"] = methods[mi].dci.fov_fraction;

@@ -94,8 +94,13 @@ StatusOr<std::unique_ptr<decode::IceCacheBackend>> ImportMethod(model::Model& m,
   ICE_ASSIGN_OR_RETURN(auto be, decode::IceCacheBackend::Create(shape, pool, bo));
   // full: any budget above sink + window (kFull takes every page).
   const int budget = method.name == "full" ? o.sink_pages + o.window_pages + 1 : method.budget_pages;
-  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), budget, mode, method.merge,
-                                 TreeMethod(method.name) && method.estimate_rest));
+  kvstore::RetrievalPolicy policy;
+  policy.budget_pages = budget;
+  policy.mode = mode;
+  policy.merge = method.merge;
+  policy.estimate_rest = TreeMethod(method.name) && method.estimate_rest;
+  policy.rest_cells = method.rest_cells;
+  ICE_RETURN_IF_ERROR(be->Import(0, std::move(cache), policy));
   return be;
 }
 
@@ -121,6 +126,8 @@ std::string MethodLabel(const KvMethod& m) {
   // Likewise a rest estimate other than the serving one (tree methods only).
   if (TreeMethod(m.name) && m.estimate_rest != kvstore::RetrievalPolicy{}.estimate_rest)
     label += m.estimate_rest ? " rest on" : " rest off";
+  if (TreeMethod(m.name) && m.estimate_rest && m.rest_cells != kvstore::RetrievalPolicy{}.rest_cells)
+    label += " rest_cells " + std::to_string(m.rest_cells);
   return label;
 }
 
@@ -148,6 +155,27 @@ StatusOr<std::vector<bool>> ParseRestEstimates(const std::string& list) {
     out.push_back(name == "on");
   }
   if (out.empty()) out.push_back(kvstore::RetrievalPolicy{}.estimate_rest);
+  return out;
+}
+
+StatusOr<std::vector<std::pair<bool, int>>> ParseRestVariants(const std::string& estimates, const std::string& cells) {
+  ICE_ASSIGN_OR_RETURN(std::vector<bool> on, ParseRestEstimates(estimates));
+  std::vector<int> counts;
+  for (const std::string& c : Split(cells)) {
+    char* end = nullptr;
+    const long v = std::strtol(c.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > (1 << 20)) return InvalidArgumentError("--rest-cells: '" + c + "' (integers >= 0)");
+    counts.push_back(static_cast<int>(v));
+  }
+  if (counts.empty()) counts.push_back(kvstore::RetrievalPolicy{}.rest_cells);
+  std::vector<std::pair<bool, int>> out;
+  for (bool e : on) {
+    if (!e) {
+      out.push_back({false, kvstore::RetrievalPolicy{}.rest_cells});
+      continue;
+    }
+    for (int c : counts) out.push_back({true, c});
+  }
   return out;
 }
 

@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -56,6 +57,7 @@ struct KvMethod {
   // Tree methods (icecache, oracle): merge in the estimate of the leaves left out
   // (kvstore::RetrievalPolicy::estimate_rest, the serving default); quest and window never have one.
   bool estimate_rest = kvstore::RetrievalPolicy{}.estimate_rest;
+  int rest_cells = kvstore::RetrievalPolicy{}.rest_cells;  // its resolution (RetrievalPolicy::rest_cells)
 };
 
 // The methods' names, comma separated, for usage text.
@@ -105,6 +107,11 @@ StatusOr<std::vector<kvstore::GroupMerge>> ParseGroupMerges(const std::string& l
 // "on,off" -> the rest-estimate settings named, in order; empty -> the serving default alone.
 // INVALID_ARGUMENT naming the bad entry.
 StatusOr<std::vector<bool>> ParseRestEstimates(const std::string& list);
+
+// The tree methods' variants of a run: every --rest-estimate setting, and with the estimate on,
+// every --rest-cells value ("0,32"; empty -> the serving default). Each variant is
+// (estimate_rest, rest_cells). INVALID_ARGUMENT naming the bad entry.
+StatusOr<std::vector<std::pair<bool, int>>> ParseRestVariants(const std::string& estimates, const std::string& cells);
 
 // Parses --kv-dtype f32|bf16|f16.
 StatusOr<kernels::DType> ParseKvDtype(const std::string& s);

@@ -43,6 +43,8 @@ constexpr const char* kUsage =
     "         a list runs each; default: the serving merge)]\n"
     "         [--rest-estimate on|off[,..] (kvstore::RetrievalPolicy::estimate_rest of icecache and oracle: the\n"
     "         leaves left out estimated from their mean keys and values; a list runs each; default: the serving one)]\n"
+    "         [--rest-cells N[,N..] (RetrievalPolicy::rest_cells with the estimate on: cells estimated leaf by leaf,\n"
+    "         the others as one group each; 0 = every leaf; a list runs each; default: the serving one)]\n"
     "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
@@ -63,7 +65,7 @@ int RunPerplexity(int argc, char** argv) {
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
-  std::string spread_s, seed_s, rank_s, merge_s, rest_s;
+  std::string spread_s, seed_s, rank_s, merge_s, rest_s, rest_cells_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -84,6 +86,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--leaf-rank" && has) rank_s = argv[++i];
     else if (f == "--group-merge" && has) merge_s = argv[++i];
     else if (f == "--rest-estimate" && has) rest_s = argv[++i];
+    else if (f == "--rest-cells" && has) rest_cells_s = argv[++i];
     else if (f == "--ice-group" && has) ice_group = std::atoi(argv[++i]);
     else if (f == "--json") json = true;
     else {
@@ -125,12 +128,12 @@ int RunPerplexity(int argc, char** argv) {
     return 2;
   }
   const std::vector<kvstore::GroupMerge> merges = *merges_or;
-  auto rests_or = ParseRestEstimates(rest_s);
+  auto rests_or = ParseRestVariants(rest_s, rest_cells_s);
   if (!rests_or.ok()) {
     std::fprintf(stderr, "perplexity: --rest-estimate: %s\n", rests_or.status().message().c_str());
     return 2;
   }
-  const std::vector<bool> rests = *rests_or;
+  const std::vector<std::pair<bool, int>> rests = *rests_or;
   auto dtype = ParseKvDtype(kv_dtype);
   if (!dtype.ok()) {
     std::fprintf(stderr, "perplexity: %s\n", dtype.status().message().c_str());
@@ -147,8 +150,9 @@ int RunPerplexity(int argc, char** argv) {
       // window retrieves nothing, so the merge does not apply to it.
       for (size_t mi = 0; mi < (name == "window" ? 1 : merges.size() * (TreeMethod(name) ? rests.size() : 1)); ++mi) {
         const kvstore::GroupMerge merge = merges[TreeMethod(name) ? mi / rests.size() : mi];
-        methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false, merge,
-                           TreeMethod(name) ? static_cast<bool>(rests[mi % rests.size()]) : false});
+        const auto rest = TreeMethod(name) ? rests[mi % rests.size()] : std::pair<bool, int>{false, 0};
+        methods.push_back({name, std::atoi(b.c_str()), *dci, name == "quest" ? 1 : ice_group, false, merge, rest.first,
+                           rest.second});
         Status st = ValidateKvMethod(methods.back(), layout);
         if (!st.ok()) {
           std::fprintf(stderr, "perplexity: %s\n", st.message().c_str());
@@ -238,6 +242,7 @@ int RunPerplexity(int argc, char** argv) {
     if (meth.name != "full") r["budget_pages"] = meth.budget_pages;
     if (meth.name != "full" && meth.name != "window") r["group_merge"] = kvstore::GroupMergeName(meth.merge);
     if (TreeMethod(meth.name)) r["rest_estimate"] = meth.estimate_rest;
+    if (TreeMethod(meth.name) && meth.estimate_rest) r["rest_cells"] = meth.rest_cells;
     if (TreeMethod(meth.name) && !seeds.empty()) r["dci_seed"] = meth.dci.seed;
     r["ice_group"] = meth.ice_group;
     rows.push_back(r);
@@ -256,6 +261,7 @@ int RunPerplexity(int argc, char** argv) {
     const double mean = std::accumulate(ppl.begin(), ppl.end(), 0.0) / static_cast<double>(ppl.size());
     nlohmann::json s = {{"method", r["method"]}, {"budget_pages", r["budget_pages"]}, {"group_merge", r["group_merge"]},
                         {"rest_estimate", r["rest_estimate"]}, {"seeds", ppl.size()},
+                        {"rest_cells", r.contains("rest_cells") ? r["rest_cells"] : nlohmann::json()},
                         {"perplexity_mean", mean}, {"perplexity_min", *std::min_element(ppl.begin(), ppl.end())},
                         {"perplexity_max", *std::max_element(ppl.begin(), ppl.end())}};
     if (full_ppl > 0)

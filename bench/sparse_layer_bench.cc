@@ -113,6 +113,7 @@ int Run(int argc, char** argv) {
   std::vector<int> contexts = {4096, 16384, 32768, 65536};
   int steps = 20, budget = 16, threads = 2;
   bool rest = kvstore::RetrievalPolicy{}.estimate_rest;  // the serving default
+  int rest_cells = kvstore::RetrievalPolicy{}.rest_cells;
   kvstore::DciParams dci = kvstore::DciParams::Tuned();
   std::vector<Variant> variants;
   bool json = false;
@@ -124,6 +125,7 @@ int Run(int argc, char** argv) {
     else if (a == "--budget-pages") budget = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--rest-estimate") rest = next() == "on";
+    else if (a == "--rest-cells") rest_cells = std::atoi(next().c_str());
     else if (a == "--fov-min") dci.fov_min = std::atoi(next().c_str());
     else if (a == "--fov-fraction") dci.fov_fraction = std::atof(next().c_str());
     else if (a == "--fov-sqrt") dci.fov_sqrt = std::atof(next().c_str());
@@ -143,7 +145,7 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: icecache-bench sparse-layer [--contexts 4096,16384,32768,65536] [--steps 20]\n"
                    "       [--budget-pages 16] [--threads 2] [--fov-min N] [--fov-fraction F] [--fov-sqrt C]\n"
-                   "       [--group-fov G] [--variant NAME[:key=value,...]]... [--rest-estimate on|off] [--json]\n"
+                   "       [--group-fov G] [--variant NAME[:key=value,...]]... [--rest-estimate on|off] [--rest-cells N] [--json]\n"
                    "  (--rest-estimate: kvstore::RetrievalPolicy::estimate_rest of the IceCache selection, merged into\n"
                    "   its attention by kernels::MergeStates; default: the serving one)\n"
                    "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
@@ -228,6 +230,7 @@ int Run(int argc, char** argv) {
       std::vector<float> q(static_cast<size_t>(kQHeads) * kDim), o(q.size()), lse(kQHeads);
       kvstore::RetrievalPolicy sparse_policy{budget, kvstore::RetrievalMode::kSparse};
       sparse_policy.estimate_rest = rest;
+      sparse_policy.rest_cells = rest_cells;
       kvstore::Retriever sparse_r(sparse_policy, &pool_threads);
       kvstore::Retriever full_r({budget, kvstore::RetrievalMode::kFull}, &pool_threads);
       kvstore::Retriever oracle_r({budget, kvstore::RetrievalMode::kOracle}, &pool_threads);
@@ -337,6 +340,7 @@ int Run(int argc, char** argv) {
       if (sparse_base[vi] == 0) sparse_base[vi] = st;
       nlohmann::json row = {{"variant", var.name},
                             {"rest_estimate", rest},
+                            {"rest_cells", rest_cells},
                             {"context", n},
                             {"build_s", build_s},
                             {"pages_sparse", pages_sparse},

@@ -622,16 +622,18 @@ void DecodeEngine::Step() {
 }
 
 Status DecodeEngine::Import(uint64_t id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages) {
-  const kvstore::RetrievalMode sparse = kvstore::RetrievalMode::kSparse;
-  const kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge;
-  if (ranks_.size() == 1) return ranks_[0]->Import(id, std::move(cache), budget_pages, sparse, merge, options_.rest_estimate);
+  kvstore::RetrievalPolicy policy;
+  policy.budget_pages = budget_pages;
+  policy.estimate_rest = options_.rest_estimate;
+  policy.rest_cells = options_.rest_cells;
+  if (ranks_.size() == 1) return ranks_[0]->Import(id, std::move(cache), policy);
   if (cache != nullptr && cache->options().num_kv_heads != shape_.num_kv_heads) {
     return InvalidArgumentError("shipped KV cache has " + std::to_string(cache->options().num_kv_heads) +
                                 " kv heads; the model has " + std::to_string(shape_.num_kv_heads));
   }
   ICE_ASSIGN_OR_RETURN(auto parts, kvstore::SequenceCache::SplitByHead(std::move(cache), static_cast<int>(ranks_.size())));
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    Status st = ranks_[r]->Import(id, std::move(parts[r]), budget_pages, sparse, merge, options_.rest_estimate);
+    Status st = ranks_[r]->Import(id, std::move(parts[r]), policy);
     if (!st.ok()) {
       for (size_t j = 0; j < r; ++j) ranks_[j]->RemoveSequence(id).IgnoreError();
       return st.WithContext("tensor-parallel rank " + std::to_string(r));

@@ -66,6 +66,7 @@ struct DecodeEngineOptions {
   int device_cache_pages = 0;  // device page cache (IceCacheBackendOptions), per rank; 0 = none (CPU only)
   // Merge the estimate of the tree leaves a step leaves out (kvstore::RetrievalPolicy::estimate_rest).
   bool rest_estimate = kvstore::RetrievalPolicy{}.estimate_rest;
+  int rest_cells = kvstore::RetrievalPolicy{}.rest_cells;  // its resolution (RetrievalPolicy::rest_cells)
   // Called on the engine thread after each decode step with every rank's seconds in it: its
   // whole Forward and its collectives (only with a TpGroup of more than one rank).
   std::function<void(const model::RankStepTimes&)> rank_times_observer;

@@ -254,6 +254,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   ICE_ASSIGN_OR_RETURN(eo.kv_dtype, kernels::ParseDType(config.cache.kv_dtype));
   eo.device_cache_pages = static_cast<int>(config.cache.device_cache_pages);
   eo.rest_estimate = config.cache.rest_estimate;
+  eo.rest_cells = config.cache.rest_cells;
   if (eo.device_cache_pages == 0 && !kernels::MemoryIsHost(impl->lm->device().backend)) {
     eo.device_cache_pages = static_cast<int>(std::min<int64_t>(config.decode.pool_pages, 65536));
   }

@@ -49,8 +49,10 @@ IceCacheBackend::IceCacheBackend(const model::AttentionShape& shape, kvstore::Pa
 
 IceCacheBackend::~IceCacheBackend() = default;  // each SequenceCache frees its pages
 
-Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
-                               kvstore::RetrievalMode mode, kvstore::GroupMerge merge, bool estimate_rest) {
+Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache,
+                               kvstore::RetrievalPolicy policy) {
+  const int budget_pages = policy.budget_pages;
+  const kvstore::RetrievalMode mode = policy.mode;
   if (seqs_.count(id)) return AlreadyExistsError("sequence " + std::to_string(id) + " exists");
   const auto& o = cache->options();
   if (o.num_layers != shape_.num_layers || o.num_kv_heads != shape_.num_kv_heads ||
@@ -72,10 +74,9 @@ Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceC
   }
   Sequence s;
   s.cache = std::move(cache);
+  if (policy.rest_cells < 0) return InvalidArgumentError("rest_cells must be >= 0");
+  s.policy = policy;
   s.policy.budget_pages = std::max(budget_pages, 1);
-  s.policy.mode = mode;
-  s.policy.merge = merge;
-  s.policy.estimate_rest = estimate_rest;
   s.policy.scale = shape_.scale;
   seqs_.emplace(id, std::move(s));
   return Status::Ok();

@@ -91,20 +91,24 @@ class IceCacheBackend final : public model::AttentionBackend {
                                                            const IceCacheBackendOptions& options);
   ~IceCacheBackend() override;
 
-  // Adopts `cache` (built in this backend's pool) as sequence `id`. budget_pages: the page budget
-  // of sparse layers (ignored when the cache has none); at least the cache's sink_pages +
-  // window_pages (equal: no retrieved pages, the StreamingLLM-style baseline). mode: kSparse serves; kFull, kOracle (exact best leaves) and kQuest (on a
-  // cache built with kvstore::SparseLayout::kTokenOrder) are the accuracy baselines; a mode that
-  // does not match the cache's layout is INVALID_ARGUMENT. merge: how a GQA group's lists become
-  // one page set (kvstore::GroupMerge; the serving default unless a benchmark compares).
-  // estimate_rest: merge in the estimated attention of the tree leaves left out
-  // (kvstore::RetrievalPolicy::estimate_rest; the serving default unless a benchmark compares).
-  // INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
+  // Adopts `cache` (built in this backend's pool) as sequence `id`, selected under `policy`:
+  // budget_pages, the page budget of sparse layers (ignored when the cache has none), at least the
+  // cache's sink_pages + window_pages (equal: no retrieved pages, the StreamingLLM-style baseline);
+  // mode: kSparse serves; kFull, kOracle (exact best leaves) and kQuest (on a cache built with
+  // kvstore::SparseLayout::kTokenOrder) are the accuracy baselines; a mode that does not match the
+  // cache's layout is INVALID_ARGUMENT; merge, estimate_rest, rest_cells: the serving defaults
+  // unless a benchmark or cache.rest_* compare (kvstore::RetrievalPolicy); scale is set to the
+  // shape's. INVALID_ARGUMENT when the cache's geometry does not match the shape or the budget is
   // too small; ALREADY_EXISTS for a used id. On error the cache is released.
+  Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, kvstore::RetrievalPolicy policy);
+  // The serving policy with this budget and mode.
   Status Import(model::SequenceId id, std::unique_ptr<kvstore::SequenceCache> cache, int budget_pages,
-                kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse,
-                kvstore::GroupMerge merge = kvstore::RetrievalPolicy{}.merge,
-                bool estimate_rest = kvstore::RetrievalPolicy{}.estimate_rest);
+                kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse) {
+    kvstore::RetrievalPolicy p;
+    p.budget_pages = budget_pages;
+    p.mode = mode;
+    return Import(id, std::move(cache), p);
+  }
 
   // AddSequence is not supported (FAILED_PRECONDITION): sequences come from Import.
   Status AddSequence(model::SequenceId id) override;

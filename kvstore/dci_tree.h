@@ -302,15 +302,18 @@ class DciTree {
 
   // The rest estimate (docs/kvstore.md, "Rest estimate"): the attention of the query heads qs
   // ([nq, head_dim] fp32) over every leaf NOT in skip[0, nskip) (leaf ids, any order, repeats and
-  // out-of-range ids ignored), estimated from each leaf's mean key k̄ and mean value v̄ in
-  // `payload`: leaf l stands for its n_l valid tokens as one key of weight n_l, score
-  //   x_jl = scale * q_j . k̄_l + log n_l,
-  //   lse[j] = log sum_l exp(x_jl),  out[j] = sum_l exp(x_jl - lse[j]) v̄_l,
-  // the form of kernels::MergeStates' second set. lse[j] = -inf and out[j] = 0 when no leaf is
-  // left. out: [nq, head_dim], lse: [nq]. Cost: one pass over the means of every leaf (2 rows of
-  // the pool dtype a leaf). Thread-safe w.r.t. other const calls.
-  void EstimateRest(const float* qs, int nq, float scale, int payload, const int32_t* skip, int nskip, float* out,
-                    float* lse) const;
+  // out-of-range ids ignored), estimated from mean keys k̄ and mean values v̄ in `payload`: a
+  // group of n tokens stands for them as one key of weight n, score
+  //   x_j = scale * q_j . k̄ + log n,
+  //   lse[j] = log sum exp(x_j),  out[j] = sum exp(x_j - lse[j]) v̄,
+  // the form of kernels::MergeStates' second set. The groups: with expand_cells <= 0 or >= the
+  // number of cells, every leaf left; otherwise the cells are ranked by their own mean key's best
+  // score over the heads, and the expand_cells best (plus every cell holding a skipped leaf) count
+  // leaf by leaf, each other cell as one group. lse[j] = -inf and out[j] = 0 when nothing is left.
+  // out: [nq, head_dim], lse: [nq]. Cost: one pass over two rows (pool dtype) per leaf, or per
+  // cell plus per leaf of the expanded cells. Thread-safe w.r.t. other const calls.
+  void EstimateRest(const float* qs, int nq, float scale, int payload, const int32_t* skip, int nskip,
+                    int expand_cells, float* out, float* lse) const;
   // The mean key / mean value row of `leaf` in `payload` (pool dtype, head_dim elements).
   const void* LeafMeanKey(int32_t leaf, int payload = 0) const;
   const void* LeafMeanValue(int32_t leaf, int payload = 0) const;
@@ -508,14 +511,18 @@ class DciTree {
   // the leaf's pages alone, so not on the wire: BuildFrom and Deserialize compute every leaf's,
   // Insert those of the leaves it changed (NoteWritten and MoveSlot list them in dirty) before it
   // returns, also after an error.
+  // Cell means likewise, per cell: its leaves' means weighted by their token counts (cell_count).
   struct LeafMeans {
-    std::vector<std::vector<uint8_t>> key, value;  // [num_payloads][num_leaves * row_bytes]
-    std::vector<int32_t> dirty;                    // leaves changed since the last refresh (may repeat)
+    std::vector<std::vector<uint8_t>> key, value;            // [num_payloads][num_leaves * row_bytes]
+    std::vector<std::vector<uint8_t>> cell_key, cell_value;  // [num_payloads][num_cells * row_bytes]
+    std::vector<int32_t> cell_count;                         // [num_cells] tokens in the cell's leaves
+    std::vector<int32_t> dirty;                              // leaves changed since the last refresh (may repeat)
   };
   LeafMeans means_;
   void MeanLeaf(int32_t leaf);  // means_' rows of `leaf` from its pages
+  void MeanCell(int32_t cell);  // means_' cell rows of `cell` from its leaves' rows
   void MeanAllLeaves();
-  void RefreshDirtyMeans();     // MeanLeaf for each dirty leaf (and sizes the rows), then clears the list
+  void RefreshDirtyMeans();     // MeanLeaf for each dirty leaf, MeanCell for their cells (rows sized), then clears the list
   bool leaf_rank_on() const { return params_.leaf_rank != LeafRank::kOff; }
   void SummarizeLeaf(int32_t leaf);       // leaf_sums_' row and bonus of `leaf` from its page
   // kCentroid: folds slots [from, leaf_valid) of `leaf` into sum [head_dim] / sumsq, then writes

@@ -369,7 +369,8 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
     if (taken >= tree->num_leaves()) return;
     const size_t row = static_cast<size_t>(b) * num_q_heads + static_cast<size_t>(g) * group;
     tree->EstimateRest(q + row * head_dim, group, ScaleOf(policies[b], head_dim), seq.PayloadOf(layer),
-                       unit_leaves.data(), static_cast<int>(unit_leaves.size()), out->rest_out.data() + row * head_dim,
+                       unit_leaves.data(), static_cast<int>(unit_leaves.size()), policies[b].rest_cells,
+                       out->rest_out.data() + row * head_dim,
                        out->rest_lse.data() + row);
     estimated.store(true, std::memory_order_relaxed);
   };

@@ -91,6 +91,10 @@ struct RetrievalPolicy {
   // keys and values (DciTree::EstimateRest), into PageSelection::rest_*; the serving default
   // (docs/kvstore.md, "Rest estimate").
   bool estimate_rest = true;
+  // The rest estimate's resolution (DciTree::EstimateRest's expand_cells): the level cells whose
+  // mean keys score best count leaf by leaf, this many of them, every other cell as one group;
+  // 0 = every leaf on its own (cost linear in the leaves). docs/kvstore.md, "Rest estimate".
+  int rest_cells = 0;
   // The attention scale of the model (the group merge's and the rest estimate's c); 0 means
   // 1 / sqrt(head_dim), that of every supported family.
   float scale = 0.f;

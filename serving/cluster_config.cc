@@ -180,7 +180,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(
       cache.CheckShape({"page_size", "default_budget_pages", "dense_layers", "sink_pages", "window_pages", "dci_preset",
                         "dci_fov_fraction", "dci_fov_min", "dci_group_fov", "kv_dtype", "ice_group",
-                        "device_cache_pages", "rest_estimate"}));
+                        "device_cache_pages", "rest_estimate", "rest_cells"}));
   ICE_RETURN_IF_ERROR(cache.Number("page_size", &c.cache.page_size, 1, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("default_budget_pages", &c.cache.default_budget_pages, 0, kIntMax));
   ICE_RETURN_IF_ERROR(cache.Number("dense_layers", &c.cache.dense_layers, 0, 4096));
@@ -202,6 +202,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(cache.Number("ice_group", &c.cache.ice_group, 1, 64));
   ICE_RETURN_IF_ERROR(cache.Number<int64_t>("device_cache_pages", &c.cache.device_cache_pages, 0, int64_t{1} << 31));
   ICE_RETURN_IF_ERROR(cache.Bool("rest_estimate", &c.cache.rest_estimate));
+  ICE_RETURN_IF_ERROR(cache.Number("rest_cells", &c.cache.rest_cells, 0, 1 << 20));
   if (c.cache.default_budget_pages != 0 &&
       c.cache.default_budget_pages <= c.cache.sink_pages + c.cache.window_pages) {
     return InvalidArgumentError(origin + ": cache.default_budget_pages: must be 0 (full) or more than "
@@ -432,7 +433,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "kv_dtype" << YAML::Value << c.cache.kv_dtype;
   out << YAML::Key << "ice_group" << YAML::Value << c.cache.ice_group;
   out << YAML::Key << "device_cache_pages" << YAML::Value << c.cache.device_cache_pages;
-  out << YAML::Key << "rest_estimate" << YAML::Value << c.cache.rest_estimate << YAML::EndMap;
+  out << YAML::Key << "rest_estimate" << YAML::Value << c.cache.rest_estimate;
+  out << YAML::Key << "rest_cells" << YAML::Value << c.cache.rest_cells << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_tokens" << YAML::Value << c.limits.max_tokens;
   out << YAML::Key << "max_prompt_tokens" << YAML::Value << c.limits.max_prompt_tokens;

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kvstore/dci_tree.h"
+#include "kvstore/retriever.h"
 
 namespace icecache::cluster {
 
@@ -61,6 +62,10 @@ struct CacheSection {
   // step leaves out, from their mean keys and values (kvstore::RetrievalPolicy::estimate_rest,
   // docs/kvstore.md "Rest estimate"). false: the selected pages alone (the method before).
   bool rest_estimate = true;
+  // Its resolution (kvstore::RetrievalPolicy::rest_cells): the tree cells whose mean keys score
+  // best, this many, are estimated leaf by leaf and every other cell as one group; 0 = every leaf
+  // on its own (a host cost linear in the context).
+  int rest_cells = kvstore::RetrievalPolicy{}.rest_cells;
 };
 
 struct LimitsSection {

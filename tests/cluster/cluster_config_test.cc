@@ -334,6 +334,15 @@ TEST(ClusterConfig, DciFieldOfViewOverride) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(c.status().message().find("cache.rest_estimate"), std::string::npos) << c.status().ToString();
+  c = ParseClusterConfig("cache: {rest_cells: 48}", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.rest_cells, 48);
+  again = ParseClusterConfig(ClusterConfigToYaml(*c), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->cache.rest_cells, 48);
+  c = ParseClusterConfig("cache: {rest_cells: -1}", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cache.rest_cells"), std::string::npos) << c.status().ToString();
 }
 
 }  // namespace

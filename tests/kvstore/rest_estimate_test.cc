@@ -6,6 +6,7 @@
 // PageSelection::rest_* for sparse units only, from exactly the leaves it did not select.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -132,7 +133,7 @@ void ExpectEstimate(const DciTree& t, const std::vector<float>& qs, int nq, cons
   Reference(t, qs.data(), nq, scale, 0, skip, &want_out, &want_lse);
   const std::vector<int32_t> skip_list(skip.begin(), skip.end());
   std::vector<float> out(static_cast<size_t>(nq) * d, 99.f), lse(nq, 99.f);
-  t.EstimateRest(qs.data(), nq, scale, 0, skip_list.data(), static_cast<int>(skip_list.size()), out.data(), lse.data());
+  t.EstimateRest(qs.data(), nq, scale, 0, skip_list.data(), static_cast<int>(skip_list.size()), 0, out.data(), lse.data());
   for (int j = 0; j < nq; ++j) {
     if (std::isinf(want_lse[j])) {
       EXPECT_TRUE(std::isinf(lse[j]) && lse[j] < 0) << lse[j];
@@ -176,8 +177,8 @@ TEST_P(RestEstimateOnDtype, EqualsTheFormulaFromThePagesThroughInsertionsAndShip
   ExpectEstimate(**copy, qs, nq, skip, "shipped");
   const std::vector<int32_t> sl(skip.begin(), skip.end());
   std::vector<float> a(nq * d), b(nq * d), la(nq), lb(nq);
-  t.EstimateRest(qs.data(), nq, 0.125f, 0, sl.data(), static_cast<int>(sl.size()), a.data(), la.data());
-  (*copy)->EstimateRest(qs.data(), nq, 0.125f, 0, sl.data(), static_cast<int>(sl.size()), b.data(), lb.data());
+  t.EstimateRest(qs.data(), nq, 0.125f, 0, sl.data(), static_cast<int>(sl.size()), 0, a.data(), la.data());
+  (*copy)->EstimateRest(qs.data(), nq, 0.125f, 0, sl.data(), static_cast<int>(sl.size()), 0, b.data(), lb.data());
   EXPECT_EQ(a, b);
   EXPECT_EQ(la, lb);
   // Every leaf skipped (or out-of-range ids ignored): nothing is estimated.
@@ -185,6 +186,113 @@ TEST_P(RestEstimateOnDtype, EqualsTheFormulaFromThePagesThroughInsertionsAndShip
   for (int32_t l = 0; l < t.num_leaves(); ++l) all.insert(l);
   all.insert(t.num_leaves() + 5);
   ExpectEstimate(t, qs, nq, all, "every leaf skipped");
+}
+
+// The cell-bounded form (expand_cells > 0): the best cells by their mean key count leaf by leaf,
+// every other cell as one group of its tokens (mean key and value weighted by token count); every
+// cell holding a skipped leaf is expanded. Checked against the same rule evaluated here from the
+// pages (f32 pool: the stored means are the exact means), before and after insertions; with at
+// least as many cells as the tree has, it is the all-leaves form bit for bit.
+TEST(RestEstimateTest, CellBoundedFormFollowsItsRuleAndCoversEveryToken) {
+  const int d = 32, nq = 2, n0 = 3000, more = 320;
+  auto pool = MakePool(d, 8192, DType::kF32);
+  const testing::ModelKv kv = testing::RandomKv(1, 1, d, n0 + more, 17);
+  auto tree = DciTree::Build(DciParams::Flat(), pool.get(), 1,
+                             TokenBlock{0, n0, kv.kp.data(), kv.vp.data(), static_cast<size_t>(d)});
+  ASSERT_TRUE(tree.ok());
+  DciTree& t = **tree;
+  std::mt19937 rng(19);
+  std::normal_distribution<float> g;
+  std::vector<float> qs(static_cast<size_t>(nq) * d);
+  for (float& x : qs) x = 2.f * g(rng);
+  const float scale = 1.f / std::sqrt(float(d));
+  auto check = [&](int expand, const std::vector<int32_t>& skip, const char* what) {
+    SCOPED_TRACE(what);
+    ASSERT_GT(t.num_cells(), expand);
+    // Leaf and cell means from the pages.
+    const int32_t n = t.num_leaves(), nc = t.num_cells();
+    std::vector<std::vector<double>> lk(n, std::vector<double>(d, 0.0)), lv = lk;
+    for (int32_t l = 0; l < n; ++l) {
+      for (int s2 = 0; s2 < t.leaf_valid(l); ++s2) {
+        const float* kr = static_cast<const float*>(pool->KRow(t.leaf_page(l), s2));
+        const float* vr = static_cast<const float*>(pool->VRow(t.leaf_page(l), s2));
+        for (int e = 0; e < d; ++e) {
+          lk[l][e] += kr[e];
+          lv[l][e] += vr[e];
+        }
+      }
+    }
+    std::vector<std::vector<double>> ck(nc, std::vector<double>(d, 0.0)), cv = ck;
+    std::vector<int> cc(nc, 0);
+    for (int32_t l = 0; l < n; ++l) {
+      cc[t.leaf_cell(l)] += t.leaf_valid(l);
+      for (int e = 0; e < d; ++e) {
+        ck[t.leaf_cell(l)][e] += lk[l][e];
+        cv[t.leaf_cell(l)][e] += lv[l][e];
+      }
+    }
+    auto score = [&](int j, const std::vector<double>& sum, int cnt) {
+      double dot = 0;
+      for (int e = 0; e < d; ++e) dot += double(qs[j * d + e]) * sum[e] / cnt;
+      return scale * dot + std::log(double(cnt));
+    };
+    std::vector<std::pair<double, int32_t>> rank;
+    for (int32_t c = 0; c < nc; ++c) {
+      if (cc[c] == 0) continue;
+      double b = -1e300;
+      for (int j = 0; j < nq; ++j) b = std::max(b, score(j, ck[c], cc[c]));
+      rank.push_back({-b, c});
+    }
+    std::sort(rank.begin(), rank.end());
+    std::set<int32_t> open;
+    for (int i = 0; i < expand && i < static_cast<int>(rank.size()); ++i) open.insert(rank[i].second);
+    const std::set<int32_t> skipped(skip.begin(), skip.end());
+    for (int32_t l : skip) open.insert(t.leaf_cell(l));
+    std::vector<float> out(nq * d), lse(nq);
+    t.EstimateRest(qs.data(), nq, scale, 0, skip.data(), static_cast<int>(skip.size()), expand, out.data(), lse.data());
+    for (int j = 0; j < nq; ++j) {
+      std::vector<double> x;
+      std::vector<const std::vector<double>*> vs;
+      std::vector<int> cnt;
+      for (int32_t l = 0; l < n; ++l) {
+        if (!open.count(t.leaf_cell(l)) || skipped.count(l) || t.leaf_valid(l) == 0) continue;
+        x.push_back(score(j, lk[l], t.leaf_valid(l)));
+        vs.push_back(&lv[l]);
+        cnt.push_back(t.leaf_valid(l));
+      }
+      for (int32_t c = 0; c < nc; ++c) {
+        if (open.count(c) || cc[c] == 0) continue;
+        x.push_back(score(j, ck[c], cc[c]));
+        vs.push_back(&cv[c]);
+        cnt.push_back(cc[c]);
+      }
+      const double m = *std::max_element(x.begin(), x.end());
+      double z = 0;
+      std::vector<double> acc(d, 0.0);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double w = std::exp(x[i] - m);
+        z += w;
+        for (int e = 0; e < d; ++e) acc[e] += w * (*vs[i])[e] / cnt[i];
+      }
+      EXPECT_NEAR(lse[j], m + std::log(z), 1e-4 * (1 + std::fabs(m)));
+      for (int e = 0; e < d; ++e) EXPECT_NEAR(out[j * d + e], acc[e] / z, 1e-4) << "head " << j << " e " << e;
+    }
+  };
+  const std::vector<int32_t> skip = {1, 7, t.num_leaves() / 2};
+  check(4, skip, "4 cells expanded");
+  check(1, {}, "1 cell expanded, nothing skipped");
+  for (int at = n0; at < n0 + more; at += 16) {
+    const float* kp = kv.K(0, at, 0);
+    const float* vp = kv.V(0, at, 0);
+    ASSERT_TRUE(t.Insert(TokenBlock{at, 16, &kp, &vp, static_cast<size_t>(d)}).ok());
+  }
+  check(4, skip, "after insertions");
+  // As many cells as there are (or more): the all-leaves form, bit for bit.
+  std::vector<float> a(nq * d), b(nq * d), la(nq), lb(nq);
+  t.EstimateRest(qs.data(), nq, scale, 0, skip.data(), 3, 0, a.data(), la.data());
+  t.EstimateRest(qs.data(), nq, scale, 0, skip.data(), 3, t.num_cells(), b.data(), lb.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(la, lb);
 }
 
 // Through the retriever: sparse units carry the estimate over exactly the leaves they did not
@@ -225,7 +333,7 @@ TEST(RestEstimateTest, RetrieverEstimatesTheLeavesItLeavesOut) {
       const DciTree* t = cache->tree(layer, g2);
       std::vector<float> out(static_cast<size_t>(group) * d), lse(group);
       t->EstimateRest(q.data() + g2 * group * d, group, 1.f / std::sqrt(float(d)), 0, taken.data(),
-                      static_cast<int>(taken.size()), out.data(), lse.data());
+                      static_cast<int>(taken.size()), policy.rest_cells, out.data(), lse.data());
       for (int j = 0; j < group; ++j) {
         EXPECT_EQ(sel.rest_lse[g2 * group + j], lse[j]);
         for (int e = 0; e < d; ++e) EXPECT_EQ(sel.rest_out[(g2 * group + j) * d + e], out[j * d + e]);
