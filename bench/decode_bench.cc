@@ -27,6 +27,7 @@
 #include "kernels/dtype.h"
 #include "kvstore/dci_tree.h"
 #include "kvstore/page_pool.h"
+#include "kvstore/retriever.h"
 #include "kvstore/sequence_cache.h"
 #include "model/dense_kv_cache.h"
 #include "model/model.h"
@@ -87,6 +88,8 @@ struct SparseOptions {
   int window_pages = kvstore::SequenceCacheOptions{}.window_pages;
   int ice_group = kvstore::SequenceCacheOptions{}.ice_group;
   int device_cache_pages = 0;  // 0: none on the CPU, min(pool, 65536) on a GPU (as the decode worker)
+  bool rest_estimate = kvstore::RetrievalPolicy{}.estimate_rest;  // cache.rest_estimate
+  int rest_cells = kvstore::RetrievalPolicy{}.rest_cells;         // cache.rest_cells
 };
 
 // Prefills `batch` random prompts densely on the model's device, builds each into an IceCache
@@ -150,7 +153,11 @@ StatusOr<DecodeResult> TimeSparseDecode(model::Model& m, int batch, int prompt_l
       vp.push_back(v[l].data());
     }
     ICE_RETURN_IF_ERROR(cache->Build(kp.data(), vp.data(), prompt_len));
-    ICE_RETURN_IF_ERROR(backend->Import(b, std::move(cache), so.budget_pages));
+    kvstore::RetrievalPolicy policy;
+    policy.budget_pages = so.budget_pages;
+    policy.estimate_rest = so.rest_estimate;
+    policy.rest_cells = so.rest_cells;
+    ICE_RETURN_IF_ERROR(backend->Import(b, std::move(cache), policy));
     inputs[b].seq_id = b;
   }
   auto step = [&]() -> Status {
@@ -255,7 +262,8 @@ constexpr const char* kUsage =
     "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)]\n"
     "                             [--page-size N (DenseKvCache default)] [--json]\n"
     "                             [--budget-pages B (0 = dense; else IceCache decode, sink and window included)]\n"
-    "                             [--dense-layers N (2)] [--ice-group G (1)] [--device-cache-pages P (0: the decode worker's rule)]\n";
+    "                             [--dense-layers N (2)] [--ice-group G (1)] [--device-cache-pages P (0: the decode worker's rule)]\n"
+    "                             [--rest-estimate on|off] [--rest-cells N] (cache.rest_*; default: the serving ones)\n";
 
 
 int RunDecode(int argc, char** argv) {
@@ -281,6 +289,12 @@ int RunDecode(int argc, char** argv) {
     else if (f == "--dense-layers") ok = next_int(&so.dense_layers) && so.dense_layers >= 0;
     else if (f == "--ice-group") ok = next_int(&so.ice_group) && so.ice_group >= 1;
     else if (f == "--device-cache-pages") ok = next_int(&so.device_cache_pages) && so.device_cache_pages >= 0;
+    else if (f == "--rest-cells") ok = next_int(&so.rest_cells) && so.rest_cells >= 0;
+    else if (f == "--rest-estimate" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      ok = v == "on" || v == "off";
+      so.rest_estimate = v == "on";
+    }
     else if (f == "--device") {
       auto d = i + 1 < argc ? kernels::ParseDevice(argv[++i]) : StatusOr<kernels::Device>(InvalidArgumentError(""));
       ok = d.ok();
@@ -376,6 +390,10 @@ int RunDecode(int argc, char** argv) {
       {"device", kernels::DeviceName(m.device())},
       {"budget_pages", so.budget_pages},
   };
+  if (so.budget_pages > 0) {
+    r["rest_estimate"] = so.rest_estimate;
+    r["rest_cells"] = so.rest_cells;
+  }
   if (so.budget_pages > 0) {
     for (const auto& [name, res] : {std::pair{"batch1", &*one}, std::pair{"batchB", &*many}}) {
       const decode::IceCacheTimings& t = res->split;

@@ -219,9 +219,12 @@ TEST_F(BackendTest, RestEstimateMergesTheLeftOutLeavesIntoTheAttention) {
   auto mirror = (*cache)->Clone();
   ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
   auto backend = NewBackend();
-  ASSERT_TRUE(backend->Import(1, std::move(*cache), budget).ok());
+  // The serving policy, but every leaf estimated on its own (the cell form is checked against its
+  // rule in tests/kvstore/rest_estimate_test.cc).
   kvstore::RetrievalPolicy policy;
   policy.budget_pages = budget;
+  policy.rest_cells = 0;
+  ASSERT_TRUE(backend->Import(1, std::move(*cache), policy).ok());
   policy.scale = Shape().scale;
   const kvstore::Retriever retriever(policy);
   const kvstore::PagePool& pool = *pool_;
