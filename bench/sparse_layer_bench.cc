@@ -124,7 +124,14 @@ int Run(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(next().c_str());
     else if (a == "--budget-pages") budget = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
-    else if (a == "--rest-estimate") rest = next() == "on";
+    else if (a == "--rest-estimate") {
+      const std::string v = next();
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "sparse-layer: --rest-estimate takes on or off, got '%s'\n", v.c_str());
+        return 2;
+      }
+      rest = v == "on";
+    }
     else if (a == "--rest-cells") rest_cells = std::atoi(next().c_str());
     else if (a == "--fov-min") dci.fov_min = std::atoi(next().c_str());
     else if (a == "--fov-fraction") dci.fov_fraction = std::atof(next().c_str());

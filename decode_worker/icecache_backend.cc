@@ -72,9 +72,9 @@ Status IceCacheBackend::Import(SequenceId id, std::unique_ptr<kvstore::SequenceC
     return InvalidArgumentError(cache->token_order() ? "a token-order (Quest layout) sequence is served in mode full or quest only"
                                                      : "mode quest needs a sequence built with the token-order layout");
   }
+  if (policy.rest_cells < 0) return InvalidArgumentError("rest_cells must be >= 0");
   Sequence s;
   s.cache = std::move(cache);
-  if (policy.rest_cells < 0) return InvalidArgumentError("rest_cells must be >= 0");
   s.policy = policy;
   s.policy.budget_pages = std::max(budget_pages, 1);
   s.policy.scale = shape_.scale;

@@ -314,9 +314,6 @@ class DciTree {
   // cell plus per leaf of the expanded cells. Thread-safe w.r.t. other const calls.
   void EstimateRest(const float* qs, int nq, float scale, int payload, const int32_t* skip, int nskip,
                     int expand_cells, float* out, float* lse) const;
-  // The mean key / mean value row of `leaf` in `payload` (pool dtype, head_dim elements).
-  const void* LeafMeanKey(int32_t leaf, int payload = 0) const;
-  const void* LeafMeanValue(int32_t leaf, int payload = 0) const;
 
   // Frees every page back to the pool; the tree becomes empty (size() == 0).
   void Release();

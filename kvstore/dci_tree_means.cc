@@ -59,16 +59,10 @@ void DciTree::MeanCell(int32_t cell) {
 }
 
 void DciTree::MeanAllLeaves() {
-  means_.dirty.clear();
-  const size_t rb = pool_->row_bytes();
-  const size_t bytes = static_cast<size_t>(num_leaves()) * rb, cell_bytes = static_cast<size_t>(num_cells()) * rb;
-  means_.key.assign(num_payloads_, std::vector<uint8_t>(bytes, 0));
-  means_.value.assign(num_payloads_, std::vector<uint8_t>(bytes, 0));
-  means_.cell_key.assign(num_payloads_, std::vector<uint8_t>(cell_bytes, 0));
-  means_.cell_value.assign(num_payloads_, std::vector<uint8_t>(cell_bytes, 0));
-  means_.cell_count.assign(num_cells(), 0);
-  for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) MeanLeaf(leaf);
-  for (int32_t c = 0; c < num_cells(); ++c) MeanCell(c);
+  means_ = LeafMeans{};  // rows sized (zeros: an empty cell's) by the refresh of every leaf
+  means_.dirty.resize(num_leaves());
+  for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) means_.dirty[leaf] = leaf;
+  RefreshDirtyMeans();
 }
 
 void DciTree::RefreshDirtyMeans() {
@@ -98,14 +92,6 @@ void DciTree::RefreshDirtyMeans() {
   for (int32_t c : cells)
     if (c >= 0) MeanCell(c);
   means_.dirty.clear();
-}
-
-const void* DciTree::LeafMeanKey(int32_t leaf, int payload) const {
-  return means_.key[payload].data() + static_cast<size_t>(leaf) * pool_->row_bytes();
-}
-
-const void* DciTree::LeafMeanValue(int32_t leaf, int payload) const {
-  return means_.value[payload].data() + static_cast<size_t>(leaf) * pool_->row_bytes();
 }
 
 void DciTree::EstimateRest(const float* qs, int nq, float scale, int payload, const int32_t* skip, int nskip,

@@ -80,35 +80,11 @@ class BackendTest : public ::testing::Test {
   }
 
   // Builds a sequence of n random tokens (keys/values per layer kept in k_/v_) and imports it.
-  void Import(IceCacheBackend& b, model::SequenceId id, int n, int dense_layers, int budget,
-              kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse) {
-    std::mt19937 rng(static_cast<uint32_t>(id * 31 + n));
-    k_.assign(kLayers, {});
-    v_.assign(kLayers, {});
-    std::vector<const float*> kp, vp;
-    for (int l = 0; l < kLayers; ++l) {
-      k_[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
-      v_[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
-      kp.push_back(k_[l].data());
-      vp.push_back(v_[l].data());
-    }
-    kvstore::SequenceCacheOptions o;
-    o.num_layers = kLayers;
-    o.num_kv_heads = kKvHeads;
-    o.dense_layers = dense_layers;
-    o.sink_pages = 1;
-    o.window_pages = 2;
-    o.layout = kvstore::LayoutFor(mode);
-    auto cache = kvstore::SequenceCache::Create(o, pool_.get());
-    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-    ASSERT_TRUE((*cache)->Build(kp.data(), vp.data(), n).ok());
-    Status s = b.Import(id, std::move(*cache), budget, mode);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-
-  // Imports a sequence with the given keys and values (k[l], v[l]: [n, kv heads, head_dim]).
-  void ImportKeys(IceCacheBackend& b, model::SequenceId id, const std::vector<std::vector<float>>& k,
-                  const std::vector<std::vector<float>>& v, int n, int dense_layers, int budget) {
+  // A sequence of n tokens with keys and values k[l], v[l] ([n, kv heads, head_dim]), built in
+  // pool_ (1 sink + 2 window pages, the layout `mode` selects from).
+  std::unique_ptr<kvstore::SequenceCache> BuildCache(const std::vector<std::vector<float>>& k,
+                                                     const std::vector<std::vector<float>>& v, int n, int dense_layers,
+                                                     kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse) {
     std::vector<const float*> kp, vp;
     for (int l = 0; l < kLayers; ++l) {
       kp.push_back(k[l].data());
@@ -120,10 +96,42 @@ class BackendTest : public ::testing::Test {
     o.dense_layers = dense_layers;
     o.sink_pages = 1;
     o.window_pages = 2;
+    o.layout = kvstore::LayoutFor(mode);
     auto cache = kvstore::SequenceCache::Create(o, pool_.get());
-    ASSERT_TRUE(cache.ok());
-    ASSERT_TRUE((*cache)->Build(kp.data(), vp.data(), n).ok());
-    ASSERT_TRUE(b.Import(id, std::move(*cache), budget).ok());
+    EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+    if (!cache.ok()) return nullptr;
+    Status st = (*cache)->Build(kp.data(), vp.data(), n);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return st.ok() ? std::move(*cache) : nullptr;
+  }
+
+  // n random tokens per layer: [n, kv heads, head_dim] keys and values.
+  static void RandomKv(int n, std::mt19937& rng, std::vector<std::vector<float>>* k, std::vector<std::vector<float>>* v) {
+    k->assign(kLayers, {});
+    v->assign(kLayers, {});
+    for (int l = 0; l < kLayers; ++l) {
+      (*k)[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
+      (*v)[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
+    }
+  }
+
+  // Builds a sequence of n random tokens (keys/values per layer kept in k_/v_) and imports it.
+  void Import(IceCacheBackend& b, model::SequenceId id, int n, int dense_layers, int budget,
+              kvstore::RetrievalMode mode = kvstore::RetrievalMode::kSparse) {
+    std::mt19937 rng(static_cast<uint32_t>(id * 31 + n));
+    RandomKv(n, rng, &k_, &v_);
+    auto cache = BuildCache(k_, v_, n, dense_layers, mode);
+    ASSERT_TRUE(cache != nullptr);
+    Status s = b.Import(id, std::move(cache), budget, mode);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  // Imports a sequence with the given keys and values (k[l], v[l]: [n, kv heads, head_dim]).
+  void ImportKeys(IceCacheBackend& b, model::SequenceId id, const std::vector<std::vector<float>>& k,
+                  const std::vector<std::vector<float>>& v, int n, int dense_layers, int budget) {
+    auto cache = BuildCache(k, v, n, dense_layers);
+    ASSERT_TRUE(cache != nullptr);
+    ASSERT_TRUE(b.Import(id, std::move(cache), budget).ok());
   }
 
   // One decode step of one sequence; returns the max |out - naive| over all layers.
@@ -199,24 +207,11 @@ TEST_F(BackendTest, SmallBudgetAttendsAtMostBudgetPages) {
 TEST_F(BackendTest, RestEstimateMergesTheLeftOutLeavesIntoTheAttention) {
   const int n = 200, budget = 6;
   std::mt19937 rng(21);
-  std::vector<std::vector<float>> k(kLayers), v(kLayers);
-  std::vector<const float*> kp, vp;
-  for (int l = 0; l < kLayers; ++l) {
-    k[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
-    v[l] = Random(static_cast<size_t>(n) * kKvHeads * kHeadDim, rng);
-    kp.push_back(k[l].data());
-    vp.push_back(v[l].data());
-  }
-  kvstore::SequenceCacheOptions o;
-  o.num_layers = kLayers;
-  o.num_kv_heads = kKvHeads;
-  o.dense_layers = 1;
-  o.sink_pages = 1;
-  o.window_pages = 2;
-  auto cache = kvstore::SequenceCache::Create(o, pool_.get());
-  ASSERT_TRUE(cache.ok());
-  ASSERT_TRUE((*cache)->Build(kp.data(), vp.data(), n).ok());
-  auto mirror = (*cache)->Clone();
+  std::vector<std::vector<float>> k, v;
+  RandomKv(n, rng, &k, &v);
+  std::unique_ptr<kvstore::SequenceCache> cache = BuildCache(k, v, n, /*dense_layers=*/1);
+  ASSERT_TRUE(cache != nullptr);
+  auto mirror = cache->Clone();
   ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
   auto backend = NewBackend();
   // The serving policy, but every leaf estimated on its own (the cell form is checked against its
@@ -224,7 +219,7 @@ TEST_F(BackendTest, RestEstimateMergesTheLeftOutLeavesIntoTheAttention) {
   kvstore::RetrievalPolicy policy;
   policy.budget_pages = budget;
   policy.rest_cells = 0;
-  ASSERT_TRUE(backend->Import(1, std::move(*cache), policy).ok());
+  ASSERT_TRUE(backend->Import(1, std::move(cache), policy).ok());
   policy.scale = Shape().scale;
   const kvstore::Retriever retriever(policy);
   const kvstore::PagePool& pool = *pool_;

@@ -33,6 +33,32 @@ std::vector<int64_t> SlotIds(int n, int pages, uint32_t seed, bool allow_negativ
   return all;
 }
 
+// PagedDecodeAttention over uploaded buffers of fp32 pages.
+struct PagedShape {
+  int batch, hq, hkv, hd, ps;
+  float scale;
+};
+PagedDecodeAttentionParams PagedParams(const DeviceBuffer& pool, const DeviceBuffer& q, const DeviceBuffer& indptr,
+                                       const DeviceBuffer& ids, const DeviceBuffer& valid, const DeviceBuffer& out,
+                                       const DeviceBuffer& lse, const PagedShape& sh) {
+  PagedDecodeAttentionParams a;
+  a.q = q.as<float>();
+  a.pages = pool.data();
+  a.kv_dtype = DType::kF32;
+  a.page_indptr = indptr.as<int32_t>();
+  a.page_ids = ids.as<int32_t>();
+  a.page_valid = valid.as<int32_t>();
+  a.out = out.as<float>();
+  a.lse = lse.as<float>();
+  a.batch = sh.batch;
+  a.num_q_heads = sh.hq;
+  a.num_kv_heads = sh.hkv;
+  a.head_dim = sh.hd;
+  a.page_size = sh.ps;
+  a.scale = sh.scale;
+  return a;
+}
+
 class KvPagesOnBackend : public testing::BackendTest {};
 ICE_INSTANTIATE_ON_BACKENDS(KvPagesOnBackend);
 
@@ -148,22 +174,7 @@ TEST_P(KvPagesOnBackend, MergeTokenEqualsAttentionOverPagesPlusTheToken) {
        dv = testing::Upload(b, vn), di = testing::Upload(b, indptr), dids = testing::Upload(b, ids),
        dval = testing::Upload(b, valid), dout = testing::Upload(b, std::vector<float>(q.size())),
        dlse = testing::Upload(b, std::vector<float>(batch * hq));
-  PagedDecodeAttentionParams a;
-  a.q = dq.as<float>();
-  a.pages = dpool.data();
-  a.kv_dtype = DType::kF32;
-  a.page_indptr = di.as<int32_t>();
-  a.page_ids = dids.as<int32_t>();
-  a.page_valid = dval.as<int32_t>();
-  a.out = dout.as<float>();
-  a.lse = dlse.as<float>();
-  a.batch = batch;
-  a.num_q_heads = hq;
-  a.num_kv_heads = hkv;
-  a.head_dim = hd;
-  a.page_size = ps;
-  a.scale = scale;
-  ASSERT_TRUE(PagedDecodeAttention(a, b).ok());
+  ASSERT_TRUE(PagedDecodeAttention(PagedParams(dpool, dq, di, dids, dval, dout, dlse, {batch, hq, hkv, hd, ps, scale}), b).ok());
   MergeTokenParams m;
   m.q = dq.as<float>();
   m.k_new = dk.as<float>();
@@ -205,22 +216,7 @@ TEST_P(KvPagesOnBackend, MergeStatesOfDisjointPageSetsEqualsAttentionOverTheirUn
     auto dpool = testing::Upload(b, pool), dq = testing::Upload(b, q), di = testing::Upload(b, indptr),
          dids = testing::Upload(b, ids), dval = testing::Upload(b, valid),
          dout = testing::Upload(b, std::vector<float>(q.size())), dlse = testing::Upload(b, std::vector<float>(batch * hq));
-    PagedDecodeAttentionParams a;
-    a.q = dq.as<float>();
-    a.pages = dpool.data();
-    a.kv_dtype = DType::kF32;
-    a.page_indptr = di.as<int32_t>();
-    a.page_ids = dids.as<int32_t>();
-    a.page_valid = dval.as<int32_t>();
-    a.out = dout.as<float>();
-    a.lse = dlse.as<float>();
-    a.batch = batch;
-    a.num_q_heads = hq;
-    a.num_kv_heads = hkv;
-    a.head_dim = hd;
-    a.page_size = ps;
-    a.scale = scale;
-    ASSERT_TRUE(PagedDecodeAttention(a, b).ok());
+    ASSERT_TRUE(PagedDecodeAttention(PagedParams(dpool, dq, di, dids, dval, dout, dlse, {batch, hq, hkv, hd, ps, scale}), b).ok());
     *out = testing::Download<float>(dout, q.size());
     *lse = testing::Download<float>(dlse, batch * hq);
   };
