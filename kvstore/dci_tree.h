@@ -513,6 +513,7 @@ class DciTree {
     std::vector<std::vector<uint8_t>> key, value;            // [num_payloads][num_leaves * row_bytes]
     std::vector<std::vector<uint8_t>> cell_key, cell_value;  // [num_payloads][num_cells * row_bytes]
     std::vector<int32_t> cell_count;                         // [num_cells] tokens in the cell's leaves
+    std::vector<float> cell_log_count;                       // [num_cells] log(cell_count), -inf for 0
     std::vector<int32_t> dirty;                              // leaves changed since the last refresh (may repeat)
   };
   LeafMeans means_;

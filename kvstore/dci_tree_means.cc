@@ -42,6 +42,7 @@ void DciTree::MeanCell(int32_t cell) {
   int32_t total = 0;
   for (int32_t leaf : cells_[cell].leaves) total += leaf_valid_[leaf];
   means_.cell_count[cell] = total;
+  means_.cell_log_count[cell] = total > 0 ? std::log(static_cast<float>(total)) : -std::numeric_limits<float>::infinity();
   for (int p = 0; p < num_payloads_; ++p) {
     sum_k.assign(d, 0.f);
     sum_v.assign(d, 0.f);
@@ -79,6 +80,7 @@ void DciTree::RefreshDirtyMeans() {
     means_.cell_value[p].resize(cell_bytes, 0);
   }
   means_.cell_count.resize(num_cells(), 0);
+  means_.cell_log_count.resize(num_cells(), -std::numeric_limits<float>::infinity());
   std::sort(means_.dirty.begin(), means_.dirty.end());
   means_.dirty.erase(std::unique(means_.dirty.begin(), means_.dirty.end()), means_.dirty.end());
   thread_local std::vector<int32_t> cells;
@@ -124,11 +126,11 @@ void DciTree::EstimateRest(const float* qs, int nq, float scale, int payload, co
     xc.resize(static_cast<size_t>(nq) * nc);
     ScoreRowsMulti(pool_->dtype(), means_.cell_key[payload].data(), nc, dim_, qs, nq, xc.data());
     best.assign(nc, kNegInf);
+    const float* log_count_c = means_.cell_log_count.data();  // -inf for an empty cell
     for (int j = 0; j < nq; ++j) {
       float* x = xc.data() + static_cast<size_t>(j) * nc;
       for (int32_t c = 0; c < nc; ++c) {
-        const int32_t cnt = means_.cell_count[c];
-        x[c] = cnt > 0 ? scale * x[c] + std::log(static_cast<float>(cnt)) : kNegInf;
+        x[c] = scale * x[c] + log_count_c[c];
         best[c] = std::max(best[c], x[c]);
       }
     }

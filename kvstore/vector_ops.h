@@ -25,8 +25,10 @@ void SelfAndCrossDotF32(const float* a, const float* b, int n, float* aa, float*
 // out[r] = q · rows[r] for r in [0, count); rows are contiguous [count, dim] elements of `dtype`.
 void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q, float* out);
 
-// Scores `count` rows against `nq` queries at once (one pass over the rows).
-// qs: [nq, dim] fp32; out: [nq, count] (row-major by query).
+// Scores `count` rows against `nq` queries at once. qs: [nq, dim] fp32; out: [nq, count]
+// (row-major by query). For nq 2, 3, 4 and 8 on avx512 (dim % 16 == 0) and avx2 (dim % 8 == 0)
+// one pass over the rows, each row chunk converted once for all queries; per query the same
+// floats as ScoreRows (the same sums in the same order) on every target.
 void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const float* qs, int nq,
                     float* out);
 
@@ -35,8 +37,11 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
 // (-inf included) give exactly 0.
 float ExpShiftSum(float* x, int n, float m);
 
-// out[j, :] += sum_i w[j * count + i] * rows[i, :] for j < nq: the transpose of ScoreRowsMulti
-// (one pass over the rows). rows: [count, dim] elements of `dtype`; w: [nq, count]; out: [nq, dim].
+// out[j, :] += sum_i w[j * count + i] * rows[i, :] for j < nq: the transpose of ScoreRowsMulti.
+// On the SIMD targets (dim a multiple of the vector width) out is held in registers a tile of
+// columns at a time for up to four heads, so each row chunk is converted once per four heads
+// and out read and written once; per (head, column) the sum runs over i in order, one fma per
+// nonzero weight (a zero weight adds nothing; rows must be finite). rows: [count, dim] elements of `dtype`; w: [nq, count]; out: [nq, dim].
 void AddWeightedRows(DType dtype, const void* rows, int count, int dim, const float* w, int nq, float* out);
 
 // Converts n values between fp32 and `dtype` (round to nearest even; f16 overflows to inf).

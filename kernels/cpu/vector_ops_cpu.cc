@@ -160,13 +160,47 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
 }
 #endif
 
+#if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
+// The avx2 ScoreRowsFused (dim % 8 == 0): NQ queries against two rows at a time (one with NQ 8:
+// sixteen registers), each 8-element chunk of a row loaded and converted once for all NQ queries.
+// The rows ScoreRowsT's four-row loop takes get its sums (one accumulator per row, HSum8), the
+// rest DotRow's: per query the values of ScoreRowsT, in one pass over the rows instead of NQ.
+template <DType T, int NQ>
+void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float* out) {
+  constexpr int kR = NQ >= 8 ? 1 : 2;
+  const int blocked = count / 4 * 4;
+  int r = 0;
+  for (; r < blocked; r += kR) {
+    __m256 a[kR][NQ];
+    for (int k = 0; k < kR; ++k)
+      for (int j = 0; j < NQ; ++j) a[k][j] = _mm256_setzero_ps();
+    const size_t b = static_cast<size_t>(r) * dim;
+    for (int i = 0; i < dim; i += 8) {
+      __m256 x[kR];
+      for (int k = 0; k < kR; ++k) x[k] = Load8<T>(rows, b + static_cast<size_t>(k) * dim + i);
+      for (int j = 0; j < NQ; ++j) {
+        const __m256 qv = _mm256_loadu_ps(qs + static_cast<size_t>(j) * dim + i);
+        for (int k = 0; k < kR; ++k) a[k][j] = _mm256_fmadd_ps(x[k], qv, a[k][j]);
+      }
+    }
+    for (int k = 0; k < kR; ++k)
+      for (int j = 0; j < NQ; ++j) out[static_cast<size_t>(j) * count + r + k] = HSum8(a[k][j]);
+  }
+  for (; r < count; ++r)
+    for (int j = 0; j < NQ; ++j)
+      out[static_cast<size_t>(j) * count + r] = DotRow<T>(rows, static_cast<size_t>(r) * dim, qs + static_cast<size_t>(j) * dim, dim);
+}
+#endif
+
 template <DType T>
 void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int nq, float* out) {
-#if ICE_SIMD_AVX512
-  if (dim % 16 == 0) {
-    // The GQA group sizes of the supported models (a KV head's query heads share its tree).
+#if ICE_SIMD_AVX2
+  if (dim % (ICE_SIMD_AVX512 ? 16 : 8) == 0) {
+    // The GQA group sizes of the supported models (a KV head's query heads share its tree;
+    // SmolLM2's 9 query heads over 3 KV heads: 3).
     switch (nq) {
       case 2: return ScoreRowsFused<T, 2>(rows, count, dim, qs, out);
+      case 3: return ScoreRowsFused<T, 3>(rows, count, dim, qs, out);
       case 4: return ScoreRowsFused<T, 4>(rows, count, dim, qs, out);
       case 8: return ScoreRowsFused<T, 8>(rows, count, dim, qs, out);
       default: break;
@@ -677,8 +711,93 @@ float ExpShiftSum(float* x, int n, float m) {
 }
 
 namespace {
+#if ICE_SIMD_AVX2 || ICE_SIMD_NEON
+// The target's fp32 vector, for the register tiles of AddWeightedRows: kW lanes, up to kTile
+// accumulators (half the register file, the rest for the row's chunk and the broadcast weight).
+struct Lanes {
+#if ICE_SIMD_AVX512
+  using V = __m512;
+  static constexpr int kW = 16, kTile = 16;
+  template <DType T>
+  static V Load(const void* base, size_t i) { return Load16<T>(base, i); }
+  static V LoadF(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V Fma(float a, V x, V acc) { return _mm512_fmadd_ps(_mm512_set1_ps(a), x, acc); }
+#elif ICE_SIMD_AVX2
+  using V = __m256;
+  static constexpr int kW = 8, kTile = 8;
+  template <DType T>
+  static V Load(const void* base, size_t i) { return Load8<T>(base, i); }
+  static V LoadF(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V Fma(float a, V x, V acc) { return _mm256_fmadd_ps(_mm256_set1_ps(a), x, acc); }
+#else
+  using V = float32x4_t;
+  static constexpr int kW = 4, kTile = 16;
+  template <DType T>
+  static V Load(const void* base, size_t i) { return Load4<T>(base, i); }
+  static V LoadF(const float* p) { return vld1q_f32(p); }
+  static void Store(float* p, V v) { vst1q_f32(p, v); }
+  static V Fma(float a, V x, V acc) { return vfmaq_f32(acc, vdupq_n_f32(a), x); }
+#endif
+};
+
+// Columns [c0, c0 + K * kW) of out's rows j < NQ (heads h0 ..) held in registers over all rows:
+// each row's chunk is loaded and converted once for the NQ heads, and out is read and written
+// once. Per (head, column) the same fmas in the same row order as one Axpy per nonzero weight
+// (a row whose NQ weights are all 0 is skipped; a 0 beside a nonzero weight adds 0 * row).
+template <DType T, int NQ, int K>
+void AddWeightedTile(const void* rows, int count, int dim, const float* w, float* out, int c0) {
+  constexpr int kW = Lanes::kW;
+  typename Lanes::V acc[NQ][K];
+  for (int j = 0; j < NQ; ++j)
+    for (int k = 0; k < K; ++k) acc[j][k] = Lanes::LoadF(out + static_cast<size_t>(j) * dim + c0 + k * kW);
+  for (int r = 0; r < count; ++r) {
+    float a[NQ];
+    bool any = false;
+    for (int j = 0; j < NQ; ++j) {
+      a[j] = w[static_cast<size_t>(j) * count + r];
+      any |= a[j] != 0.f;
+    }
+    if (!any) continue;
+    const size_t b = static_cast<size_t>(r) * dim + c0;
+    typename Lanes::V x[K];
+    for (int k = 0; k < K; ++k) x[k] = Lanes::template Load<T>(rows, b + k * kW);
+    for (int j = 0; j < NQ; ++j)
+      for (int k = 0; k < K; ++k) acc[j][k] = Lanes::Fma(a[j], x[k], acc[j][k]);
+  }
+  for (int j = 0; j < NQ; ++j)
+    for (int k = 0; k < K; ++k) Lanes::Store(out + static_cast<size_t>(j) * dim + c0 + k * kW, acc[j][k]);
+}
+
+// Every column of heads [0, NQ) (dim % kW == 0): tiles of K vectors, a ragged rest one at a time.
+template <DType T, int NQ>
+void AddWeightedHeads(const void* rows, int count, int dim, const float* w, float* out) {
+  constexpr int kW = Lanes::kW, K = Lanes::kTile / NQ;
+  int c = 0;
+  for (; c + K * kW <= dim; c += K * kW) AddWeightedTile<T, NQ, K>(rows, count, dim, w, out, c);
+  for (; c < dim; c += kW) AddWeightedTile<T, NQ, 1>(rows, count, dim, w, out, c);
+}
+#endif
+
 template <DType T>
 void AddWeightedRowsT(const void* rows, int count, int dim, const float* w, int nq, float* out) {
+#if ICE_SIMD_AVX2 || ICE_SIMD_NEON
+  if (dim % Lanes::kW == 0) {
+    // Heads four at a time (w and out advance by whole heads).
+    for (int j = 0; j < nq; j += 4) {
+      const float* wj = w + static_cast<size_t>(j) * count;
+      float* oj = out + static_cast<size_t>(j) * dim;
+      switch (std::min(4, nq - j)) {
+        case 1: AddWeightedHeads<T, 1>(rows, count, dim, wj, oj); break;
+        case 2: AddWeightedHeads<T, 2>(rows, count, dim, wj, oj); break;
+        case 3: AddWeightedHeads<T, 3>(rows, count, dim, wj, oj); break;
+        default: AddWeightedHeads<T, 4>(rows, count, dim, wj, oj); break;
+      }
+    }
+    return;
+  }
+#endif
   for (int r = 0; r < count; ++r) {
     const void* row = static_cast<const char*>(rows) + static_cast<size_t>(r) * dim * DTypeSize(T);
     for (int j = 0; j < nq; ++j) {

@@ -49,13 +49,16 @@ TEST(RestEstimateTest, AddWeightedRowsMatchesNaive) {
   std::mt19937 rng(8);
   std::normal_distribution<float> g;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int dim : {5, 64, 128}) {
-      for (int nq : {1, 3, 8}) {
+    // dim 5: the per-head loop; 64, 96, 128: the register tiles, whole and with a ragged rest of
+    // columns; nq 1-5 and 8: every head count of a tile, and heads in two groups of four.
+    for (int dim : {5, 64, 96, 128}) {
+      for (int nq : {1, 2, 3, 4, 5, 8}) {
         const int count = 21;
         std::vector<float> x(static_cast<size_t>(count) * dim), w(static_cast<size_t>(nq) * count);
         for (float& v : x) v = g(rng);
         for (float& v : w) v = std::fabs(g(rng));
         w[3] = 0.f;  // a zero weight (a selected leaf) adds nothing
+        for (int j = 0; j < nq; ++j) w[j * count + 7] = 0.f;  // a row no head weighs
         std::vector<uint8_t> rows(x.size() * kernels::DTypeSize(dt));
         RowFromF32(dt, x.data(), rows.data(), static_cast<int>(x.size()));
         std::vector<float> back(x.size());

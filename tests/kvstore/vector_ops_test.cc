@@ -138,12 +138,18 @@ TEST_P(ScoreRowsTest, MatchesNaive) {
   std::vector<float> out(rows);
   ScoreRows(dt, stored.data(), rows, dim, q.data(), out.data());
   for (int r = 0; r < rows; ++r) EXPECT_NEAR(out[r], ref(r, 0), tol(ref(r, 0)));
-  // nq 2, 4, 8 take the fused kernel (dim % 16 == 0), 1 and 3 the per-query loop.
-  for (int nq : {1, 2, 3, 4, 8}) {
+  // nq 2, 3, 4, 8 take the fused kernel (dim % 16 == 0 on avx512, % 8 on avx2), 1 and 5 the
+  // per-query loop.
+  for (int nq : {1, 2, 3, 4, 5, 8}) {
     std::vector<float> multi(static_cast<size_t>(nq) * rows, 99.f);
     ScoreRowsMulti(dt, stored.data(), rows, dim, q.data(), nq, multi.data());
     for (int r = 0; r < rows; ++r)
       for (int j = 0; j < nq; ++j) EXPECT_NEAR(multi[j * rows + r], ref(r, j), tol(ref(r, j))) << "nq " << nq;
+    // The fused kernels sum as ScoreRows does, query by query: the same floats.
+    for (int j = 0; j < nq; ++j) {
+      ScoreRows(dt, stored.data(), rows, dim, q.data() + j * dim, out.data());
+      for (int r = 0; r < rows; ++r) EXPECT_EQ(multi[j * rows + r], out[r]) << "nq " << nq << " query " << j << " row " << r;
+    }
   }
 }
 
