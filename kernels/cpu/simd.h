@@ -229,6 +229,15 @@ inline float HSum8(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// {sum of a's lanes, b's, c's, d's}: four horizontal sums for the price of ~1.5. As ReduceAdd4,
+// each input's lanes are added in the same tree whatever the other inputs are.
+inline __m128 ReduceAdd4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b);  // per 128-bit half: a01 a23 b01 b23
+  const __m256 cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // per half: a0123 b0123 c0123 d0123
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
 inline float HMax8(__m256 v) {
   __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));

@@ -86,16 +86,13 @@ void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out
         a2 = _mm512_fmadd_ps(Load16<T>(rows, b + 2 * dim + i), qv, a2);
         a3 = _mm512_fmadd_ps(Load16<T>(rows, b + 3 * dim + i), qv, a3);
       }
-      out[r] = _mm512_reduce_add_ps(a0);
-      out[r + 1] = _mm512_reduce_add_ps(a1);
-      out[r + 2] = _mm512_reduce_add_ps(a2);
-      out[r + 3] = _mm512_reduce_add_ps(a3);
+      _mm_storeu_ps(out + r, ReduceAdd4(a0, a1, a2, a3));  // one tree per row, whatever its neighbours
     }
     for (; r < count; ++r) {
       __m512 a0 = _mm512_setzero_ps();
       const size_t b = static_cast<size_t>(r) * dim;
       for (int i = 0; i < dim; i += 16) a0 = _mm512_fmadd_ps(Load16<T>(rows, b + i), _mm512_loadu_ps(q + i), a0);
-      out[r] = _mm512_reduce_add_ps(a0);
+      out[r] = _mm_cvtss_f32(ReduceAdd4(a0, a0, a0, a0));
     }
     return;
   }
@@ -114,10 +111,7 @@ void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out
         a2 = _mm256_fmadd_ps(Load8<T>(rows, b + 2 * dim + i), qv, a2);
         a3 = _mm256_fmadd_ps(Load8<T>(rows, b + 3 * dim + i), qv, a3);
       }
-      out[r] = HSum8(a0);
-      out[r + 1] = HSum8(a1);
-      out[r + 2] = HSum8(a2);
-      out[r + 3] = HSum8(a3);
+      _mm_storeu_ps(out + r, ReduceAdd4x8(a0, a1, a2, a3));  // one tree per row, whatever its neighbours
     }
   }
 #endif
@@ -125,26 +119,38 @@ void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out
 }
 
 #if ICE_SIMD_AVX512
-// NQ queries against two rows at a time: each 16-element chunk of a row is loaded and converted
-// once for all NQ queries (2 * NQ accumulators), instead of once per query.
+// NQ queries against four rows at a time (two with NQ 8: 16 accumulators): each 16-element chunk
+// of a row is loaded and converted once for all NQ queries, and four sums are reduced at a time
+// (ReduceAdd4: each row's lanes in ScoreRowsT's tree, so per query the same floats as ScoreRows).
 template <DType T, int NQ>
 void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float* out) {
+  constexpr int kR = NQ <= 4 ? 4 : 2;
   int r = 0;
-  for (; r + 2 <= count; r += 2) {
-    __m512 a[2][NQ];
-    for (int j = 0; j < NQ; ++j) a[0][j] = a[1][j] = _mm512_setzero_ps();
+  for (; r + kR <= count; r += kR) {
+    __m512 a[kR][NQ];
+    for (int k = 0; k < kR; ++k)
+      for (int j = 0; j < NQ; ++j) a[k][j] = _mm512_setzero_ps();
     const size_t b = static_cast<size_t>(r) * dim;
     for (int i = 0; i < dim; i += 16) {
-      const __m512 r0 = Load16<T>(rows, b + i), r1 = Load16<T>(rows, b + dim + i);
+      __m512 x[kR];
+      for (int k = 0; k < kR; ++k) x[k] = Load16<T>(rows, b + static_cast<size_t>(k) * dim + i);
       for (int j = 0; j < NQ; ++j) {
         const __m512 qv = _mm512_loadu_ps(qs + static_cast<size_t>(j) * dim + i);
-        a[0][j] = _mm512_fmadd_ps(r0, qv, a[0][j]);
-        a[1][j] = _mm512_fmadd_ps(r1, qv, a[1][j]);
+        for (int k = 0; k < kR; ++k) a[k][j] = _mm512_fmadd_ps(x[k], qv, a[k][j]);
       }
     }
-    for (int j = 0; j < NQ; ++j) {
-      out[static_cast<size_t>(j) * count + r] = _mm512_reduce_add_ps(a[0][j]);
-      out[static_cast<size_t>(j) * count + r + 1] = _mm512_reduce_add_ps(a[1][j]);
+    if constexpr (kR == 4) {
+      for (int j = 0; j < NQ; ++j)
+        _mm_storeu_ps(out + static_cast<size_t>(j) * count + r, ReduceAdd4(a[0][j], a[1][j], a[2][j], a[3][j]));
+    } else {
+      for (int j = 0; j < NQ; j += 2) {
+        alignas(16) float s[4];
+        _mm_store_ps(s, ReduceAdd4(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]));
+        out[static_cast<size_t>(j) * count + r] = s[0];
+        out[static_cast<size_t>(j) * count + r + 1] = s[1];
+        out[static_cast<size_t>(j + 1) * count + r] = s[2];
+        out[static_cast<size_t>(j + 1) * count + r + 1] = s[3];
+      }
     }
   }
   for (; r < count; ++r) {
@@ -155,7 +161,7 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
       const __m512 r0 = Load16<T>(rows, b + i);
       for (int j = 0; j < NQ; ++j) a[j] = _mm512_fmadd_ps(r0, _mm512_loadu_ps(qs + static_cast<size_t>(j) * dim + i), a[j]);
     }
-    for (int j = 0; j < NQ; ++j) out[static_cast<size_t>(j) * count + r] = _mm512_reduce_add_ps(a[j]);
+    for (int j = 0; j < NQ; ++j) out[static_cast<size_t>(j) * count + r] = _mm_cvtss_f32(ReduceAdd4(a[j], a[j], a[j], a[j]));
   }
 }
 #endif
@@ -163,7 +169,7 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
 #if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
 // The avx2 ScoreRowsFused (dim % 8 == 0): NQ queries against two rows at a time (one with NQ 8:
 // sixteen registers), each 8-element chunk of a row loaded and converted once for all NQ queries.
-// The rows ScoreRowsT's four-row loop takes get its sums (one accumulator per row, HSum8), the
+// The rows ScoreRowsT's four-row loop takes get its sums (one accumulator per row, ReduceAdd4x8), the
 // rest DotRow's: per query the values of ScoreRowsT, in one pass over the rows instead of NQ.
 template <DType T, int NQ>
 void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float* out) {
@@ -183,8 +189,28 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
         for (int k = 0; k < kR; ++k) a[k][j] = _mm256_fmadd_ps(x[k], qv, a[k][j]);
       }
     }
-    for (int k = 0; k < kR; ++k)
-      for (int j = 0; j < NQ; ++j) out[static_cast<size_t>(j) * count + r + k] = HSum8(a[k][j]);
+    if constexpr (kR == 2) {
+      for (int j = 0; j + 1 < NQ; j += 2) {
+        alignas(16) float s[4];
+        _mm_store_ps(s, ReduceAdd4x8(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]));
+        out[static_cast<size_t>(j) * count + r] = s[0];
+        out[static_cast<size_t>(j) * count + r + 1] = s[1];
+        out[static_cast<size_t>(j + 1) * count + r] = s[2];
+        out[static_cast<size_t>(j + 1) * count + r + 1] = s[3];
+      }
+      if constexpr (NQ % 2 == 1) {
+        alignas(16) float s[4];
+        _mm_store_ps(s, ReduceAdd4x8(a[0][NQ - 1], a[1][NQ - 1], a[0][NQ - 1], a[1][NQ - 1]));
+        out[static_cast<size_t>(NQ - 1) * count + r] = s[0];
+        out[static_cast<size_t>(NQ - 1) * count + r + 1] = s[1];
+      }
+    } else {  // one row, NQ 8: four heads a reduction
+      for (int j = 0; j < NQ; j += 4) {
+        alignas(16) float s[4];
+        _mm_store_ps(s, ReduceAdd4x8(a[0][j], a[0][j + 1], a[0][j + 2], a[0][j + 3]));
+        for (int t = 0; t < 4; ++t) out[static_cast<size_t>(j + t) * count + r] = s[t];
+      }
+    }
   }
   for (; r < count; ++r)
     for (int j = 0; j < NQ; ++j)
@@ -770,13 +796,23 @@ void AddWeightedTile(const void* rows, int count, int dim, const float* w, float
     for (int k = 0; k < K; ++k) Lanes::Store(out + static_cast<size_t>(j) * dim + c0 + k * kW, acc[j][k]);
 }
 
-// Every column of heads [0, NQ) (dim % kW == 0): tiles of K vectors, a ragged rest one at a time.
+// Columns [c, dim) of heads [0, NQ) (dim % kW == 0): tiles of K vectors while they fit, then of
+// K / 2, ... (a row is read once per tile: the widest tiles first).
+template <DType T, int NQ, int K>
+void AddWeightedCols(const void* rows, int count, int dim, const float* w, float* out, int c) {
+  constexpr int kW = Lanes::kW;
+  for (; c + K * kW <= dim; c += K * kW) AddWeightedTile<T, NQ, K>(rows, count, dim, w, out, c);
+  if constexpr (K > 1) {
+    if (c < dim) AddWeightedCols<T, NQ, K / 2>(rows, count, dim, w, out, c);
+  }
+}
+
 template <DType T, int NQ>
 void AddWeightedHeads(const void* rows, int count, int dim, const float* w, float* out) {
-  constexpr int kW = Lanes::kW, K = Lanes::kTile / NQ;
-  int c = 0;
-  for (; c + K * kW <= dim; c += K * kW) AddWeightedTile<T, NQ, K>(rows, count, dim, w, out, c);
-  for (; c < dim; c += kW) AddWeightedTile<T, NQ, 1>(rows, count, dim, w, out, c);
+  // NQ 3 takes tiles of kTile / 4, then halves (not 5: tiles in powers of two fit the usual head_dims).
+  // At most half the tile for one head: K row vectors and K accumulators must fit the registers.
+  constexpr int K = std::min(Lanes::kTile / (NQ == 3 ? 4 : NQ), Lanes::kTile / 2);
+  AddWeightedCols<T, NQ, K>(rows, count, dim, w, out, 0);
 }
 #endif
 
