@@ -16,7 +16,7 @@ DEMO=${2:?demo model dir}
 SMOL=${3:?SmolLM2-shaped model dir}
 shift 3
 OUT=${OUT:-simd-bench.jsonl}
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-300}  # the serving setting (Containerfile, chart)
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
   targets=(scalar avx2)

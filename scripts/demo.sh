@@ -31,7 +31,9 @@ while [ $# -gt 0 ]; do
 done
 
 scripts/setup.sh build
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# OpenMP threads spin briefly, then sleep (the image's and chart's setting; docs/BENCHMARKS.md,
+# "OpenMP waiting").
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-300}
 
 BIN=build/bin
 PORT=${ICECACHE_PORT:-50051}

@@ -77,8 +77,8 @@ TEST_P(HelmRender, EveryIcecacheContainerGetsTheEnvironment) {
   std::string text;
   if (!ReadFile(path, &text)) GTEST_SKIP() << path << " is missing (see ConfigMapLoadsInTheConfigParser)";
   size_t n = 0;
-  for (size_t at = text.find("name: OMP_WAIT_POLICY"); at != std::string::npos;
-       at = text.find("name: OMP_WAIT_POLICY", at + 1)) {
+  for (size_t at = text.find("name: GOMP_SPINCOUNT"); at != std::string::npos;
+       at = text.find("name: GOMP_SPINCOUNT", at + 1)) {
     ++n;
   }
   EXPECT_EQ(n, 3u) << "one per router, prefill and decode container";

@@ -44,7 +44,7 @@ TEST(HelmValues, ConfigSectionsParseUnderTheSchema) {
 }
 
 TEST(HelmValues, EveryContainerGetsTheEnvironment) {
-  // values.yaml's env (OMP_WAIT_POLICY=passive) is applied by icecache.containerCommon
+  // values.yaml's env (GOMP_SPINCOUNT=300) is applied by icecache.containerCommon
   // (_helpers.tpl), which the one workload template (_workload.tpl) every component's Deployment
   // comes from includes. cluster_helm_render_test counts it in the rendered chart.
   auto read = [](const std::string& name) {
