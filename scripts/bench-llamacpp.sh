@@ -61,7 +61,7 @@ if [ -z "$gguf" ]; then
   fi
 fi
 
-export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-300}  # the serving setting (Containerfile, chart)
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT-300}  # the serving setting (Containerfile, chart); GOMP_SPINCOUNT= (empty) leaves libgomp's default
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 target=$("$bin/icecache-bench" decode --no-such-option 2>&1 | sed -n 's/.*CPU kernels: SIMD target \([a-z0-9]*\).*/\1/p' | head -1 || true)
 : > "$OUT"
