@@ -508,12 +508,11 @@ class DciTree {
   // the leaf's pages alone, so not on the wire: BuildFrom and Deserialize compute every leaf's,
   // Insert those of the leaves it changed (NoteWritten and MoveSlot list them in dirty) before it
   // returns, also after an error.
-  // Cell means likewise, per cell: its leaves' means weighted by their token counts (cell_count).
+  // Cell means likewise, per cell: its leaves' means weighted by their token counts.
   struct LeafMeans {
     std::vector<std::vector<uint8_t>> key, value;            // [num_payloads][num_leaves * row_bytes]
     std::vector<std::vector<uint8_t>> cell_key, cell_value;  // [num_payloads][num_cells * row_bytes]
-    std::vector<int32_t> cell_count;                         // [num_cells] tokens in the cell's leaves
-    std::vector<float> cell_log_count;                       // [num_cells] log(cell_count), -inf for 0
+    std::vector<float> cell_log_count;                       // [num_cells] log(tokens in the cell's leaves), -inf for 0
     std::vector<int32_t> dirty;                              // leaves changed since the last refresh (may repeat)
   };
   LeafMeans means_;

@@ -41,7 +41,6 @@ void DciTree::MeanCell(int32_t cell) {
   row.resize(d);
   int32_t total = 0;
   for (int32_t leaf : cells_[cell].leaves) total += leaf_valid_[leaf];
-  means_.cell_count[cell] = total;
   means_.cell_log_count[cell] = total > 0 ? std::log(static_cast<float>(total)) : -std::numeric_limits<float>::infinity();
   for (int p = 0; p < num_payloads_; ++p) {
     sum_k.assign(d, 0.f);
@@ -79,7 +78,6 @@ void DciTree::RefreshDirtyMeans() {
     means_.cell_key[p].resize(cell_bytes, 0);
     means_.cell_value[p].resize(cell_bytes, 0);
   }
-  means_.cell_count.resize(num_cells(), 0);
   means_.cell_log_count.resize(num_cells(), -std::numeric_limits<float>::infinity());
   std::sort(means_.dirty.begin(), means_.dirty.end());
   means_.dirty.erase(std::unique(means_.dirty.begin(), means_.dirty.end()), means_.dirty.end());

@@ -118,6 +118,19 @@ void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out
   for (; r < count; ++r) out[r] = DotRow<T>(rows, static_cast<size_t>(r) * dim, q, dim);
 }
 
+#if ICE_SIMD_AVX2
+// The multi-query kernels' sums of rows r, r+1 for heads j (lanes 0, 1) and j+1 (lanes 2, 3; only
+// with heads == 2) into out [nq, count].
+inline void StorePairSums(__m128 sums, float* out, int count, int r, int j, int heads) {
+  alignas(16) float s[4];
+  _mm_store_ps(s, sums);
+  for (int h = 0; h < heads; ++h) {
+    out[static_cast<size_t>(j + h) * count + r] = s[2 * h];
+    out[static_cast<size_t>(j + h) * count + r + 1] = s[2 * h + 1];
+  }
+}
+#endif
+
 #if ICE_SIMD_AVX512
 // NQ queries against four rows at a time (two with NQ 8: 16 accumulators): each 16-element chunk
 // of a row is loaded and converted once for all NQ queries, and four sums are reduced at a time
@@ -143,14 +156,7 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
       for (int j = 0; j < NQ; ++j)
         _mm_storeu_ps(out + static_cast<size_t>(j) * count + r, ReduceAdd4(a[0][j], a[1][j], a[2][j], a[3][j]));
     } else {
-      for (int j = 0; j < NQ; j += 2) {
-        alignas(16) float s[4];
-        _mm_store_ps(s, ReduceAdd4(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]));
-        out[static_cast<size_t>(j) * count + r] = s[0];
-        out[static_cast<size_t>(j) * count + r + 1] = s[1];
-        out[static_cast<size_t>(j + 1) * count + r] = s[2];
-        out[static_cast<size_t>(j + 1) * count + r + 1] = s[3];
-      }
+      for (int j = 0; j < NQ; j += 2) StorePairSums(ReduceAdd4(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]), out, count, r, j, 2);
     }
   }
   for (; r < count; ++r) {
@@ -190,19 +196,9 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
       }
     }
     if constexpr (kR == 2) {
-      for (int j = 0; j + 1 < NQ; j += 2) {
-        alignas(16) float s[4];
-        _mm_store_ps(s, ReduceAdd4x8(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]));
-        out[static_cast<size_t>(j) * count + r] = s[0];
-        out[static_cast<size_t>(j) * count + r + 1] = s[1];
-        out[static_cast<size_t>(j + 1) * count + r] = s[2];
-        out[static_cast<size_t>(j + 1) * count + r + 1] = s[3];
-      }
-      if constexpr (NQ % 2 == 1) {
-        alignas(16) float s[4];
-        _mm_store_ps(s, ReduceAdd4x8(a[0][NQ - 1], a[1][NQ - 1], a[0][NQ - 1], a[1][NQ - 1]));
-        out[static_cast<size_t>(NQ - 1) * count + r] = s[0];
-        out[static_cast<size_t>(NQ - 1) * count + r + 1] = s[1];
+      for (int j = 0; j < NQ; j += 2) {
+        const int h = std::min(j + 1, NQ - 1);  // an odd last head reduces beside itself
+        StorePairSums(ReduceAdd4x8(a[0][j], a[1][j], a[0][h], a[1][h]), out, count, r, j, h - j + 1);
       }
     } else {  // one row, NQ 8: four heads a reduction
       for (int j = 0; j < NQ; j += 4) {
