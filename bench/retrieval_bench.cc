@@ -106,7 +106,9 @@ struct Args {
   int profile_builds = 0;  // > 0: only rebuild the tree this many more times and report the median build cpu
   int profile_parent_search = 0;  // > 0: only time the int8 parent search kernel this many times
   bool json = false, faiss = true;
-  DciParams dci;
+  // The serving preset (kvstore::kServingDciPreset), as the cluster builds its trees; --reference
+  // for DciParams{}, --tuned / --flat for the others.
+  DciParams dci = *kvstore::DciParamsPreset(kvstore::kServingDciPreset);
   std::string family = "default";  // synthetic keys (kvstore::SyntheticFamily)
   uint64_t seed = 7;
 };
@@ -119,7 +121,8 @@ void Usage() {
                "  [--fov-min 30] [--fov-fraction 1.5e-3] [--fov-sqrt 0] [--group-fov 0 (GQA groups only)]\n"
                "  [--cell-fraction 0.8] [--p1 0.01] [--p2 0.2]\n"
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
-               "  [--tuned | --flat (DciParams::Tuned() / Flat(); give it before other tree options)]\n"
+               "  [--tuned | --flat | --reference (DciParams::Tuned() / Flat() / DciParams{}; default: the serving\n"
+               "   preset, kvstore::kServingDciPreset; give it before other tree options)]\n"
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--cell-spread isotropic|directional (DciParams::cell_spread)]\n"
                "  [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
@@ -179,6 +182,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     if (k == "--exhaustive-upper") { a->dci.exhaustive_upper = true; continue; }
     if (k == "--tuned") { a->dci = DciParams::Tuned(); continue; }
     if (k == "--flat") { a->dci = DciParams::Flat(); continue; }
+    if (k == "--reference") { a->dci = DciParams{}; continue; }
     if (k == "--help" || k == "-h") return false;
     const char* v = val();
     if (v == nullptr) { std::fprintf(stderr, "retrieval: %s needs a value\n", k.c_str()); return false; }

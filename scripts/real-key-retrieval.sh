@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --first-layer) first=$2; shift ;;
     --flat) preset=(--flat) ;;
     --tuned) preset=(--tuned) ;;
-    --reference-dci) preset=() ;;
+    --reference-dci) preset=(--reference) ;;
     *) extra+=("$1") ;;
   esac
   shift
