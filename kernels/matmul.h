@@ -34,6 +34,16 @@ struct MatmulParams {
 // computes with fp32 activations whatever bf16_activations says.
 Status Matmul(const MatmulParams& p, Backend backend = Backend::kCpu);
 
+// Several products in one call, each computed as Matmul(products[i]) computes it (the same values
+// on the same target): a layer's q/k/v or gate/up projections of one input. On the CPU, products
+// on the GEMV path (m <= 16) that share x, m, k, the weight dtype and bf16_activations run in one
+// OpenMP loop over all their output features: one start of the thread team instead of one per
+// product (a decode step runs a few hundred such regions, each a wake of sleeping threads where
+// idle threads sleep, docs/BENCHMARKS.md "OpenMP waiting"); anything else runs one by one. No
+// product's y may overlap another product's x or y. INVALID_ARGUMENT as Matmul, naming the product,
+// or for count < 1 or null products.
+Status MatmulGroup(const MatmulParams* products, int count, Backend backend = Backend::kCpu);
+
 // How the model's matmuls over bf16 weights take their activations, for the whole process (as
 // the SIMD target is; PyTorch's set_float32_matmul_precision is the same idea):
 //   kFp32  x stays fp32: the exact products of the bf16 weights (what transformers computes in fp32);

@@ -20,6 +20,7 @@ namespace icecache::kernels {
 struct OpTable {
   Backend backend;
   Status (*matmul)(const MatmulParams&);
+  Status (*matmul_group)(const MatmulParams*, int);
   Status (*rms_norm)(const RmsNormParams&);
   Status (*apply_rope)(const RopeParams&);
   Status (*swiglu)(const SwiGluParams&);

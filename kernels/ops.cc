@@ -18,17 +18,33 @@ Status Invalid(const char* op, const std::string& what) {
 
 bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+// Matmul's checks, errors prefixed with `op`.
+Status CheckMatmul(const char* op, const MatmulParams& p) {
+  if (p.x == nullptr || p.w == nullptr || p.y == nullptr) return Invalid(op, "null x, w or y");
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
+    return Invalid(op, "sizes must be positive, got m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) +
+                           " k=" + std::to_string(p.k));
+  }
+  if (!ValidDType(p.w_dtype) || !ValidDType(p.bias_dtype)) return Invalid(op, "unknown dtype");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Matmul(const MatmulParams& p, Backend backend) {
-  if (p.x == nullptr || p.w == nullptr || p.y == nullptr) return Invalid("Matmul", "null x, w or y");
-  if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
-    return Invalid("Matmul", "sizes must be positive, got m=" + std::to_string(p.m) +
-                                 " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k));
-  }
-  if (!ValidDType(p.w_dtype) || !ValidDType(p.bias_dtype)) return Invalid("Matmul", "unknown dtype");
+  ICE_RETURN_IF_ERROR(CheckMatmul("Matmul", p));
   ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
   return t->matmul(p);
+}
+
+Status MatmulGroup(const MatmulParams* products, int count, Backend backend) {
+  if (products == nullptr || count < 1) return Invalid("MatmulGroup", "needs at least one product");
+  for (int i = 0; i < count; ++i) {
+    const std::string op = "MatmulGroup product " + std::to_string(i);
+    ICE_RETURN_IF_ERROR(CheckMatmul(op.c_str(), products[i]));
+  }
+  ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
+  return t->matmul_group(products, count);
 }
 
 Status RmsNorm(const RmsNormParams& p, Backend backend) {

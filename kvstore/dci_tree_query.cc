@@ -93,6 +93,21 @@ struct Better {
   }
 };
 
+// The largest of v[0..n) (-inf when n = 0; NaN never wins, as in std::max(m, NaN)): four
+// independent maxima, so the loop is not one chain of max latencies through memory.
+inline float MaxOf(const float* v, int n) {
+  float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    m0 = std::max(m0, v[i]);
+    m1 = std::max(m1, v[i + 1]);
+    m2 = std::max(m2, v[i + 2]);
+    m3 = std::max(m3, v[i + 3]);
+  }
+  for (; i < n; ++i) m0 = std::max(m0, v[i]);
+  return std::max(std::max(m0, m1), std::max(m2, m3));
+}
+
 void TopLeaves(const std::vector<int32_t>& touched, const std::vector<float>& best, int k, std::vector<ScoredLeaf>* out) {
   out->clear();
   out->reserve(touched.size());
@@ -256,9 +271,7 @@ void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
     ScoreRows(pool_->dtype(), s->rows[i], v, dim_, q, s->scores.data());
     s->stats.tokens_scored += v;
     ++s->stats.leaves_scored;
-    float best = -INFINITY;
-    for (int j = 0; j < v; ++j) best = std::max(best, s->scores[j]);
-    s->entries.emplace_back(best, leaf);
+    s->entries.emplace_back(MaxOf(s->scores.data(), v), leaf);
     if (collect) {
       const int32_t* toks = &leaf_tokens_[static_cast<size_t>(leaf) * page_size_];
       s->next_s.insert(s->next_s.end(), s->scores.data(), s->scores.data() + v);
@@ -568,8 +581,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     ++st.leaves_scored;
     float* row = g.best.data() + static_cast<size_t>(leaf) * nq;
     mark(leaf);
-    for (int j = 0; j < nq; ++j)
-      for (int s = 0; s < v; ++s) row[j] = std::max(row[j], sc[static_cast<size_t>(j) * v + s]);
+    for (int j = 0; j < nq; ++j) row[j] = std::max(row[j], MaxOf(sc.data() + static_cast<size_t>(j) * v, v));
   }
   // The scored leaves are distinct, so head j's k-th best of them bounds its answer from below:
   // an upper node scoring less for head j cannot enter head j's list (ties are kept).

@@ -423,9 +423,14 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
   if (threads_ != nullptr && units > 1) {
     threads_->ParallelFor(0, units, task);
   } else {
-    const bool parallel = units > 1 && tree_tokens >= kParallelSelectTokens;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    for (int u = 0; u < units; ++u) task(u);
+    // Serial selections stay outside any parallel construct: libgomp reshapes its thread team
+    // even for an `if (false)` region (futex calls, ~10 us a call on a 2-vCPU guest).
+    if (units > 1 && tree_tokens >= kParallelSelectTokens) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int u = 0; u < units; ++u) task(u);
+    } else {
+      for (int u = 0; u < units; ++u) task(u);
+    }
   }
   ICE_RETURN_IF_ERROR(first);
   out->has_rest = estimated.load();

@@ -18,8 +18,8 @@
 namespace icecache::model {
 namespace {
 
-Status Linear(kernels::Backend be, const float* x, int m, const WeightRef& w, const WeightRef* bias, int n, int k,
-              float* y, bool accumulate = false) {
+kernels::MatmulParams LinearParams(kernels::Backend be, const float* x, int m, const WeightRef& w, const WeightRef* bias,
+                                   int n, int k, float* y, bool accumulate = false) {
   kernels::MatmulParams p;
   p.x = x;
   p.w = w.data;
@@ -34,7 +34,12 @@ Status Linear(kernels::Backend be, const float* x, int m, const WeightRef& w, co
   p.k = k;
   p.accumulate = accumulate;
   p.bf16_activations = be == kernels::Backend::kCpu && kernels::UseBf16Activations();
-  return kernels::Matmul(p, be);
+  return p;
+}
+
+Status Linear(kernels::Backend be, const float* x, int m, const WeightRef& w, const WeightRef* bias, int n, int k,
+              float* y, bool accumulate = false) {
+  return kernels::Matmul(LinearParams(be, x, m, w, bias, n, k, y, accumulate), be);
 }
 
 Status Norm(kernels::Backend be, const float* x, int rows, int dim, const WeightRef& w, float eps, float* y) {
@@ -387,9 +392,11 @@ Status Model::RunLayers(AttentionBackend& backend, int T) {
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = layers_[l];
     ICE_RETURN_IF_ERROR(Norm(be, x, T, H, w.input_norm, c.rms_norm_eps, h));
-    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.q_proj, &w.q_bias, QD, H, q));
-    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.k_proj, &w.k_bias, KD, H, k));
-    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.v_proj, &w.v_bias, KD, H, v));
+    // q, k and v of the same input in one call (on the CPU one start of the thread team at decode).
+    const kernels::MatmulParams qkv[3] = {LinearParams(be, h, T, w.q_proj, &w.q_bias, QD, H, q),
+                                          LinearParams(be, h, T, w.k_proj, &w.k_bias, KD, H, k),
+                                          LinearParams(be, h, T, w.v_proj, &w.v_bias, KD, H, v)};
+    ICE_RETURN_IF_ERROR(kernels::MatmulGroup(qkv, 3, be));
     if (c.qk_norm) {
       ICE_RETURN_IF_ERROR(Norm(be, q, T * QH, D, w.q_norm, c.rms_norm_eps, q));
       ICE_RETURN_IF_ERROR(Norm(be, k, T * KH, D, w.k_norm, c.rms_norm_eps, k));
@@ -413,8 +420,9 @@ Status Model::RunLayers(AttentionBackend& backend, int T) {
     ICE_RETURN_IF_ERROR(AllReduce(x, t * H));
 
     ICE_RETURN_IF_ERROR(Norm(be, x, T, H, w.post_attention_norm, c.rms_norm_eps, h));
-    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.gate_proj, nullptr, I, H, gate));
-    ICE_RETURN_IF_ERROR(Linear(be, h, T, w.up_proj, nullptr, I, H, up));
+    const kernels::MatmulParams gate_up[2] = {LinearParams(be, h, T, w.gate_proj, nullptr, I, H, gate),
+                                              LinearParams(be, h, T, w.up_proj, nullptr, I, H, up)};
+    ICE_RETURN_IF_ERROR(kernels::MatmulGroup(gate_up, 2, be));
     kernels::SwiGluParams sp;
     sp.gate = gate;
     sp.up = up;

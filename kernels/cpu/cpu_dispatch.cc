@@ -6,6 +6,7 @@
 namespace icecache::kernels::cpu {
 
 Status Matmul(const MatmulParams& p) { ICE_SIMD_DISPATCH(Matmul, p); }
+Status MatmulGroup(const MatmulParams* products, int count) { ICE_SIMD_DISPATCH(MatmulGroup, products, count); }
 Status RmsNorm(const RmsNormParams& p) { ICE_SIMD_DISPATCH(RmsNorm, p); }
 Status ApplyRope(const RopeParams& p) { ICE_SIMD_DISPATCH(ApplyRope, p); }
 Status SwiGlu(const SwiGluParams& p) { ICE_SIMD_DISPATCH(SwiGlu, p); }

@@ -7,6 +7,7 @@
 namespace icecache::kernels::cpu {
 
 Status Matmul(const MatmulParams& p);
+Status MatmulGroup(const MatmulParams* products, int count);
 Status RmsNorm(const RmsNormParams& p);
 Status ApplyRope(const RopeParams& p);
 Status SwiGlu(const SwiGluParams& p);

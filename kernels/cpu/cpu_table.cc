@@ -59,7 +59,7 @@ Status UseCpu(int index) {
 
 const OpTable& CpuOpTable() {
   static const OpTable table = {
-      Backend::kCpu,        cpu::Matmul,   cpu::RmsNorm,   cpu::ApplyRope,
+      Backend::kCpu,        cpu::Matmul,   cpu::MatmulGroup, cpu::RmsNorm,   cpu::ApplyRope,
       cpu::SwiGlu,          cpu::Add,      cpu::Embedding, cpu::PrefillAttention,
       cpu::PagedDecodeAttention, cpu::StoreKv, cpu::GatherKv, cpu::MergeToken, cpu::MergeStates,
       cpu::Argmax,          cpu::RepetitionPenalty, cpu::CountPenalty, cpu::LogSumExp, cpu::TopLogits,

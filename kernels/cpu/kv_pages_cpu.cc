@@ -42,12 +42,18 @@ Status GatherKv(const GatherKvParams& p) {
   const size_t esz = DTypeSize(p.kv_dtype);
   const int64_t n = static_cast<int64_t>(p.rows) * p.num_heads;
   const auto* base = static_cast<const uint8_t*>(p.pages);
-  // Long gathers (a prefill continuing a long sequence) convert megabytes: spread them.
-#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (n >= 4096)
-  for (int64_t i = 0; i < n; ++i) {
+  auto row = [&](int64_t i) {
     const SlotRows r = RowsOf(p.slot_ids[i], p.page_size, p.head_dim, esz);
     ConvertToF32(p.kv_dtype, base + r.k, p.k + i * p.head_dim, p.head_dim);
     ConvertToF32(p.kv_dtype, base + r.v, p.v + i * p.head_dim, p.head_dim);
+  };
+  // Long gathers (a prefill continuing a long sequence) convert megabytes: spread them. Short
+  // ones stay outside any parallel construct (libgomp reshapes its team even for `if (false)`).
+  if (n >= 4096) {
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+    for (int64_t i = 0; i < n; ++i) row(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) row(i);
   }
   return Status::Ok();
 }

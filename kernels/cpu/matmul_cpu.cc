@@ -207,49 +207,66 @@ void GemvBlockRows(int mr, const float* x, size_t ldx, const char* w, size_t w_r
   }
 }
 
-// m <= kGemvMaxRows: OpenMP over blocks of kGemvFeatures output features; per block the x rows
-// are taken in groups of up to kGemvGroupRows, so the weight block is read from memory once and
-// from L1/L2 for the later groups.
+// m <= kGemvMaxRows: work items, split over OpenMP. At m = 1 an item is one output feature: one
+// weight row at a time (a single stream with two accumulator chains), ~25 % faster at m = 1 than
+// three interleaved rows, which is what the multi-row blocks need. Otherwise an item is a block of
+// kGemvFeatures output features, whose x rows are taken in groups of up to kGemvGroupRows, so the
+// weight block is read from memory once and from L1/L2 for the later groups.
+int GemvItems(const MatmulParams& p) { return p.m == 1 ? p.n : (p.n + kGemvFeatures - 1) / kGemvFeatures; }
+
 template <DType T>
-void Gemv(const MatmulParams& p) {
+inline void GemvItem(const MatmulParams& p, int item) {
   const size_t row_bytes = static_cast<size_t>(p.k) * DTypeSize(T);
   const char* w = static_cast<const char*>(p.w);
   if (p.m == 1) {
-    // One weight row at a time (a single stream with two accumulator chains): ~25 % faster at
-    // m = 1 than three interleaved rows, which is what the multi-row blocks need.
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
-    for (int j = 0; j < p.n; ++j) {
-      const float v = Dot<T>(p.x, w + j * row_bytes, p.k) + BiasAt(p, j);
-      p.y[j] = p.accumulate ? p.y[j] + v : v;
-    }
+    const int j = item;
+    const float v = Dot<T>(p.x, w + j * row_bytes, p.k) + BiasAt(p, j);
+    p.y[j] = p.accumulate ? p.y[j] + v : v;
     return;
   }
-  const int blocks = (p.n + kGemvFeatures - 1) / kGemvFeatures;
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
-  for (int bi = 0; bi < blocks; ++bi) {
-    const int j0 = bi * kGemvFeatures;
-    const int nb = std::min(kGemvFeatures, p.n - j0);
-    float v[kGemvGroupRows * 4];
-    for (int r0 = 0; r0 < p.m; r0 += kGemvGroupRows) {
-      const int mr = std::min(kGemvGroupRows, p.m - r0);
-      const float* x = p.x + static_cast<size_t>(r0) * p.k;
-      if (nb == kGemvFeatures) {
-        GemvBlockRows<T, kGemvFeatures>(mr, x, p.k, w + j0 * row_bytes, row_bytes, p.k, v);
-      } else {
-        for (int c = 0; c < nb; ++c) {
-          float one[kGemvGroupRows * 4];
-          GemvBlockRows<T, 1>(mr, x, p.k, w + (j0 + c) * row_bytes, row_bytes, p.k, one);
-          for (int r = 0; r < mr; ++r) v[r * 4 + c] = one[r * 4];
-        }
-      }
+  const int j0 = item * kGemvFeatures;
+  const int nb = std::min(kGemvFeatures, p.n - j0);
+  float v[kGemvGroupRows * 4];
+  for (int r0 = 0; r0 < p.m; r0 += kGemvGroupRows) {
+    const int mr = std::min(kGemvGroupRows, p.m - r0);
+    const float* x = p.x + static_cast<size_t>(r0) * p.k;
+    if (nb == kGemvFeatures) {
+      GemvBlockRows<T, kGemvFeatures>(mr, x, p.k, w + j0 * row_bytes, row_bytes, p.k, v);
+    } else {
       for (int c = 0; c < nb; ++c) {
-        const float b = BiasAt(p, j0 + c);
-        for (int r = 0; r < mr; ++r) {
-          float& out = p.y[static_cast<size_t>(r0 + r) * p.n + j0 + c];
-          out = p.accumulate ? out + v[r * 4 + c] + b : v[r * 4 + c] + b;
-        }
+        float one[kGemvGroupRows * 4];
+        GemvBlockRows<T, 1>(mr, x, p.k, w + (j0 + c) * row_bytes, row_bytes, p.k, one);
+        for (int r = 0; r < mr; ++r) v[r * 4 + c] = one[r * 4];
       }
     }
+    for (int c = 0; c < nb; ++c) {
+      const float b = BiasAt(p, j0 + c);
+      for (int r = 0; r < mr; ++r) {
+        float& out = p.y[static_cast<size_t>(r0 + r) * p.n + j0 + c];
+        out = p.accumulate ? out + v[r * 4 + c] + b : v[r * 4 + c] + b;
+      }
+    }
+  }
+}
+
+template <DType T>
+void Gemv(const MatmulParams& p) {
+  const int items = GemvItems(p);
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  for (int i = 0; i < items; ++i) GemvItem<T>(p, i);
+}
+
+// The GEMVs of several products in one OpenMP loop over all their items (MatmulGroup).
+constexpr int kMaxGemvGroup = 8;
+template <DType T>
+void GemvGroup(const MatmulParams* ps, int count) {
+  int first[kMaxGemvGroup + 1] = {0};  // first[c]: product c's first item in the joint loop
+  for (int c = 0; c < count; ++c) first[c + 1] = first[c] + GemvItems(ps[c]);
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  for (int i = 0; i < first[count]; ++i) {
+    int c = 0;
+    while (i >= first[c + 1]) ++c;
+    GemvItem<T>(ps[c], i - first[c]);
   }
 }
 
@@ -726,6 +743,33 @@ Status Matmul(const MatmulParams& p) {
       BlockedGemm<T>(p);
     }
   });
+  return Status::Ok();
+}
+
+Status MatmulGroup(const MatmulParams* ps, int count) {
+  // Fused: every product on the GEMV path with the same activations and weight handling.
+  const MatmulParams& a = ps[0];
+  bool fused = count > 1 && count <= kMaxGemvGroup && a.m <= kGemvMaxRows;
+  for (int c = 1; c < count && fused; ++c) {
+    const MatmulParams& p = ps[c];
+    fused = p.x == a.x && p.m == a.m && p.k == a.k && p.w_dtype == a.w_dtype && p.bf16_activations == a.bf16_activations;
+  }
+  if (!fused) {
+    for (int c = 0; c < count; ++c) ICE_RETURN_IF_ERROR(ICE_SIMD_NS::Matmul(ps[c]));
+    return Status::Ok();
+  }
+  if (a.bf16_activations && a.w_dtype == DType::kBF16) {
+    // Matmul's GEMV path with x rounded to bf16: rounded once for the group.
+    const RoundedX<float> xr(a);
+    MatmulParams rounded[kMaxGemvGroup];
+    for (int c = 0; c < count; ++c) {
+      rounded[c] = ps[c];
+      rounded[c].x = xr.data();
+    }
+    GemvGroup<DType::kBF16>(rounded, count);
+    return Status::Ok();
+  }
+  DispatchDType(a.w_dtype, [&]<DType T>() { GemvGroup<T>(ps, count); });
   return Status::Ok();
 }
 

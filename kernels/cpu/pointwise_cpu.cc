@@ -14,13 +14,26 @@ constexpr long kMinParallelElements = 1L << 16;
 
 int ThreadsFor(long elements) { return elements < kMinParallelElements ? 1 : CpuThreads(); }
 
+// f(i) for i < n, split statically over `threads` OpenMP threads, or on the caller's thread
+// alone without entering a parallel construct: libgomp reshapes its thread team even for an
+// `if (false)` region (futex calls, ~10 us a call on a 2-vCPU guest; decode runs five of these
+// ops a layer). Defined after simd.h, so it is compiled for the target like its callers.
+template <typename I, typename F>
+void ForRange(I n, int threads, F&& f) {
+  if (threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (I i = 0; i < n; ++i) f(i);
+  } else {
+    for (I i = 0; i < n; ++i) f(i);
+  }
+}
+
 }  // namespace
 
 Status RmsNorm(const RmsNormParams& p) {
   const int threads = ThreadsFor(static_cast<long>(p.rows) * p.dim);
   DispatchDType(p.weight_dtype, [&]<DType T>() {
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int r = 0; r < p.rows; ++r) {
+    ForRange(p.rows, threads, [&](int r) {
       const float* x = p.x + static_cast<size_t>(r) * p.dim;
       float* y = p.y + static_cast<size_t>(r) * p.dim;
       float ss = 0.f;
@@ -29,7 +42,7 @@ Status RmsNorm(const RmsNormParams& p) {
       // Matches torch: x * rsqrt(mean(x^2) + eps), then * weight, all fp32.
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(p.dim) + p.eps);
       for (int i = 0; i < p.dim; ++i) y[i] = (x[i] * inv) * LoadScalar<T>(p.weight, i);
-    }
+    });
   });
   return Status::Ok();
 }
@@ -37,8 +50,7 @@ Status RmsNorm(const RmsNormParams& p) {
 Status ApplyRope(const RopeParams& p) {
   const int half = p.rotary_dim / 2;
   const int threads = ThreadsFor(static_cast<long>(p.tokens) * p.heads * p.rotary_dim);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int t = 0; t < p.tokens; ++t) {
+  ForRange(p.tokens, threads, [&](int t) {
     const float pos = static_cast<float>(p.positions[t]);
     float cs[512], sn[512];  // rotary_dim / 2 <= head_dim / 2; larger dims use the slow path
     const bool table = half <= 512;
@@ -66,7 +78,7 @@ Status ApplyRope(const RopeParams& p) {
         x[i + half] = x2 * c + x1 * s;
       }
     }
-  }
+  });
   return Status::Ok();
 }
 
@@ -109,17 +121,15 @@ Status SwiGlu(const SwiGluParams& p) {
   const int threads = ThreadsFor(p.n);
 #if ICE_SIMD_AVX512
   const long blocks = (p.n + 15) / 16;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (long b = 0; b < blocks; ++b) {
+  ForRange(blocks, threads, [&](long b) {
     const long i = b * 16;
     const __mmask16 mask = p.n - i >= 16 ? static_cast<__mmask16>(0xffff)
                                          : static_cast<__mmask16>((1u << (p.n - i)) - 1u);
     SwiGlu16(p.gate + i, p.up + i, p.out + i, mask);
-  }
+  });
 #elif ICE_SIMD_AVX2
   const long blocks = (p.n + 7) / 8;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (long b = 0; b < blocks; ++b) {
+  ForRange(blocks, threads, [&](long b) {
     const long i = b * 8;
     const int n = static_cast<int>(std::min<long>(8, p.n - i));
     if (n == 8) {
@@ -127,11 +137,10 @@ Status SwiGlu(const SwiGluParams& p) {
     } else {
       Store8Tail(p.out + i, SwiGlu8(Load8Tail<DType::kF32>(p.gate, i, n), Load8Tail<DType::kF32>(p.up, i, n)), n);
     }
-  }
+  });
 #elif ICE_SIMD_NEON
   const long blocks = (p.n + 3) / 4;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (long b = 0; b < blocks; ++b) {
+  ForRange(blocks, threads, [&](long b) {
     const long i = b * 4;
     const int n = static_cast<int>(std::min<long>(4, p.n - i));
     if (n == 4) {
@@ -139,12 +148,18 @@ Status SwiGlu(const SwiGluParams& p) {
     } else {
       Store4Tail(p.out + i, SwiGlu4(Load4TailF32(p.gate, i, n), Load4TailF32(p.up, i, n)), n);
     }
-  }
+  });
 #else
-#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
-  for (long i = 0; i < p.n; ++i) {
+  auto swiglu = [&](long i) {
     const float g = p.gate[i];
     p.out[i] = g / (1.f + std::exp(-g)) * p.up[i];
+  };
+  if (threads > 1) {
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+    for (long i = 0; i < p.n; ++i) swiglu(i);
+  } else {
+#pragma omp simd
+    for (long i = 0; i < p.n; ++i) swiglu(i);
   }
 #endif
   return Status::Ok();
@@ -152,8 +167,13 @@ Status SwiGlu(const SwiGluParams& p) {
 
 Status Add(const AddParams& p) {
   const int threads = ThreadsFor(p.n);
-#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
-  for (long i = 0; i < p.n; ++i) p.y[i] += p.x[i];
+  if (threads > 1) {
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+    for (long i = 0; i < p.n; ++i) p.y[i] += p.x[i];
+  } else {
+#pragma omp simd
+    for (long i = 0; i < p.n; ++i) p.y[i] += p.x[i];
+  }
   return Status::Ok();
 }
 
@@ -167,11 +187,10 @@ Status Embedding(const EmbeddingParams& p) {
   DispatchDType(p.table_dtype, [&]<DType T>() {
     const size_t row_bytes = static_cast<size_t>(p.dim) * DTypeSize(T);
     const int threads = ThreadsFor(static_cast<long>(p.n) * p.dim);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int i = 0; i < p.n; ++i) {
+    ForRange(p.n, threads, [&](int i) {
       ToF32<T>(static_cast<const char*>(p.table) + p.ids[i] * row_bytes,
                p.out + static_cast<size_t>(i) * p.dim, p.dim);
-    }
+    });
   });
   return Status::Ok();
 }

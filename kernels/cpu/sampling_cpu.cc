@@ -11,10 +11,9 @@ constexpr int kSmallTop = 64;  // TopLogits keeps up to this many by insertion
 }  // namespace
 
 Status Argmax(const ArgmaxParams& p) {
-  // One row (the sampler's call) is ~10 us of scanning: not worth waking the OpenMP team.
-  const int threads = p.rows > 1 ? CpuThreads() : 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int r = 0; r < p.rows; ++r) {
+  // One row (the sampler's call) is ~10 us of scanning: not worth waking the OpenMP team, and run
+  // outside any parallel construct (libgomp reshapes its team even for an `if (false)` region).
+  auto row = [&](int r) {
     const float* x = p.logits + static_cast<size_t>(r) * p.vocab;
     int best = -1;
     float bv = 0.f;
@@ -26,6 +25,12 @@ Status Argmax(const ArgmaxParams& p) {
       }
     }
     p.out[r] = best < 0 ? 0 : best;
+  };
+  if (p.rows > 1) {
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+    for (int r = 0; r < p.rows; ++r) row(r);
+  } else {
+    for (int r = 0; r < p.rows; ++r) row(r);
   }
   return Status::Ok();
 }

@@ -17,6 +17,8 @@ const OpTable& CudaOpTable();
 std::string ProbeDevice(bool* usable);
 
 Status Matmul(const MatmulParams& p);
+// One Matmul after another on the stream (kernels/matmul.h: the CPU fuses them into one loop).
+Status MatmulGroup(const MatmulParams* products, int count);
 Status RmsNorm(const RmsNormParams& p);
 Status ApplyRope(const RopeParams& p);
 Status SwiGlu(const SwiGluParams& p);

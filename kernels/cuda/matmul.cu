@@ -196,4 +196,9 @@ Status Gemm(const MatmulParams& p) {
 
 Status Matmul(const MatmulParams& p) { return p.m <= kGemvMaxRows ? Gemv(p) : Gemm(p); }
 
+Status MatmulGroup(const MatmulParams* products, int count) {
+  for (int i = 0; i < count; ++i) ICE_RETURN_IF_ERROR(Matmul(products[i]));
+  return Status::Ok();
+}
+
 }  // namespace icecache::kernels::cuda

@@ -162,7 +162,7 @@ std::string ProbeDevice(bool* usable) {
 
 const OpTable& CudaOpTable() {
   static const OpTable table = {
-      Backend::kCuda,     Matmul,      RmsNorm,           ApplyRope,     SwiGlu,
+      Backend::kCuda,     Matmul,      MatmulGroup,       RmsNorm,           ApplyRope,     SwiGlu,
       Add,                Embedding,   PrefillAttention,  PagedDecodeAttention,
       StoreKv,            GatherKv,    MergeToken,  MergeStates,
       Argmax,             RepetitionPenalty, CountPenalty, LogSumExp, TopLogits,   /*host_memory=*/false,

@@ -261,6 +261,113 @@ TEST(MatmulTest, GemmDoesNotDependOnTheThreadCount) {
   SetCpuThreadsForThisThread(saved);
 }
 
+// MatmulGroup computes each product as Matmul does, bit for bit: the fused GEMV loop (products
+// sharing x at m <= 16, e.g. a layer's q/k/v) runs the same per-feature work as the one-product
+// loop, and anything else (the GEMM path, products with different x) runs Matmul one by one.
+TEST(MatmulTest, GroupMatchesMatmulOneByOne) {
+  uint32_t seed = 500;
+  const int k = 130;
+  const int ns[3] = {37, 12, 13};
+  for (int m : {1, 3, 16, 20}) {
+    for (int variant = 0; variant < 5; ++variant) {
+      const DType t = variant == 0 ? DType::kF32 : variant == 1 ? DType::kF16 : DType::kBF16;
+      const bool bf16_x = variant == 3;
+      const bool shared_x = variant != 4;
+      const auto x = RandomVector(static_cast<size_t>(m) * k, seed++);
+      const auto x2 = RandomVector(static_cast<size_t>(m) * k, seed++);
+      std::vector<testing::Typed> w;
+      std::vector<std::vector<float>> bias, y0;
+      for (int c = 0; c < 3; ++c) {
+        w.push_back(ToTyped(t, RandomVector(static_cast<size_t>(ns[c]) * k, seed++)));
+        bias.push_back(RandomVector(ns[c], seed++));
+        y0.push_back(RandomVector(static_cast<size_t>(m) * ns[c], seed++));
+      }
+      std::vector<std::vector<float>> one(3), group(3);
+      for (int c = 0; c < 3; ++c) group[c] = y0[c];
+      MatmulParams ps[3];
+      for (int c = 0; c < 3; ++c) {
+        MatmulParams& p = ps[c];
+        p.x = (c == 1 && !shared_x ? x2 : x).data();
+        p.w = w[c].bytes.data();
+        p.w_dtype = t;
+        p.bias = c < 2 ? bias[c].data() : nullptr;
+        p.y = group[c].data();
+        p.m = m;
+        p.n = ns[c];
+        p.k = k;
+        p.accumulate = c == 2;
+        p.bf16_activations = bf16_x;
+        one[c] = y0[c];
+        MatmulParams alone = p;
+        alone.y = one[c].data();
+        ASSERT_TRUE(Matmul(alone).ok());
+      }
+      ASSERT_TRUE(MatmulGroup(ps, 3).ok());
+      for (int c = 0; c < 3; ++c) {
+        for (size_t i = 0; i < one[c].size(); ++i) {
+          ASSERT_EQ(group[c][i], one[c][i]) << "m=" << m << " " << DTypeName(t) << (bf16_x ? " bf16 activations" : "")
+                                            << (shared_x ? "" : " different x") << " product " << c << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, GroupRejectsBadArgumentsNamingTheProduct) {
+  EXPECT_EQ(MatmulGroup(nullptr, 1).code(), StatusCode::kInvalidArgument);
+  float x = 1, w = 1, y = 0;
+  MatmulParams ps[2];
+  for (MatmulParams& p : ps) {
+    p.x = &x;
+    p.w = &w;
+    p.y = &y;
+    p.m = p.n = p.k = 1;
+  }
+  EXPECT_EQ(MatmulGroup(ps, 0).code(), StatusCode::kInvalidArgument);
+  ps[1].n = 0;
+  const Status s = MatmulGroup(ps, 2);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("product 1"), std::string::npos) << s.ToString();
+}
+
+TEST(MatmulTest, CudaGroupMatchesCpu) {
+  ICE_SKIP_WITHOUT_CUDA();
+  uint32_t seed = 700;
+  const MatmulCase cases[2] = {{1, 70, 96, DType::kBF16, true, false}, {1, 24, 96, DType::kBF16, false, true}};
+  const auto x = RandomVector(96, seed++);
+  std::vector<testing::Typed> w;
+  std::vector<std::vector<float>> bias, y0, cpu;
+  for (const MatmulCase& c : cases) {
+    w.push_back(ToTyped(c.w_dtype, RandomVector(static_cast<size_t>(c.n) * c.k, seed++)));
+    bias.push_back(RandomVector(c.n, seed++));
+    y0.push_back(RandomVector(c.n, seed++));
+    cpu.push_back(RunMatmul(Backend::kCpu, c, x, w.back(), bias.back(), y0.back()));
+  }
+  auto dx = testing::Upload(Backend::kCuda, x);
+  std::vector<DeviceBuffer> dw, db, dy;
+  MatmulParams ps[2];
+  for (int c = 0; c < 2; ++c) {
+    dw.push_back(testing::Upload(Backend::kCuda, w[c].bytes));
+    db.push_back(testing::Upload(Backend::kCuda, bias[c]));
+    dy.push_back(testing::Upload(Backend::kCuda, y0[c]));
+    MatmulParams& p = ps[c];
+    p.x = dx.as<float>();
+    p.w = dw.back().data();
+    p.w_dtype = cases[c].w_dtype;
+    p.bias = cases[c].bias ? db.back().data() : nullptr;
+    p.y = dy.back().as<float>();
+    p.m = cases[c].m;
+    p.n = cases[c].n;
+    p.k = cases[c].k;
+    p.accumulate = cases[c].accumulate;
+  }
+  ASSERT_TRUE(MatmulGroup(ps, 2, Backend::kCuda).ok());
+  for (int c = 0; c < 2; ++c) {
+    ExpectClose(testing::Download<float>(dy[c], y0[c].size()), cpu[c], 4e-6 * std::sqrt(96) + 1e-6, 1e-5,
+                "product " + std::to_string(c));
+  }
+}
+
 TEST(MatmulTest, CudaMatchesCpu) {
   ICE_SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
