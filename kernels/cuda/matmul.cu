@@ -197,7 +197,7 @@ Status Gemm(const MatmulParams& p) {
 Status Matmul(const MatmulParams& p) { return p.m <= kGemvMaxRows ? Gemv(p) : Gemm(p); }
 
 Status MatmulGroup(const MatmulParams* products, int count) {
-  for (int i = 0; i < count; ++i) ICE_RETURN_IF_ERROR(Matmul(products[i]));
+  for (int i = 0; i < count; ++i) ICE_RETURN_IF_ERROR(cuda::Matmul(products[i]));
   return Status::Ok();
 }
 
