@@ -357,5 +357,51 @@ TEST(RestEstimateTest, RetrieverEstimatesTheLeavesItLeavesOut) {
   EXPECT_EQ(r.Select({cache.get()}, 1, nullptr, nq, &sel).code(), StatusCode::kInvalidArgument);
 }
 
+// A batch whose trees hold at least kParallelSelectTokens tokens selects its units on the OpenMP
+// threads; each sequence alone stays below the threshold and selects serially. Both give the same
+// pages, leaves and estimates, bit for bit.
+TEST(RestEstimateTest, ParallelBatchSelectionEqualsEachSequenceAlone) {
+  const int layers = 2, nkv = 3, d = 32, nq = 6, n = 5600;  // 3 x 5600 per sequence < 32768 <= both
+  ASSERT_LT(nkv * n, kParallelSelectTokens);
+  ASSERT_GE(2 * nkv * n, kParallelSelectTokens);
+  auto pool = MakePool(d, 16384, DType::kBF16);
+  SequenceCacheOptions o;
+  o.num_layers = layers;
+  o.num_kv_heads = nkv;
+  o.dense_layers = 1;
+  o.dci = DciParams::Flat();
+  std::vector<std::unique_ptr<SequenceCache>> caches;
+  for (int b = 0; b < 2; ++b) {
+    caches.push_back(SequenceCache::Create(o, pool.get()).value());
+    const testing::ModelKv kv = testing::RandomKv(layers, nkv, d, n, 10 + b);
+    ASSERT_TRUE(caches.back()->Build(kv.kp.data(), kv.vp.data(), n).ok());
+  }
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g;
+  std::vector<float> q(static_cast<size_t>(2) * nq * d);
+  for (float& x : q) x = g(rng);
+  RetrievalPolicy policy;
+  policy.budget_pages = 8;
+  Retriever r(policy);
+  PageSelection both, alone;
+  ASSERT_TRUE(r.Select({caches[0].get(), caches[1].get()}, 1, q.data(), nq, &both).ok());
+  ASSERT_TRUE(both.has_rest);
+  for (int b = 0; b < 2; ++b) {
+    ASSERT_TRUE(r.Select({caches[b].get()}, 1, q.data() + static_cast<size_t>(b) * nq * d, nq, &alone).ok());
+    ASSERT_TRUE(alone.has_rest);
+    const int32_t first = both.page_indptr[b * nkv], last = both.page_indptr[(b + 1) * nkv];
+    ASSERT_EQ(last - first, alone.page_indptr[nkv]);
+    for (int32_t e = first; e < last; ++e) {
+      EXPECT_EQ(both.page_ids[e], alone.page_ids[e - first]);
+      EXPECT_EQ(both.page_valid[e], alone.page_valid[e - first]);
+      EXPECT_EQ(both.tree_leaf[e], alone.tree_leaf[e - first]);
+    }
+    for (int j = 0; j < nq; ++j) {
+      EXPECT_EQ(both.rest_lse[b * nq + j], alone.rest_lse[j]);
+      for (int e = 0; e < d; ++e) EXPECT_EQ(both.rest_out[(static_cast<size_t>(b) * nq + j) * d + e], alone.rest_out[j * d + e]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace icecache::kvstore
