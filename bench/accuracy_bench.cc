@@ -13,7 +13,6 @@
 // fov_sqrt * sqrt(n)), n = tree tokens) can be
 // swept: icecache runs once per (fov_min, fov_fraction) pair of the two lists, over the
 // same prefill, so fov settings are compared on the same prompts in one run.
-#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -32,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/eval_prompts.h"
 #include "bench/kv_methods.h"
 #include "bench/png_writer.h"
@@ -55,12 +55,6 @@ struct TrialResult {
   double seconds = 0;     // wall: cache/tree build + decode
   std::string text;       // generated prompts: the greedy continuation
 };
-
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 double WallSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -10,7 +10,6 @@
 // gemv: y = x · Wᵀ with W of n×k in bf16/f16/f32 (Llama-3.1-8B shapes by default), our Matmul
 // against OpenBLAS sgemv/sgemm on the same weights converted to fp32 beforehand.
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "kernels/attention.h"
 #include "kernels/backend.h"
@@ -151,12 +151,6 @@ struct CacheFlusher {
 
 // Median wall time (µs) of fn() over at least min_iters calls and min_seconds, each preceded by
 // `before` (untimed) and followed by a backend synchronize (timed).
-double ProcessCpuSeconds() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
 template <typename Fn, typename Before>
 Timing MedianMicros(Backend backend, Fn fn, Before before, int min_iters, double min_seconds) {
   std::vector<double> wall, cpu;

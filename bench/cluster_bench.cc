@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cpu_time.h"
 #include "bench/callgrind_region.h"
 #include "bench/workload.h"
 #include "decode_worker/decode_server.h"
@@ -36,13 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// CPU seconds of the whole process (every thread: UCX progress threads, OpenMP workers, ...).
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -6,7 +6,6 @@
 // the step time is split into its parts (IceCacheTimings) with the page cache's hit rate and
 // host→device bytes.
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "decode_worker/icecache_backend.h"
 #include "kernels/backend.h"
@@ -39,14 +39,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-// CPU seconds used by the whole process (all threads) so far. On a shared machine wall time
-// includes waiting for a core; CPU time per step shows the work itself.
-double ProcessCpuSeconds() {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
 
 // Read bandwidth (bytes/s) of summing a buffer much larger than the caches, with the threads
 // the kernels use; best of several passes. Integer sums so the compiler vectorises the loop

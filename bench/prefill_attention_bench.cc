@@ -5,7 +5,6 @@
 // bf16 form (AMX tiles), that form too, against the fp32 tiled kernel. Reports time (wall and
 // process CPU), GFLOP/s (4·d FLOPs per visible (query head, key) pair) and the largest
 // differences between the outputs.
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -27,12 +27,6 @@
 
 namespace icecache::bench {
 namespace {
-
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
 
 struct Timing {
   double wall = 1e30, cpu = 1e30;  // best of the repetitions
@@ -43,9 +37,9 @@ Timing Time(int reps, F&& f) {
   Timing t;
   for (int r = 0; r < reps; ++r) {
     const auto w0 = std::chrono::steady_clock::now();
-    const double c0 = CpuSeconds();
+    const double c0 = ProcessCpuSeconds();
     f();
-    t.cpu = std::min(t.cpu, CpuSeconds() - c0);
+    t.cpu = std::min(t.cpu, ProcessCpuSeconds() - c0);
     t.wall = std::min(t.wall, std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
   }
   return t;

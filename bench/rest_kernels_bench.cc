@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
@@ -16,18 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "kernels/simd_target.h"
 #include "kvstore/vector_ops.h"
 
 namespace icecache::bench {
 namespace {
-
-double ThreadCpuUs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 
 constexpr const char* kUsage =
     "usage: icecache-bench rest-kernels [--dim D (64)] [--heads H (3)] [--rows N (1600)]\n"

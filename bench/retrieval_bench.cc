@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -22,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "common/status.h"
 #include "kvstore/retriever.h"
@@ -49,13 +49,6 @@ using kvstore::SequenceCache;
 using Clock = std::chrono::steady_clock;
 
 double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
-
-// CPU time of the calling thread in microseconds: robust to other processes sharing the cores.
-double ThreadCpuUs() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;

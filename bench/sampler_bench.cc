@@ -6,7 +6,6 @@
 // ratios to greedy (CPU time is the figure to trust on a shared machine).
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -15,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "kernels/backend.h"
 #include "kernels/device_buffer.h"
@@ -25,12 +25,6 @@ namespace icecache::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ThreadCpuUs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 
 constexpr const char* kUsage =
     "usage: icecache-bench sampler [--vocab V (49152)] [--generated G (256)] [--iters N (2000)]\n"

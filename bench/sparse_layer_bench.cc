@@ -15,7 +15,6 @@
 // (all threads) and wall time, medians over the steps. Untimed, per step and query head: the
 // share of the exact softmax attention mass (over all n keys) that the selected pages cover, for
 // the IceCache selection and for the exact oracle of the same budget (Retriever kOracle).
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cpu_time.h"
 #include "bench/workload.h"
 #include "common/thread_pool.h"
 #include "kernels/attention.h"
@@ -43,12 +43,6 @@ namespace {
 constexpr int kQHeads = 32, kKvHeads = 8, kDim = 128, kPageSize = 16;
 constexpr int kCoverageSteps = 5;  // steps whose selections are also scored against exact attention
 
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -61,9 +55,9 @@ struct Sample {
 template <typename F>
 void Timed(Sample* s, F&& f) {
   const auto w0 = std::chrono::steady_clock::now();
-  const double c0 = CpuSeconds();
+  const double c0 = ProcessCpuSeconds();
   f();
-  s->cpu.push_back(CpuSeconds() - c0);
+  s->cpu.push_back(ProcessCpuSeconds() - c0);
   s->wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
 }
 
@@ -312,11 +306,11 @@ int Run(int argc, char** argv) {
         for (int g = 0; g < kKvHeads; ++g)
           std::copy_n(&queries[g][static_cast<size_t>(step) * group * kDim], group * kDim, &q[static_cast<size_t>(g) * group * kDim]);
         flush_caches();
-        const double c0 = CpuSeconds();
+        const double c0 = ProcessCpuSeconds();
         const auto w0 = std::chrono::steady_clock::now();
         Timed(&select, [&] { (void)sparse_r.Select(seqs, 0, q.data(), kQHeads, &sel); });
         Timed(&sparse_attn, [&] { attend(sel); });
-        sparse_total.cpu.push_back(CpuSeconds() - c0);
+        sparse_total.cpu.push_back(ProcessCpuSeconds() - c0);
         sparse_total.wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
         pages_sparse = sel.page_indptr.back();
         flush_caches();
