@@ -298,19 +298,26 @@ TEST(RestEstimateTest, CellBoundedFormFollowsItsRuleAndCoversEveryToken) {
   EXPECT_EQ(la, lb);
 }
 
-// Through the retriever: sparse units carry the estimate over exactly the leaves they did not
-// select, dense layers and a budget that takes every leaf carry none, and the policy turns it off.
-TEST(RestEstimateTest, RetrieverEstimatesTheLeavesItLeavesOut) {
-  const int layers = 3, nkv = 2, d = 32, nq = 4, n = 700;
-  auto pool = MakePool(d, 4096, DType::kBF16);
+// A sequence of random K/V (seed) built as served: the first layer dense, Flat() trees.
+std::unique_ptr<SequenceCache> BuiltCache(PagePool* pool, int layers, int nkv, int d, int n, uint64_t seed) {
   SequenceCacheOptions o;
   o.num_layers = layers;
   o.num_kv_heads = nkv;
   o.dense_layers = 1;
   o.dci = DciParams::Flat();
-  auto cache = SequenceCache::Create(o, pool.get()).value();
-  const testing::ModelKv kv = testing::RandomKv(layers, nkv, d, n, 3);
-  ASSERT_TRUE(cache->Build(kv.kp.data(), kv.vp.data(), n).ok());
+  auto cache = SequenceCache::Create(o, pool).value();
+  const testing::ModelKv kv = testing::RandomKv(layers, nkv, d, n, seed);
+  EXPECT_TRUE(cache->Build(kv.kp.data(), kv.vp.data(), n).ok());
+  return cache;
+}
+
+// Through the retriever: sparse units carry the estimate over exactly the leaves they did not
+// select, dense layers and a budget that takes every leaf carry none, and the policy turns it off.
+TEST(RestEstimateTest, RetrieverEstimatesTheLeavesItLeavesOut) {
+  const int layers = 3, nkv = 2, d = 32, nq = 4, n = 700;
+  auto pool = MakePool(d, 4096, DType::kBF16);
+  auto cache = BuiltCache(pool.get(), layers, nkv, d, n, 3);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   std::mt19937 rng(4);
   std::normal_distribution<float> g;
   std::vector<float> q(static_cast<size_t>(nq) * d);
@@ -365,17 +372,9 @@ TEST(RestEstimateTest, ParallelBatchSelectionEqualsEachSequenceAlone) {
   ASSERT_LT(nkv * n, kParallelSelectTokens);
   ASSERT_GE(2 * nkv * n, kParallelSelectTokens);
   auto pool = MakePool(d, 16384, DType::kBF16);
-  SequenceCacheOptions o;
-  o.num_layers = layers;
-  o.num_kv_heads = nkv;
-  o.dense_layers = 1;
-  o.dci = DciParams::Flat();
   std::vector<std::unique_ptr<SequenceCache>> caches;
-  for (int b = 0; b < 2; ++b) {
-    caches.push_back(SequenceCache::Create(o, pool.get()).value());
-    const testing::ModelKv kv = testing::RandomKv(layers, nkv, d, n, 10 + b);
-    ASSERT_TRUE(caches.back()->Build(kv.kp.data(), kv.vp.data(), n).ok());
-  }
+  for (int b = 0; b < 2; ++b) caches.push_back(BuiltCache(pool.get(), layers, nkv, d, n, 10 + b));
+  ASSERT_FALSE(::testing::Test::HasFailure());
   std::mt19937 rng(5);
   std::normal_distribution<float> g;
   std::vector<float> q(static_cast<size_t>(2) * nq * d);
