@@ -424,7 +424,7 @@ Status Retriever::SelectBatch(const std::vector<const SequenceCache*>& seqs, con
     threads_->ParallelFor(0, units, task);
   } else {
     // Serial selections stay outside any parallel construct: libgomp reshapes its thread team
-    // even for an `if (false)` region (futex calls, ~10 us a call on a 2-vCPU guest).
+    // even for an `if (false)` region (a wake of sleeping threads: `icecache-bench omp-regions`).
     if (units > 1 && tree_tokens >= kParallelSelectTokens) {
 #pragma omp parallel for schedule(dynamic, 1)
       for (int u = 0; u < units; ++u) task(u);

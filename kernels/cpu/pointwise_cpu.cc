@@ -16,7 +16,7 @@ int ThreadsFor(long elements) { return elements < kMinParallelElements ? 1 : Cpu
 
 // f(i) for i < n, split statically over `threads` OpenMP threads, or on the caller's thread
 // alone without entering a parallel construct: libgomp reshapes its thread team even for an
-// `if (false)` region (futex calls, ~10 us a call on a 2-vCPU guest; decode runs five of these
+// `if (false)` region (+21 us a call where its threads sleep, `icecache-bench omp-regions`; decode runs five of these
 // ops a layer). Defined after simd.h, so it is compiled for the target like its callers.
 template <typename I, typename F>
 void ForRange(I n, int threads, F&& f) {
