@@ -38,8 +38,8 @@ Status Matmul(const MatmulParams& p, Backend backend = Backend::kCpu);
 // on the same target): a layer's q/k/v or gate/up projections of one input. On the CPU, products
 // on the GEMV path (m <= 16) that share x, m, k, the weight dtype and bf16_activations run in one
 // OpenMP loop over all their output features: one start of the thread team instead of one per
-// product (a decode step runs a few hundred such regions, each a wake of sleeping threads where
-// idle threads sleep, docs/BENCHMARKS.md "OpenMP waiting"); anything else runs one by one. No
+// product (a decode step starts a few hundred regions, and each start wakes the threads that went
+// to sleep since the last: docs/BENCHMARKS.md "OpenMP waiting"); anything else runs one by one. No
 // product's y may overlap another product's x or y. INVALID_ARGUMENT as Matmul, naming the product,
 // or for count < 1 or null products.
 Status MatmulGroup(const MatmulParams* products, int count, Backend backend = Backend::kCpu);
