@@ -4,6 +4,9 @@
 //   oracle      the tree's own best K leaves (Retriever kOracle: ranked by their best token);
 //   leaves_by_mass  the tree's K leaves of most attention mass: what the layout allows;
 //   contiguous  the exact best K pages of 16 consecutive tokens by attention mass (token order);
+//   topic_pages (synthetic keys only) the best K pages of the generator's own topics, each topic's
+//               tokens in token order cut into pages: what a clustering that knew every token's
+//               topic exactly (a topic-pure layout) could page;
 //   quest       Quest (Retriever kQuest on a SparseLayout::kTokenOrder cache of the same keys).
 // "mass recall" is the attention mass of the selected tokens over that of the best as many
 // tokens; "kept mass" is the selected tokens' share of the whole softmax.
@@ -298,6 +301,7 @@ int RunRetrieval(int argc, char** argv) {
     return 2;
   }
   std::vector<float> keys, queries;
+  std::vector<int32_t> topic;  // synthetic keys: the generator's topic of each key
   int n = 0, d = 0, nq = 0;
   if (!a.keys_file.empty()) {
     if (a.queries_file.empty()) { std::fprintf(stderr, "retrieval: --keys-file needs --queries-file\n"); return 2; }
@@ -316,6 +320,7 @@ int RunRetrieval(int argc, char** argv) {
     auto data = kvstore::MakeSyntheticData(n, d, nq, *fam);
     keys = std::move(data.keys);
     queries = std::move(data.queries);
+    topic = std::move(data.topic);
   }
   if (a.profile_parent_search > 0) return ProfileParentSearch(keys, n, d, a.profile_parent_search);
   kernels::DType dtype = a.dtype == "bf16" ? kernels::DType::kBF16 : a.dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
@@ -403,7 +408,21 @@ int RunRetrieval(int argc, char** argv) {
   const int k_pages = std::max(0, a.budget - static_cast<int>(seq->sink_pages(0, 0).size()) -
                                       static_cast<int>(seq->window_pages(0, 0).size()));
   double quest_mass = 0, contiguous_mass = 0, kept_sparse = 0, kept_oracle = 0, kept_quest = 0, kept_contiguous = 0,
-         kept_leaf_bound = 0;
+         kept_leaf_bound = 0, kept_topic_bound = 0;
+  // The topic layout (synthetic keys): the middle tokens grouped by their generator topic, in token
+  // order within a topic, cut into pages of page_size.
+  std::vector<std::vector<int64_t>> topic_pages;
+  if (!topic.empty()) {
+    std::vector<int64_t> order;
+    for (int64_t t = seq->sink_tokens(); t < seq->window_start(); ++t) order.push_back(t);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return topic[x] < topic[y]; });
+    for (size_t i = 0; i < order.size();) {
+      std::vector<int64_t> page;
+      const int32_t tp = topic[order[i]];
+      while (i < order.size() && topic[order[i]] == tp && static_cast<int>(page.size()) < a.page_size) page.push_back(order[i++]);
+      topic_pages.push_back(std::move(page));
+    }
+  }
   std::vector<double> quest_cpu_us;
   std::vector<double> query_us, exact_us, query_cpu_us, exact_cpu_us, oracle_cpu_us;
   // The exact baseline scans the same keys stored in the same element type, contiguously.
@@ -508,6 +527,18 @@ int RunRetrieval(int argc, char** argv) {
         for (size_t i = 0; i < kl; ++i) m += lm[i].first;
         kept_leaf_bound += m;
       }
+      if (!topic_pages.empty()) {
+        std::vector<double> pm(topic_pages.size());
+        for (size_t i = 0; i < topic_pages.size(); ++i)
+          for (int64_t t : topic_pages[i]) pm[i] += weights[j].w[t];
+        const size_t kt = std::min<size_t>(k_pages, pm.size());
+        std::partial_sort(pm.begin(), pm.begin() + kt, pm.end(), std::greater<>());
+        double m = 0;
+        for (int64_t t = 0; t < seq->sink_tokens(); ++t) m += weights[j].w[t];
+        for (int64_t t = seq->window_start(); t < n; ++t) m += weights[j].w[t];
+        for (size_t i = 0; i < kt; ++i) m += pm[i];
+        kept_topic_bound += m;
+      }
       kept_sparse += kept(tokens);
       kept_oracle += kept(best_tokens);
       kept_quest += kept(qt);
@@ -549,6 +580,7 @@ int RunRetrieval(int argc, char** argv) {
   kept_quest /= nq;
   kept_contiguous /= nq;
   kept_leaf_bound /= nq;
+  kept_topic_bound /= nq;
   page_recall /= nq;
   const double qmed = Median(query_us), emed = Median(exact_us);
   const double qcpu = Median(query_cpu_us), ecpu = Median(exact_cpu_us);
@@ -602,6 +634,7 @@ int RunRetrieval(int argc, char** argv) {
                   {"leaf_rank_leaves", a.dci.leaf_rank_leaves}, {"leaf_bonus", a.dci.leaf_bonus},
                   {"cell_spread", a.dci.cell_spread == kvstore::CellSpread::kDirectional ? "directional" : "isotropic"},
                   {"leaf_layout", a.dci.leaf_layout == kvstore::LeafLayout::kPosition ? "position" : "projection"}}}};
+  if (!topic_pages.empty()) out["kept_mass"]["topic_pages"] = kept_topic_bound;
 
 #ifdef ICECACHE_HAVE_FAISS
   if (a.faiss) {
@@ -671,6 +704,7 @@ int RunRetrieval(int argc, char** argv) {
     std::printf("  kept attention mass: icecache %.4f, oracle pages %.4f, exact contiguous pages %.4f, quest %.4f"
                 " (quest query %.1f us thread cpu); the tree's leaves of most mass %.4f\n",
                 kept_sparse, kept_oracle, kept_contiguous, kept_quest, Median(quest_cpu_us), kept_leaf_bound);
+    if (!topic_pages.empty()) std::printf("  the generator's topics paged in token order (a topic-pure layout's best pages) %.4f\n", kept_topic_bound);
     std::printf("  query %.1f us median, exact scan %.1f us  (ratio %.3f)   [thread cpu: %.1f vs %.1f us, ratio %.3f]\n", qmed,
                 emed, emed > 0 ? qmed / emed : 0, qcpu, ecpu, ecpu > 0 ? qcpu / ecpu : 0);
     std::printf("  queries back to back: %.1f us thread cpu median\n", Median(b2b_cpu_us));

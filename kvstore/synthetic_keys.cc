@@ -49,7 +49,8 @@ SyntheticData MakeSyntheticData(int n, int dim, int num_queries, const Synthetic
 
   d.keys.resize(static_cast<size_t>(n) * dim);
   d.values.resize(d.keys.size());
-  std::vector<int> topic_of(n);
+  std::vector<int32_t>& topic_of = d.topic;
+  topic_of.resize(n);
   int topic = 0;
   for (int t = 0; t < n; ++t) {
     if (t == 0 || u(rng) < 1.0 / o.run_mean) topic = static_cast<int>(rng() % o.num_topics);

@@ -50,6 +50,7 @@ struct SyntheticData {
   std::vector<float> keys;     // [n, dim]
   std::vector<float> values;   // [n, dim]
   std::vector<float> queries;  // [num_queries, dim], rotated for position n
+  std::vector<int32_t> topic;  // [n]: each key's topic (the sink token keeps the topic its draw gave)
 };
 
 SyntheticData MakeSyntheticData(int n, int dim, int num_queries, const SyntheticOptions& options = {});
