@@ -313,7 +313,9 @@ int RunDecode(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) kernels::SetCpuThreads(threads);
-  auto loaded = model::Model::Load(dir, model::ModelLoadOptions{device});
+  model::ModelLoadOptions load_options;
+  load_options.device = device;
+  auto loaded = model::Model::Load(dir, load_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "icecache-bench decode: %s\n", loaded.status().ToString().c_str());
     return 1;
