@@ -173,15 +173,37 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
 #endif
 
 #if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
-// The avx2 ScoreRowsFused (dim % 8 == 0): NQ queries against two rows at a time (one with NQ 8:
-// sixteen registers), each 8-element chunk of a row loaded and converted once for all NQ queries.
+// The avx2 ScoreRowsFused (dim % 8 == 0): NQ queries against four rows at a time (NQ <= 3), two
+// (NQ 4) or one (NQ 8: sixteen registers), each 8-element chunk of a row loaded and converted once
+// for all NQ queries.
 // The rows ScoreRowsT's four-row loop takes get its sums (one accumulator per row, ReduceAdd4x8), the
 // rest DotRow's: per query the values of ScoreRowsT, in one pass over the rows instead of NQ.
 template <DType T, int NQ>
 void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float* out) {
-  constexpr int kR = NQ >= 8 ? 1 : 2;
   const int blocked = count / 4 * 4;
   int r = 0;
+  if constexpr (NQ <= 3) {
+    // Four rows at a time, as ScoreRowsT takes them (4 * NQ <= 12 accumulators, the NQ query
+    // chunks and one row chunk in the other registers): one ReduceAdd4x8 gives a head's four sums,
+    // stored as one vector.
+    for (; r < blocked; r += 4) {
+      __m256 a[4][NQ];
+      for (int k = 0; k < 4; ++k)
+        for (int j = 0; j < NQ; ++j) a[k][j] = _mm256_setzero_ps();
+      const size_t b = static_cast<size_t>(r) * dim;
+      for (int i = 0; i < dim; i += 8) {
+        __m256 qv[NQ];
+        for (int j = 0; j < NQ; ++j) qv[j] = _mm256_loadu_ps(qs + static_cast<size_t>(j) * dim + i);
+        for (int k = 0; k < 4; ++k) {
+          const __m256 x = Load8<T>(rows, b + static_cast<size_t>(k) * dim + i);
+          for (int j = 0; j < NQ; ++j) a[k][j] = _mm256_fmadd_ps(x, qv[j], a[k][j]);
+        }
+      }
+      for (int j = 0; j < NQ; ++j)
+        _mm_storeu_ps(out + static_cast<size_t>(j) * count + r, ReduceAdd4x8(a[0][j], a[1][j], a[2][j], a[3][j]));
+    }
+  }
+  constexpr int kR = NQ >= 8 ? 1 : 2;
   for (; r < blocked; r += kR) {
     __m256 a[kR][NQ];
     for (int k = 0; k < kR; ++k)
