@@ -27,8 +27,9 @@ void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q
 
 // Scores `count` rows against `nq` queries at once. qs: [nq, dim] fp32; out: [nq, count]
 // (row-major by query). For nq 2, 3, 4 and 8 on avx512 (dim % 16 == 0) and avx2 (dim % 8 == 0)
-// one pass over the rows, each row chunk converted once for all queries; per query the same
-// floats as ScoreRows (the same sums in the same order) on every target.
+// one pass over the rows, each row chunk converted once for all queries (other nq > 1: passes of
+// 3 queries, the last of 2 or 4); per query the same floats as ScoreRows (the same sums in the
+// same order) on every target.
 void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const float* qs, int nq,
                     float* out);
 

@@ -243,11 +243,20 @@ void ScoreRowsMultiT(const void* rows, int count, int dim, const float* qs, int 
     // The GQA group sizes of the supported models (a KV head's query heads share its tree;
     // SmolLM2's 9 query heads over 3 KV heads: 3).
     switch (nq) {
+      case 1: break;
       case 2: return ScoreRowsFused<T, 2>(rows, count, dim, qs, out);
       case 3: return ScoreRowsFused<T, 3>(rows, count, dim, qs, out);
       case 4: return ScoreRowsFused<T, 4>(rows, count, dim, qs, out);
       case 8: return ScoreRowsFused<T, 8>(rows, count, dim, qs, out);
-      default: break;
+      default:
+        // Other group sizes (Qwen2.5's 5, 6 and 7 among them) in passes of three heads, the last
+        // of two or four: each head's floats are still ScoreRows'.
+        for (int j = 0; j < nq;) {
+          const int left = nq - j, take = left == 2 || left == 4 ? left : 3;
+          ScoreRowsMultiT<T>(rows, count, dim, qs + static_cast<size_t>(j) * dim, take, out + static_cast<size_t>(j) * count);
+          j += take;
+        }
+        return;
     }
   }
 #endif

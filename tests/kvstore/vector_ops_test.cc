@@ -120,8 +120,8 @@ TEST_P(ScoreRowsTest, MatchesNaive) {
   const auto [dt, dim] = GetParam();
   std::mt19937 rng(3);
   std::normal_distribution<float> g;
-  const int rows = 13;  // odd: the fused multi-query kernel's two-row loop and its tail
-  std::vector<float> x(rows * dim), q(8 * dim);
+  const int rows = 13;  // odd: the fused multi-query kernel's four- and two-row loops and their tails
+  std::vector<float> x(rows * dim), q(9 * dim);
   for (auto& v : x) v = g(rng);
   for (auto& v : q) v = g(rng);
   std::vector<uint8_t> stored(rows * dim * kernels::DTypeSize(dt));
@@ -138,9 +138,9 @@ TEST_P(ScoreRowsTest, MatchesNaive) {
   std::vector<float> out(rows);
   ScoreRows(dt, stored.data(), rows, dim, q.data(), out.data());
   for (int r = 0; r < rows; ++r) EXPECT_NEAR(out[r], ref(r, 0), tol(ref(r, 0)));
-  // nq 2, 3, 4, 8 take the fused kernel (dim % 16 == 0 on avx512, % 8 on avx2), 1 and 5 the
-  // per-query loop.
-  for (int nq : {1, 2, 3, 4, 5, 8}) {
+  // nq 2, 3, 4, 8 take the fused kernel (dim % 16 == 0 on avx512, % 8 on avx2), 5, 6, 7 and 9
+  // passes of it (3 + 2, 3 + 3, 3 + 4, 3 + 3 + 3), 1 the per-query loop.
+  for (int nq : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
     std::vector<float> multi(static_cast<size_t>(nq) * rows, 99.f);
     ScoreRowsMulti(dt, stored.data(), rows, dim, q.data(), nq, multi.data());
     for (int r = 0; r < rows; ++r)
