@@ -199,6 +199,7 @@ int Fail(const Status& s) {
 int RunAttention(int argc, char** argv) {
   long context = 32768;
   int budget = 16, page_size = 16, batch = 1, threads = 0;
+  int hq = 32, hkv = 8, d = 128;  // Llama-3.1-8B; --heads Q/KV --head-dim D for other models
   DType dtype = DType::kBF16;
   Backend backend = Backend::kCpu;
   bool json = false;
@@ -217,14 +218,18 @@ int RunAttention(int argc, char** argv) {
     else if (a == "--batch") batch = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--json") json = true;
-    else if (a == "--dtype") {
+    else if (a == "--head-dim") d = std::atoi(next().c_str());
+    else if (a == "--heads") {
+      const std::string v = next();
+      if (std::sscanf(v.c_str(), "%d/%d", &hq, &hkv) != 2) return std::fprintf(stderr, "attention: --heads Q/KV, e.g. 28/4\n"), 2;
+    } else if (a == "--dtype") {
       if (auto t = kernels::ParseDType(next()); t.ok()) dtype = *t; else return std::fprintf(stderr, "attention: --dtype bf16|f16|f32\n"), 2;
     } else if (a == "--backend") {
       if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "attention: --backend cpu|cuda|auto\n"), 2;
     } else {
       std::fprintf(stderr,
                    "usage: icecache-bench attention --context N --budget-pages B --page-size P "
-                   "[--batch 1] [--dtype bf16|f16|f32] [--backend cpu|cuda] [--threads T] [--json]\n");
+                   "[--batch 1] [--dtype bf16|f16|f32] [--heads 32/8] [--head-dim 128] [--backend cpu|cuda] [--threads T] [--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -232,10 +237,13 @@ int RunAttention(int argc, char** argv) {
     std::fprintf(stderr, "attention: need context > 0, budget-pages >= 4, page-size > 0, batch > 0\n");
     return 2;
   }
+  if (hkv <= 0 || hq <= 0 || hq % hkv != 0 || d <= 0) {
+    std::fprintf(stderr, "attention: --heads Q/KV needs Q a positive multiple of KV, --head-dim > 0\n");
+    return 2;
+  }
   if (threads > 0) kernels::SetCpuThreads(threads);
   backend = kernels::ResolveBackend(backend);
   if (auto probe = DeviceBuffer::Allocate(backend, 64); !probe.ok()) return Fail(probe.status());  // before GiBs of host data
-  const int hq = 32, hkv = 8, d = 128;
   const int pages_per_list = static_cast<int>((context + page_size - 1) / page_size);
   const int lists = batch * hkv;
   const size_t pool_pages = static_cast<size_t>(lists) * pages_per_list;
@@ -337,7 +345,7 @@ int RunAttention(int argc, char** argv) {
       {"page_size", page_size},
       {"budget_pages", budget},
       {"batch", batch},
-      {"heads", "32q/8kv/d128"},
+      {"heads", std::to_string(hq) + "q/" + std::to_string(hkv) + "kv/d" + std::to_string(d)},
       {"dense_pages_per_head", pages_per_list},
       {"dense_us", dense_us},
       {"sparse_us", sparse_us},
