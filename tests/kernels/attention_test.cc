@@ -163,6 +163,11 @@ std::vector<DecodeCase> DecodeCases() {
   cases.push_back({1, 3, 1, 52, 16, DType::kF16, 12});
   cases.push_back({2, 6, 2, 56, 7, DType::kF32, 10});
   cases.push_back({1, 8, 1, 44, 8, DType::kF32, 6});
+  // GQA 5, 6, 7 (Qwen2.5: 40 / 8, 12 / 2, 28 / 4 and 14 / 2 heads), each dtype, a partial last page.
+  cases.push_back({1, 10, 2, 128, 16, DType::kBF16, 9});
+  cases.push_back({2, 12, 2, 64, 12, DType::kF16, 7});
+  cases.push_back({1, 28, 4, 128, 16, DType::kBF16, 20});
+  cases.push_back({2, 14, 2, 64, 5, DType::kF32, 11});
   return cases;
 }
 
@@ -186,7 +191,8 @@ TEST(PagedDecodeAttentionTest, SlotsPastValidAreNeverUsed) {
   const DecodeCase cases[] = {{2, 8, 2, 128, 16, DType::kBF16, 6},
                               {1, 4, 1, 64, 12, DType::kF16, 5},
                               {1, 16, 2, 128, 8, DType::kF32, 7},
-                              {2, 4, 4, 64, 5, DType::kBF16, 4}};
+                              {2, 4, 4, 64, 5, DType::kBF16, 4},
+                              {1, 14, 2, 64, 12, DType::kBF16, 5}};
   uint32_t seed = 501;
   for (const DecodeCase& c : cases) {
     DecodeInputs in = MakeDecodeInputs(c, seed += 10);
