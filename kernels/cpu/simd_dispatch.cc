@@ -154,7 +154,9 @@ bool DetectAmx() {
 bool EnvSwitchOn(const char* env) {
   const char* v = std::getenv(env);
   const std::string s = v == nullptr ? "" : v;
-  if (!s.empty() && s != "on" && s != "off") ICE_LOG(WARNING) << "ignoring " << env << "='" << s << "' (on or off)";
+  if (!s.empty() && s != "on" && s != "off") {
+    ICE_LOG(WARNING) << "ignoring " << env << "='" << s << "' (on or off)";
+  }
   return s != "off";
 }
 

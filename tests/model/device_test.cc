@@ -24,6 +24,12 @@ using testing::ReadFile;
 constexpr kernels::Device kCpuDevice{kernels::Backend::kCpu, 0};
 constexpr kernels::Device kCudaDevice{kernels::Backend::kCuda, 0};
 
+ModelLoadOptions OnDevice(kernels::Device device) {
+  ModelLoadOptions o;
+  o.device = device;
+  return o;
+}
+
 std::vector<std::string> Cases() {
   std::vector<std::string> cases;
   std::istringstream in(ReadFile(FixtureDir("cases.txt")));
@@ -117,12 +123,12 @@ TEST_P(DeviceTest, CpuDeviceRunsTheWholePath) {
 
 TEST(DeviceTest, MismatchedBackendDeviceIsInvalidArgument) {
   if (!kernels::CudaAvailable()) {
-    auto m = Model::Load(FixtureDir("llama_gqa_f32"), ModelLoadOptions{kCudaDevice});
+    auto m = Model::Load(FixtureDir("llama_gqa_f32"), OnDevice(kCudaDevice));
     EXPECT_EQ(m.status().code(), StatusCode::kFailedPrecondition) << m.status().ToString();
     EXPECT_NE(m.status().message().find("CUDA"), std::string::npos) << m.status().message();
     return;
   }
-  auto m = Model::Load(FixtureDir("llama_gqa_f32"), ModelLoadOptions{kCudaDevice});
+  auto m = Model::Load(FixtureDir("llama_gqa_f32"), OnDevice(kCudaDevice));
   ASSERT_TRUE(m.ok());
   DenseKvCacheOptions kv;
   kv.device = kCpuDevice;
