@@ -53,6 +53,14 @@ using Clock = std::chrono::steady_clock;
 
 double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
 
+// edge (the sink and window pages' mass) plus the k largest of the pages' masses, largest first.
+double KeptWithBestPages(double edge, std::vector<double> page_mass, int k) {
+  const size_t kk = std::min<size_t>(std::max(k, 0), page_mass.size());
+  std::partial_sort(page_mass.begin(), page_mass.begin() + kk, page_mass.end(), std::greater<>());
+  for (size_t i = 0; i < kk; ++i) edge += page_mass[i];
+  return edge;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -509,35 +517,23 @@ int RunRetrieval(int argc, char** argv) {
         for (int64_t t : toks) m += weights[j].w[t];
         return m;
       };
-      // The layout's own bound: the tree's K leaves of most attention mass (the oracle ranks leaves by
-      // their best token instead, as the search does).
+      // The layouts' bounds: the tree's K leaves of most attention mass (the oracle ranks leaves by
+      // their best token instead, as the search does), and on synthetic keys the topic-pure pages'.
       {
+        double edge = 0;  // sink and window, which every layout keeps
+        for (int64_t t = 0; t < seq->sink_tokens(); ++t) edge += weights[j].w[t];
+        for (int64_t t = seq->window_start(); t < n; ++t) edge += weights[j].w[t];
         const kvstore::DciTree* tree = seq->tree(0, 0);
-        std::vector<std::pair<double, int32_t>> lm(tree->num_leaves());
-        for (int32_t leaf = 0; leaf < tree->num_leaves(); ++leaf) {
-          double m = 0;
-          for (int64_t p : tree->LeafPositions(leaf)) m += weights[j].w[p];
-          lm[leaf] = {m, leaf};
+        std::vector<double> lm(tree->num_leaves());
+        for (int32_t leaf = 0; leaf < tree->num_leaves(); ++leaf)
+          for (int64_t p : tree->LeafPositions(leaf)) lm[leaf] += weights[j].w[p];
+        kept_leaf_bound += KeptWithBestPages(edge, std::move(lm), k_pages);
+        if (!topic_pages.empty()) {
+          std::vector<double> pm(topic_pages.size());
+          for (size_t i = 0; i < topic_pages.size(); ++i)
+            for (int64_t t : topic_pages[i]) pm[i] += weights[j].w[t];
+          kept_topic_bound += KeptWithBestPages(edge, std::move(pm), k_pages);
         }
-        const size_t kl = std::min<size_t>(k_pages, lm.size());
-        std::partial_sort(lm.begin(), lm.begin() + kl, lm.end(), std::greater<>());
-        double m = 0;
-        for (int64_t t = 0; t < seq->sink_tokens(); ++t) m += weights[j].w[t];
-        for (int64_t t = seq->window_start(); t < n; ++t) m += weights[j].w[t];
-        for (size_t i = 0; i < kl; ++i) m += lm[i].first;
-        kept_leaf_bound += m;
-      }
-      if (!topic_pages.empty()) {
-        std::vector<double> pm(topic_pages.size());
-        for (size_t i = 0; i < topic_pages.size(); ++i)
-          for (int64_t t : topic_pages[i]) pm[i] += weights[j].w[t];
-        const size_t kt = std::min<size_t>(k_pages, pm.size());
-        std::partial_sort(pm.begin(), pm.begin() + kt, pm.end(), std::greater<>());
-        double m = 0;
-        for (int64_t t = 0; t < seq->sink_tokens(); ++t) m += weights[j].w[t];
-        for (int64_t t = seq->window_start(); t < n; ++t) m += weights[j].w[t];
-        for (size_t i = 0; i < kt; ++i) m += pm[i];
-        kept_topic_bound += m;
       }
       kept_sparse += kept(tokens);
       kept_oracle += kept(best_tokens);

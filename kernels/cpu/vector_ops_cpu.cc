@@ -119,12 +119,12 @@ void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out
 }
 
 #if ICE_SIMD_AVX2
-// The multi-query kernels' sums of rows r, r+1 for heads j (lanes 0, 1) and j+1 (lanes 2, 3; only
-// with heads == 2) into out [nq, count].
-inline void StorePairSums(__m128 sums, float* out, int count, int r, int j, int heads) {
+// The multi-query kernels' sums of rows r, r+1 for heads j (lanes 0, 1) and j+1 (lanes 2, 3) into
+// out [nq, count].
+inline void StorePairSums(__m128 sums, float* out, int count, int r, int j) {
   alignas(16) float s[4];
   _mm_store_ps(s, sums);
-  for (int h = 0; h < heads; ++h) {
+  for (int h = 0; h < 2; ++h) {
     out[static_cast<size_t>(j + h) * count + r] = s[2 * h];
     out[static_cast<size_t>(j + h) * count + r + 1] = s[2 * h + 1];
   }
@@ -156,7 +156,7 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
       for (int j = 0; j < NQ; ++j)
         _mm_storeu_ps(out + static_cast<size_t>(j) * count + r, ReduceAdd4(a[0][j], a[1][j], a[2][j], a[3][j]));
     } else {
-      for (int j = 0; j < NQ; j += 2) StorePairSums(ReduceAdd4(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]), out, count, r, j, 2);
+      for (int j = 0; j < NQ; j += 2) StorePairSums(ReduceAdd4(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]), out, count, r, j);
     }
   }
   for (; r < count; ++r) {
@@ -202,31 +202,30 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
       for (int j = 0; j < NQ; ++j)
         _mm_storeu_ps(out + static_cast<size_t>(j) * count + r, ReduceAdd4x8(a[0][j], a[1][j], a[2][j], a[3][j]));
     }
-  }
-  constexpr int kR = NQ >= 8 ? 1 : 2;
-  for (; r < blocked; r += kR) {
-    __m256 a[kR][NQ];
-    for (int k = 0; k < kR; ++k)
-      for (int j = 0; j < NQ; ++j) a[k][j] = _mm256_setzero_ps();
-    const size_t b = static_cast<size_t>(r) * dim;
-    for (int i = 0; i < dim; i += 8) {
-      __m256 x[kR];
-      for (int k = 0; k < kR; ++k) x[k] = Load8<T>(rows, b + static_cast<size_t>(k) * dim + i);
-      for (int j = 0; j < NQ; ++j) {
-        const __m256 qv = _mm256_loadu_ps(qs + static_cast<size_t>(j) * dim + i);
-        for (int k = 0; k < kR; ++k) a[k][j] = _mm256_fmadd_ps(x[k], qv, a[k][j]);
+  } else {
+    static_assert(NQ == 4 || NQ == 8, "avx2 ScoreRowsFused: groups of 2, 3, 4 or 8 heads");
+    constexpr int kR = NQ == 8 ? 1 : 2;
+    for (; r < blocked; r += kR) {
+      __m256 a[kR][NQ];
+      for (int k = 0; k < kR; ++k)
+        for (int j = 0; j < NQ; ++j) a[k][j] = _mm256_setzero_ps();
+      const size_t b = static_cast<size_t>(r) * dim;
+      for (int i = 0; i < dim; i += 8) {
+        __m256 x[kR];
+        for (int k = 0; k < kR; ++k) x[k] = Load8<T>(rows, b + static_cast<size_t>(k) * dim + i);
+        for (int j = 0; j < NQ; ++j) {
+          const __m256 qv = _mm256_loadu_ps(qs + static_cast<size_t>(j) * dim + i);
+          for (int k = 0; k < kR; ++k) a[k][j] = _mm256_fmadd_ps(x[k], qv, a[k][j]);
+        }
       }
-    }
-    if constexpr (kR == 2) {
-      for (int j = 0; j < NQ; j += 2) {
-        const int h = std::min(j + 1, NQ - 1);  // an odd last head reduces beside itself
-        StorePairSums(ReduceAdd4x8(a[0][j], a[1][j], a[0][h], a[1][h]), out, count, r, j, h - j + 1);
-      }
-    } else {  // one row, NQ 8: four heads a reduction
-      for (int j = 0; j < NQ; j += 4) {
-        alignas(16) float s[4];
-        _mm_store_ps(s, ReduceAdd4x8(a[0][j], a[0][j + 1], a[0][j + 2], a[0][j + 3]));
-        for (int t = 0; t < 4; ++t) out[static_cast<size_t>(j + t) * count + r] = s[t];
+      if constexpr (kR == 2) {  // NQ 4: two heads' two rows a reduction
+        for (int j = 0; j < NQ; j += 2) StorePairSums(ReduceAdd4x8(a[0][j], a[1][j], a[0][j + 1], a[1][j + 1]), out, count, r, j);
+      } else {  // one row, NQ 8: four heads a reduction
+        for (int j = 0; j < NQ; j += 4) {
+          alignas(16) float s[4];
+          _mm_store_ps(s, ReduceAdd4x8(a[0][j], a[0][j + 1], a[0][j + 2], a[0][j + 3]));
+          for (int t = 0; t < 4; ++t) out[static_cast<size_t>(j + t) * count + r] = s[t];
+        }
       }
     }
   }
