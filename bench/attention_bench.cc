@@ -413,12 +413,12 @@ int RunGemv(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--json") json = true;
     else if (a == "--dtype") {
-      if (auto t = kernels::ParseDType(next()); t.ok()) dtype = *t; else return std::fprintf(stderr, "gemv: --dtype bf16|f16|f32\n"), 2;
+      if (auto t = kernels::ParseWeightDType(next()); t.ok()) dtype = *t; else return std::fprintf(stderr, "gemv: %s\n", t.status().message().c_str()), 2;
     } else if (a == "--backend") {
       if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "gemv: --backend cpu|cuda|auto\n"), 2;
     } else {
       std::fprintf(stderr, "usage: icecache-bench gemv [--n 14336] [--k 4096] [--m 1] "
-                           "[--dtype bf16|f16|f32] [--backend cpu|cuda] [--threads T] [--json]\n");
+                           "[--dtype bf16|f16|f32|q8_0|q4_0|q4_1] [--backend cpu|cuda] [--threads T] [--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -427,8 +427,17 @@ int RunGemv(int argc, char** argv) {
   backend = kernels::ResolveBackend(backend);
   if (auto probe = DeviceBuffer::Allocate(backend, 64); !probe.ok()) return Fail(probe.status());
   const size_t welems = static_cast<size_t>(n) * k;
-  std::vector<char> w(welems * kernels::DTypeSize(dtype));
-  FillRandom(dtype, w.data(), welems, 3);
+  if (kernels::IsBlockQuantized(dtype) && k % kernels::kQuantBlockValues != 0) {
+    return std::fprintf(stderr, "gemv: %s weights need k a multiple of 32\n", std::string(kernels::DTypeName(dtype)).c_str()), 2;
+  }
+  std::vector<char> w(kernels::DTypeBytes(dtype, welems));
+  if (kernels::IsBlockQuantized(dtype)) {
+    std::vector<float> wf(welems);
+    FillRandom(DType::kF32, wf.data(), welems, 3);
+    kernels::ConvertFromF32(dtype, wf.data(), w.data(), welems);
+  } else {
+    FillRandom(dtype, w.data(), welems, 3);
+  }
   std::vector<float> x(static_cast<size_t>(m) * k), y(static_cast<size_t>(m) * n);
   FillRandom(DType::kF32, x.data(), x.size(), 4);
   auto dw = ToBackend(backend, w.data(), w.size());
@@ -443,6 +452,7 @@ int RunGemv(int argc, char** argv) {
   p.m = m;
   p.n = n;
   p.k = k;
+  if (kernels::IsBlockQuantized(dtype)) p.quant_activations = kernels::BlockActivations();  // as a Linear layer sets it
   CacheFlusher flush;
   auto before = [&] {
     if (backend == Backend::kCpu) flush();
@@ -475,6 +485,50 @@ int RunGemv(int argc, char** argv) {
       scale = std::max(scale, static_cast<double>(std::fabs(y32[i])));
     }
     bf16x_rel_diff = scale > 0 ? diff / scale : 0;
+  }
+
+  // Block-quantised weights: the same weights dequantised to bf16 through the bf16 path, in the
+  // same run (what icecache served before it kept GGUF blocks), and how far the outputs are from
+  // the exact products of the stored weights (fp64; largest difference relative to the largest |y|).
+  Timing as_bf16;
+  double quant_rel_err = 0, mode_t_us[3] = {0, 0, 0}, mode_err[3] = {0, 0, 0};
+  static const char* const kModeNames[3] = {"fp32", "int16", "int8"};
+  if (backend == Backend::kCpu && kernels::IsBlockQuantized(dtype)) {
+    std::vector<float> wf(welems);
+    kernels::ConvertToF32(dtype, w.data(), wf.data(), welems);
+    std::vector<uint16_t> wb(welems);
+    kernels::ConvertFromF32(DType::kBF16, wf.data(), wb.data(), welems);
+    if (!kernels::Matmul(p, backend).ok()) return Fail(InternalError("Matmul failed"));
+    double diff = 0, scale = 0;
+    for (int r = 0; r < m; ++r) {
+      for (int j = 0; j < n; ++j) {
+        double e = 0;
+        for (int i = 0; i < k; ++i) e += static_cast<double>(x[static_cast<size_t>(r) * k + i]) * wf[static_cast<size_t>(j) * k + i];
+        diff = std::max(diff, std::fabs(e - p.y[static_cast<size_t>(r) * n + j]));
+        scale = std::max(scale, std::fabs(e));
+      }
+    }
+    quant_rel_err = scale > 0 ? diff / scale : 0;
+    // Each activation mode of the same call, its time and its error (the serving one is `ours`).
+    for (int mode = 0; mode < 3; ++mode) {
+      kernels::MatmulParams pm = p;
+      pm.quant_activations = static_cast<kernels::QuantActivations>(mode);
+      mode_t_us[mode] = MedianMicros(backend, [&] { return kernels::Matmul(pm, backend); }, before, 10, 1.0).wall_us;
+      double d = 0;
+      for (int r = 0; r < m; ++r) {
+        for (int j = 0; j < n; ++j) {
+          double e = 0;
+          for (int i = 0; i < k; ++i) e += static_cast<double>(x[static_cast<size_t>(r) * k + i]) * wf[static_cast<size_t>(j) * k + i];
+          d = std::max(d, std::fabs(e - pm.y[static_cast<size_t>(r) * n + j]));
+        }
+      }
+      mode_err[mode] = scale > 0 ? d / scale : 0;
+    }
+    kernels::MatmulParams pb = p;
+    pb.w = wb.data();
+    pb.w_dtype = DType::kBF16;
+    pb.bf16_activations = kernels::UseBf16Activations();
+    as_bf16 = MedianMicros(backend, [&] { return kernels::Matmul(pb, backend); }, before, 10, 1.0);
   }
 
   Timing blas;
@@ -512,6 +566,13 @@ int RunGemv(int argc, char** argv) {
       {"bf16_activations_max_rel_diff", bf16x_rel_diff},
       {"bf16_activations_amx", bf16x.wall_us > 0 && kernels::AmxActive() && m > 16},
       {"bf16_activations_no_amx_us", bf16x_no_amx.wall_us > 0 ? bf16x_no_amx.wall_us : 0.0},
+      {"same_weights_bf16_us", as_bf16.wall_us > 0 ? as_bf16.wall_us : 0.0},
+      {"speedup_vs_bf16", as_bf16.wall_us > 0 ? as_bf16.wall_us / ours_us : 0.0},
+      {"max_rel_err_vs_exact", quant_rel_err},
+      {"quant_activations", kernels::IsBlockQuantized(dtype) ? kModeNames[static_cast<int>(p.quant_activations)] : ""},
+      {"fp32_activations_us", mode_t_us[0]}, {"fp32_activations_max_rel_err", mode_err[0]},
+      {"int16_activations_us", mode_t_us[1]}, {"int16_activations_max_rel_err", mode_err[1]},
+      {"int8_activations_us", mode_t_us[2]}, {"int8_activations_max_rel_err", mode_err[2]},
   };
   if (backend == Backend::kCpu) {
     r["ours_cpu_us"] = ours.cpu_us;
@@ -520,12 +581,15 @@ int RunGemv(int argc, char** argv) {
     r["bandwidth_fraction_cpu"] = bw_cpu > 0 ? wbytes / ours.cpu_us / 1e3 / bw_cpu : 0.0;
     r["openblas_f32_cpu_us"] = blas.cpu_us;
     r["speedup_vs_openblas_cpu"] = blas.cpu_us > 0 ? blas.cpu_us / ours.cpu_us : 0.0;
+    r["speedup_vs_bf16_cpu"] = as_bf16.cpu_us > 0 ? as_bf16.cpu_us / ours.cpu_us : 0.0;
   }
   if (json) {
     std::printf("%s\n", r.dump().c_str());
   } else {
-    std::printf("matmul m=%d n=%d k=%d, %s weights, backend %s", m, n, k,
-                std::string(kernels::DTypeName(dtype)).c_str(), std::string(kernels::BackendName(backend)).c_str());
+    std::printf("matmul m=%d n=%d k=%d, %s weights%s%s, backend %s", m, n, k,
+                std::string(kernels::DTypeName(dtype)).c_str(), kernels::IsBlockQuantized(dtype) ? " with activations " : "",
+                kernels::IsBlockQuantized(dtype) ? kModeNames[static_cast<int>(p.quant_activations)] : "",
+                std::string(kernels::BackendName(backend)).c_str());
     if (backend == Backend::kCpu) std::printf(" (%d threads)", kernels::CpuThreads());
     std::printf("\n  ours       %10.1f us  %7.2f GB/s of weights  %8.1f GFLOP/s\n", ours_us, gbps, gflops);
     if (blas_us > 0) {
@@ -541,6 +605,16 @@ int RunGemv(int argc, char** argv) {
       if (bf16x_no_amx.wall_us > 0) {
         std::printf("    of which AMX tiles; on vdpbf16ps instead %.1f us (AMX %.2fx of it)\n", bf16x_no_amx.wall_us,
                     bf16x_no_amx.wall_us / bf16x.wall_us);
+      }
+    }
+    if (as_bf16.wall_us > 0) {
+      std::printf("  the same weights as bf16 %.1f us: %s %.2fx faster (CPU time %.2fx); max |y - exact| / max |y| %.2g\n"
+                  "  each activation mode of the same call:\n",
+                  as_bf16.wall_us, std::string(kernels::DTypeName(dtype)).c_str(), as_bf16.wall_us / ours_us,
+                  as_bf16.cpu_us / ours.cpu_us, quant_rel_err);
+      for (int mode = 0; mode < 3; ++mode) {
+        std::printf("  %-5s activations %8.1f us (%.2fx bf16); max |y - exact| / max |y| %.2g\n", kModeNames[mode],
+                    mode_t_us[mode], as_bf16.wall_us / mode_t_us[mode], mode_err[mode]);
       }
     }
     std::printf("  measured bandwidth %.2f GB/s; weights stream at %.0f%% of it\n", bw,

@@ -251,6 +251,7 @@ StatusOr<PrefillResult> TimePrefill(model::Model& m, int len, const model::Dense
 constexpr const char* kUsage =
     "usage: icecache-bench decode --model DIR [--batch B (8)] [--prompt-len|--context N (128)] [--steps S (32)]\n"
     "                             [--prefill-len P (2048; 0 = skip)] [--threads T] [--device auto|cpu|cuda:N]\n"
+    "                             [--gguf-weights keep|bf16 (keep: a GGUF's Q8_0/Q4_0/Q4_1 blocks, the default)]\n"
     "                             [--kv-dtype bf16|f16|f32 (bf16, the cluster's cache.kv_dtype default)]\n"
     "                             [--page-size N (DenseKvCache default)] [--json]\n"
     "                             [--budget-pages B (0 = dense; else IceCache decode, sink and window included)]\n"
@@ -265,6 +266,7 @@ int RunDecode(int argc, char** argv) {
   kernels::DType kv_dtype = kernels::DType::kBF16;
   int page_size = model::DenseKvCacheOptions().page_size;
   kernels::Device device;
+  model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
   SparseOptions so;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
@@ -286,6 +288,11 @@ int RunDecode(int argc, char** argv) {
       const std::string v = argv[++i];
       ok = v == "on" || v == "off";
       so.rest_estimate = v == "on";
+    }
+    else if (f == "--gguf-weights") {
+      auto w = i + 1 < argc ? model::ParseGgufWeights(argv[++i]) : StatusOr<model::GgufWeights>(InvalidArgumentError(""));
+      ok = w.ok();
+      if (ok) gguf_weights = *w;
     }
     else if (f == "--device") {
       auto d = i + 1 < argc ? kernels::ParseDevice(argv[++i]) : StatusOr<kernels::Device>(InvalidArgumentError(""));
@@ -315,6 +322,7 @@ int RunDecode(int argc, char** argv) {
   if (threads > 0) kernels::SetCpuThreads(threads);
   model::ModelLoadOptions load_options;
   load_options.device = device;
+  load_options.gguf_weights = gguf_weights;
   auto loaded = model::Model::Load(dir, load_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "icecache-bench decode: %s\n", loaded.status().ToString().c_str());

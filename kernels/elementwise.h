@@ -27,6 +27,7 @@ Status Add(const AddParams& p, Backend backend = Backend::kCpu);
 struct EmbeddingParams {
   const int32_t* ids = nullptr;  // [n] token ids, each in [0, vocab)
   const void* table = nullptr;   // [vocab, dim] of type table_dtype
+  // Plain, or (CPU only) block-quantised with dim a multiple of 32: rows dequantised exactly.
   DType table_dtype = DType::kF32;
   float* out = nullptr;          // [n, dim]
   int n = 0;

@@ -18,21 +18,39 @@ Status Invalid(const char* op, const std::string& what) {
 
 bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+// A weight tensor's element type with rows of `k` values: plain, or block-quantised with whole
+// blocks per row on the CPU.
+Status CheckWeightDType(const char* op, DType t, int k, Backend backend) {
+  if (ValidDType(t)) return Status::Ok();
+  if (!IsBlockQuantized(t)) return Invalid(op, "unknown weight dtype");
+  if (k % kQuantBlockValues != 0) {
+    return Invalid(op, std::string(DTypeName(t)) + " weights need rows of whole blocks of " +
+                           std::to_string(kQuantBlockValues) + " values, got " + std::to_string(k));
+  }
+  if (backend != Backend::kCpu) {
+    return UnimplementedError(std::string(op) + ": " + std::string(DTypeName(t)) +
+                              " (block-quantised) weights run on the CPU only; load the model with dequantised "
+                              "weights for this device");
+  }
+  return Status::Ok();
+}
+
 // Matmul's checks, errors prefixed with `op`.
-Status CheckMatmul(const char* op, const MatmulParams& p) {
+Status CheckMatmul(const char* op, const MatmulParams& p, Backend backend) {
   if (p.x == nullptr || p.w == nullptr || p.y == nullptr) return Invalid(op, "null x, w or y");
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
     return Invalid(op, "sizes must be positive, got m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) +
                            " k=" + std::to_string(p.k));
   }
-  if (!ValidDType(p.w_dtype) || !ValidDType(p.bias_dtype)) return Invalid(op, "unknown dtype");
+  if (!ValidDType(p.bias_dtype)) return Invalid(op, "unknown bias dtype");
+  ICE_RETURN_IF_ERROR(CheckWeightDType(op, p.w_dtype, p.k, backend));
   return Status::Ok();
 }
 
 }  // namespace
 
 Status Matmul(const MatmulParams& p, Backend backend) {
-  ICE_RETURN_IF_ERROR(CheckMatmul("Matmul", p));
+  ICE_RETURN_IF_ERROR(CheckMatmul("Matmul", p, backend));
   ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
   return t->matmul(p);
 }
@@ -41,7 +59,7 @@ Status MatmulGroup(const MatmulParams* products, int count, Backend backend) {
   if (products == nullptr || count < 1) return Invalid("MatmulGroup", "needs at least one product");
   for (int i = 0; i < count; ++i) {
     const std::string op = "MatmulGroup product " + std::to_string(i);
-    ICE_RETURN_IF_ERROR(CheckMatmul(op.c_str(), products[i]));
+    ICE_RETURN_IF_ERROR(CheckMatmul(op.c_str(), products[i], backend));
   }
   ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
   return t->matmul_group(products, count);
@@ -95,7 +113,7 @@ Status Embedding(const EmbeddingParams& p, Backend backend) {
     return Invalid("Embedding", "null ids, table or out");
   }
   if (p.n < 0 || p.vocab <= 0 || p.dim <= 0) return Invalid("Embedding", "n >= 0, vocab and dim > 0");
-  if (!ValidDType(p.table_dtype)) return Invalid("Embedding", "unknown dtype");
+  ICE_RETURN_IF_ERROR(CheckWeightDType("Embedding", p.table_dtype, p.dim, backend));
   if (p.n == 0) return Status::Ok();
   ICE_ASSIGN_OR_RETURN(const OpTable* t, GetOpTable(backend));
   return t->embedding(p);

@@ -25,29 +25,6 @@ void ScaleMin(const uint8_t* s, int j, int* scale, int* min) {
   }
 }
 
-void DequantQ8_0(const uint8_t* b, float* y) {
-  const float d = F16(b);
-  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(static_cast<int8_t>(b[2 + i]));
-}
-
-void DequantQ4_0(const uint8_t* b, float* y) {
-  const float d = F16(b);
-  const uint8_t* qs = b + 2;
-  for (int i = 0; i < 16; ++i) {
-    y[i] = d * static_cast<float>((qs[i] & 0x0F) - 8);
-    y[i + 16] = d * static_cast<float>((qs[i] >> 4) - 8);
-  }
-}
-
-void DequantQ4_1(const uint8_t* b, float* y) {
-  const float d = F16(b), m = F16(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int i = 0; i < 16; ++i) {
-    y[i] = d * static_cast<float>(qs[i] & 0x0F) + m;
-    y[i + 16] = d * static_cast<float>(qs[i] >> 4) + m;
-  }
-}
-
 void DequantQ4_K(const uint8_t* b, float* y) {
   const float d = F16(b), dmin = F16(b + 2);
   const uint8_t* scales = b + 4;
@@ -190,6 +167,10 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
     case GgmlType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
     case GgmlType::kF16: kernels::ConvertToF32(kernels::DType::kF16, src, dst, static_cast<size_t>(n)); return;
     case GgmlType::kBF16: kernels::ConvertToF32(kernels::DType::kBF16, src, dst, static_cast<size_t>(n)); return;
+    // The kernels' own block types (ggml's layouts, kernels/dtype.h): one definition of each.
+    case GgmlType::kQ8_0: kernels::ConvertToF32(kernels::DType::kQ8_0, src, dst, static_cast<size_t>(n)); return;
+    case GgmlType::kQ4_0: kernels::ConvertToF32(kernels::DType::kQ4_0, src, dst, static_cast<size_t>(n)); return;
+    case GgmlType::kQ4_1: kernels::ConvertToF32(kernels::DType::kQ4_1, src, dst, static_cast<size_t>(n)); return;
     default: break;
   }
   const int64_t bv = GgmlBlockValues(type), bb = GgmlBlockBytes(type);
@@ -197,9 +178,6 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
     const uint8_t* b = src + i * bb;
     float* y = dst + i * bv;
     switch (type) {
-      case GgmlType::kQ8_0: DequantQ8_0(b, y); break;
-      case GgmlType::kQ4_0: DequantQ4_0(b, y); break;
-      case GgmlType::kQ4_1: DequantQ4_1(b, y); break;
       case GgmlType::kQ4_K: DequantQ4_K(b, y); break;
       case GgmlType::kQ5_K: DequantQ5_K(b, y); break;
       case GgmlType::kQ6_K: DequantQ6_K(b, y); break;

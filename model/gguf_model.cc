@@ -126,6 +126,14 @@ RankSlice SliceOf(const std::string& hf, const ShardPlan& sp, const ModelConfig&
   return {};
 }
 
+// The kernels' block type of a GGUF type that has one (q8_0, q4_0, q4_1), else kF32.
+kernels::DType BlockDType(GgmlType t) {
+  return t == GgmlType::kQ8_0   ? kernels::DType::kQ8_0
+         : t == GgmlType::kQ4_0 ? kernels::DType::kQ4_0
+         : t == GgmlType::kQ4_1 ? kernels::DType::kQ4_1
+                                : kernels::DType::kF32;
+}
+
 kernels::DType PlainDType(GgmlType t) {
   return t == GgmlType::kF16    ? kernels::DType::kF16
          : t == GgmlType::kBF16 ? kernels::DType::kBF16
@@ -269,8 +277,10 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
       }
       src = permuted.data();
     }
-    if (plain) {
-      info.dtype = PlainDType(t.type);
+    const bool keep = options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2 &&
+                      kernels::IsBlockQuantized(BlockDType(t.type));
+    if (plain || keep) {
+      info.dtype = plain ? PlainDType(t.type) : BlockDType(t.type);
       info.end = t.bytes;
       if (permute) {
         owner->buffers.push_back(std::move(permuted));

@@ -34,6 +34,7 @@ kernels::MatmulParams LinearParams(kernels::Backend be, const float* x, int m, c
   p.k = k;
   p.accumulate = accumulate;
   p.bf16_activations = be == kernels::Backend::kCpu && kernels::UseBf16Activations();
+  if (kernels::IsBlockQuantized(w.dtype)) p.quant_activations = kernels::BlockActivations();
   return p;
 }
 
@@ -56,6 +57,16 @@ Status Norm(kernels::Backend be, const float* x, int rows, int dim, const Weight
 
 }  // namespace
 
+std::string_view GgufWeightsName(GgufWeights w) { return w == GgufWeights::kBf16 ? "bf16" : "keep"; }
+
+StatusOr<GgufWeights> ParseGgufWeights(std::string_view name) {
+  for (GgufWeights w : {GgufWeights::kKeep, GgufWeights::kBf16}) {
+    if (name == GgufWeightsName(w)) return w;
+  }
+  return InvalidArgumentError("GGUF weights must be 'keep' (quantised blocks kept where the kernels take them) or "
+                              "'bf16' (dequantised at load), got '" + std::string(name) + "'");
+}
+
 Model::~Model() = default;
 
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLoadOptions& options) {
@@ -69,6 +80,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const Model
     GgufLoadOptions go;  // a rank dequantises only its slices
     go.tp_rank = options.tensor_parallel.rank;
     go.tp_size = options.tensor_parallel.size;
+    go.keep_blocks = options.gguf_weights == GgufWeights::kKeep && m->device_.backend == kernels::Backend::kCpu;
     ICE_ASSIGN_OR_RETURN(GgufModelParts parts, LoadGgufModel(gguf_path, go));
     m->config_ = std::move(parts.config);
     m->checkpoint_ = std::move(parts.checkpoint);
@@ -133,6 +145,10 @@ Status Model::BindCols(const std::string& name, const std::vector<int64_t>& shap
                        WeightRef* out) {
   if (col0 == 0 && cols == shape[1]) return Bind(name, shape, out);
   ICE_ASSIGN_OR_RETURN(TensorView v, checkpoint_->GetWithShape(name, shape));
+  if (kernels::IsBlockQuantized(v.info->dtype)) {
+    return InvalidArgumentError(*v.file + ": tensor '" + name + "' is " + std::string(kernels::DTypeName(v.info->dtype)) +
+                                "; its columns cannot be sliced (load it dequantised)");
+  }
   const size_t es = kernels::DTypeSize(v.info->dtype);
   const size_t rows = static_cast<size_t>(shape[0]), total = static_cast<size_t>(shape[1]);
   const size_t part = static_cast<size_t>(cols) * es;

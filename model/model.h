@@ -63,9 +63,24 @@ struct TensorParallelOptions {
   parallel::Communicator* communicator = nullptr;
 };
 
+// How a GGUF file's Q8_0 / Q4_0 / Q4_1 weights are held (model/gguf_model.h).
+enum class GgufWeights : int {
+  // In their blocks where the kernels multiply them (the CPU, without tensor parallelism: the
+  // quantised GEMV of kernels/matmul.h, x rounded to int8 per block as llama.cpp rounds it);
+  // dequantised to bf16 elsewhere (CUDA, tensor-parallel ranks).
+  kKeep = 0,
+  // Dequantised to bf16 at load everywhere (the exact products of bf16 weights; 1.7-3.2x the
+  // memory and the bytes read per decoded token).
+  kBf16 = 1,
+};
+std::string_view GgufWeightsName(GgufWeights w);  // "keep", "bf16"
+// GgufWeightsName's inverse; INVALID_ARGUMENT naming the accepted names otherwise.
+StatusOr<GgufWeights> ParseGgufWeights(std::string_view name);
+
 struct ModelLoadOptions {
   kernels::Device device;  // where weights live and ops run (auto: a CUDA device when present)
   TensorParallelOptions tensor_parallel;
+  GgufWeights gguf_weights = GgufWeights::kKeep;
 };
 
 class Model final : public LanguageModel {

@@ -101,12 +101,17 @@ StatusOr<ModelConfig> RandomModelConfig(const RandomModelSpec& s) {
     case kernels::DType::kBF16: c.torch_dtype = "bfloat16"; break;
     case kernels::DType::kF16: c.torch_dtype = "float16"; break;
     case kernels::DType::kF32: c.torch_dtype = "float32"; break;
+    default: c.torch_dtype = std::string(kernels::DTypeName(s.dtype)); break;  // WriteRandomCheckpoint refuses it
   }
   return c;
 }
 
 Status WriteRandomCheckpoint(const std::string& dir, const RandomModelSpec& spec) {
   ICE_ASSIGN_OR_RETURN(ModelConfig c, RandomModelConfig(spec));
+  if (kernels::IsBlockQuantized(spec.dtype)) {
+    return InvalidArgumentError("random checkpoints are written in f32, f16 or bf16, not " +
+                                std::string(kernels::DTypeName(spec.dtype)));
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return UnavailableError(dir + ": cannot create directory: " + ec.message());

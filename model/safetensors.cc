@@ -33,6 +33,7 @@ const char* DTypeTag(kernels::DType t) {
     case kernels::DType::kBF16: return "BF16";
     case kernels::DType::kF16: return "F16";
     case kernels::DType::kF32: return "F32";
+    default: break;  // no safetensors element type (a writer refuses it)
   }
   return "?";
 }
@@ -301,6 +302,10 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   for (const TensorToWrite& t : tensors) {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
+    if (kernels::IsBlockQuantized(t.dtype)) {
+      return InvalidArgumentError(path + ": tensor '" + t.name + "' is " + std::string(kernels::DTypeName(t.dtype)) +
+                                  "; safetensors holds f32, f16 and bf16 tensors only");
+    }
     if (t.data.size() != static_cast<size_t>(numel) * kernels::DTypeSize(t.dtype)) {
       return InvalidArgumentError(path + ": tensor '" + t.name + "' data size does not match its shape");
     }

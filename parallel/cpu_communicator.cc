@@ -12,6 +12,13 @@
 namespace icecache::parallel {
 namespace {
 
+// Collectives move plain elements (f32, f16, bf16) only.
+Status CheckPlain(kernels::DType t) {
+  if (!kernels::IsBlockQuantized(t)) return Status::Ok();
+  return InvalidArgumentError("CPU communicator: collectives take f32, f16 or bf16 elements, not " +
+                              std::string(kernels::DTypeName(t)));
+}
+
 // What every rank posts before the first rendezvous of a collective.
 struct Post {
   const void* src = nullptr;
@@ -99,6 +106,7 @@ class CpuCommunicator final : public Communicator {
   std::string_view name() const override { return "cpu"; }
 
   Status AllReduceSum(void* buf, size_t count, kernels::DType dtype) override {
+    ICE_RETURN_IF_ERROR(CheckPlain(dtype));
     ICE_RETURN_IF_ERROR(Begin({buf, buf, count, dtype, kAllReduce, 0}));
     const int n = size();
     if (n == 1 || count == 0) return Status::Ok();
@@ -149,6 +157,7 @@ class CpuCommunicator final : public Communicator {
   }
 
   Status AllGather(const void* send, void* recv, size_t count, kernels::DType dtype) override {
+    ICE_RETURN_IF_ERROR(CheckPlain(dtype));
     ICE_RETURN_IF_ERROR(Begin({send, recv, count, dtype, kAllGather, 0}));
     const size_t bytes = count * kernels::DTypeSize(dtype);
     auto* dst = static_cast<unsigned char*>(recv);
@@ -160,6 +169,7 @@ class CpuCommunicator final : public Communicator {
   }
 
   Status Broadcast(void* buf, size_t count, kernels::DType dtype, int root) override {
+    ICE_RETURN_IF_ERROR(CheckPlain(dtype));
     ICE_RETURN_IF_ERROR(Begin({buf, buf, count, dtype, kBroadcast, root}));  // all ranks agree on root
     if (root < 0 || root >= size()) {
       return InvalidArgumentError("Broadcast: root " + std::to_string(root) + " is not a rank of a group of " +

@@ -28,8 +28,9 @@ StatusOr<ncclDataType_t> NcclType(kernels::DType t) {
     case kernels::DType::kF32: return ncclFloat32;
     case kernels::DType::kF16: return ncclFloat16;
     case kernels::DType::kBF16: return ncclBfloat16;
+    default: break;
   }
-  return InvalidArgumentError("NCCL communicator: unsupported dtype");
+  return InvalidArgumentError("NCCL communicator: unsupported dtype " + std::string(kernels::DTypeName(t)));
 }
 
 // The group's communicators, so that Abort on one rank aborts all.

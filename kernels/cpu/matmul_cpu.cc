@@ -48,7 +48,7 @@ float BiasAt(const MatmulParams& p, int j) {
   switch (p.bias_dtype) {
     case DType::kF16: return LoadScalar<DType::kF16>(p.bias, j);
     case DType::kBF16: return LoadScalar<DType::kBF16>(p.bias, j);
-    case DType::kF32: break;
+    default: break;  // f32 (kernels/ops.cc admits plain bias types only)
   }
   return LoadScalar<DType::kF32>(p.bias, j);
 }
@@ -406,13 +406,14 @@ int GemmRowBlocks(int m, int panels, int threads) {
   return blocks;
 }
 
-template <DType T>
-void BlockedGemm(const MatmulParams& p) {
+// to_panel(j, k0, kc, dst): weight row j's columns [k0, k0 + kc) as fp32 to dst; k0 and kc are
+// multiples of `align` (8, or a block's 32 values for block-quantised weights), kc may be shorter
+// at the end.
+template <class ToPanel>
+void BlockedGemm(const MatmulParams& p, int align, ToPanel to_panel) {
   const size_t k = static_cast<size_t>(p.k);
-  const size_t elem = DTypeSize(T);
-  const char* w = static_cast<const char*>(p.w);
   const int panels = (p.n + kPanelRows - 1) / kPanelRows;
-  const int pk = PanelK(p.k);
+  const int pk = (PanelK(p.k) + align - 1) / align * align;
   const int threads = CpuThreads();
   const int row_blocks = GemmRowBlocks(p.m, panels, threads);
   const int block_rows = ((p.m + row_blocks - 1) / row_blocks + 3) / 4 * 4;  // whole 4-row strips
@@ -434,7 +435,7 @@ void BlockedGemm(const MatmulParams& p) {
         const int kc = static_cast<int>(std::min<size_t>(pk, k - k0));
         if (converted != pi) {
           for (int c = 0; c < nb; ++c) {
-            ToF32<T>(w + ((j0 + c) * k + k0) * elem, panel.data() + static_cast<size_t>(c) * pk, kc);
+            to_panel(j0 + c, k0, kc, panel.data() + static_cast<size_t>(c) * pk);
           }
           converted = kc == p.k ? pi : -1;
         }
@@ -459,6 +460,22 @@ void BlockedGemm(const MatmulParams& p) {
       }
     }
   }
+}
+
+template <DType T>
+void BlockedGemm(const MatmulParams& p) {
+  const char* w = static_cast<const char*>(p.w);
+  const size_t k = static_cast<size_t>(p.k);
+  BlockedGemm(p, 8, [&](int j, size_t k0, int kc, float* dst) { ToF32<T>(w + (j * k + k0) * DTypeSize(T), dst, kc); });
+}
+
+// Block-quantised weights for m > 16: each panel dequantised exactly (kernels/dtype.h) to fp32.
+void QuantGemm(const MatmulParams& p) {
+  const char* w = static_cast<const char*>(p.w);
+  const size_t row_bytes = DTypeBytes(p.w_dtype, static_cast<size_t>(p.k));
+  BlockedGemm(p, kQuantBlockValues, [&](int j, size_t k0, int kc, float* dst) {
+    ConvertToF32(p.w_dtype, w + j * row_bytes + DTypeBytes(p.w_dtype, k0), dst, static_cast<size_t>(kc));
+  });
 }
 
 // The x rows rounded to bf16 (round to nearest even), as bf16 bits (Out = uint16_t, for
@@ -713,6 +730,14 @@ void AmxBf16Gemm(const MatmulParams& p, const uint16_t* xb, size_t ldx) {
 }  // namespace
 
 Status Matmul(const MatmulParams& p) {
+  if (IsBlockQuantized(p.w_dtype)) {
+    if (p.m <= kGemvMaxRows) {
+      QuantGemv(&p, 1);
+    } else {
+      QuantGemm(p);
+    }
+    return Status::Ok();
+  }
   if (p.bf16_activations && p.w_dtype == DType::kBF16) {
 #if ICE_SIMD_AVX512
     if (p.m > kGemvMaxRows) {
@@ -752,10 +777,15 @@ Status MatmulGroup(const MatmulParams* ps, int count) {
   bool fused = count > 1 && count <= kMaxGemvGroup && a.m <= kGemvMaxRows;
   for (int c = 1; c < count && fused; ++c) {
     const MatmulParams& p = ps[c];
-    fused = p.x == a.x && p.m == a.m && p.k == a.k && p.w_dtype == a.w_dtype && p.bf16_activations == a.bf16_activations;
+    fused = p.x == a.x && p.m == a.m && p.k == a.k && p.w_dtype == a.w_dtype && p.bf16_activations == a.bf16_activations &&
+            p.quant_activations == a.quant_activations;
   }
   if (!fused) {
     for (int c = 0; c < count; ++c) ICE_RETURN_IF_ERROR(ICE_SIMD_NS::Matmul(ps[c]));
+    return Status::Ok();
+  }
+  if (IsBlockQuantized(a.w_dtype)) {
+    QuantGemv(ps, count);
     return Status::Ok();
   }
   if (a.bf16_activations && a.w_dtype == DType::kBF16) {

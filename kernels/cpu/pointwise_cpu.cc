@@ -184,6 +184,14 @@ Status Embedding(const EmbeddingParams& p) {
                              std::to_string(i) + " is outside [0, " + std::to_string(p.vocab) + ")");
     }
   }
+  if (IsBlockQuantized(p.table_dtype)) {
+    const size_t row_bytes = DTypeBytes(p.table_dtype, static_cast<size_t>(p.dim));
+    for (int i = 0; i < p.n; ++i) {
+      ConvertToF32(p.table_dtype, static_cast<const char*>(p.table) + p.ids[i] * row_bytes,
+                   p.out + static_cast<size_t>(i) * p.dim, static_cast<size_t>(p.dim));
+    }
+    return Status::Ok();
+  }
   DispatchDType(p.table_dtype, [&]<DType T>() {
     const size_t row_bytes = static_cast<size_t>(p.dim) * DTypeSize(T);
     const int threads = ThreadsFor(static_cast<long>(p.n) * p.dim);

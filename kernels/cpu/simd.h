@@ -405,6 +405,7 @@ inline auto DispatchDType(DType t, F&& f) {
     case DType::kF16: return f.template operator()<DType::kF16>();
     case DType::kBF16: return f.template operator()<DType::kBF16>();
     case DType::kF32: break;
+    default: break;  // block-quantised types never reach a plain-type kernel (kernels/ops.cc)
   }
   return f.template operator()<DType::kF32>();
 }

@@ -707,6 +707,7 @@ void ScoreRows(DType dtype, const void* rows, int count, int dim, const float* q
     case DType::kF32: return ScoreRowsT<DType::kF32>(rows, count, dim, q, out);
     case DType::kBF16: return ScoreRowsT<DType::kBF16>(rows, count, dim, q, out);
     case DType::kF16: return ScoreRowsT<DType::kF16>(rows, count, dim, q, out);
+    default: return;  // plain types only (the KV store never holds another)
   }
 }
 
@@ -716,6 +717,7 @@ void ScoreRowsMulti(DType dtype, const void* rows, int count, int dim, const flo
     case DType::kF32: return ScoreRowsMultiT<DType::kF32>(rows, count, dim, qs, nq, out);
     case DType::kBF16: return ScoreRowsMultiT<DType::kBF16>(rows, count, dim, qs, nq, out);
     case DType::kF16: return ScoreRowsMultiT<DType::kF16>(rows, count, dim, qs, nq, out);
+    default: return;  // plain types only (the KV store never holds another)
   }
 }
 
@@ -875,6 +877,7 @@ void AddWeightedRows(DType dtype, const void* rows, int count, int dim, const fl
     case DType::kF32: return AddWeightedRowsT<DType::kF32>(rows, count, dim, w, nq, out);
     case DType::kBF16: return AddWeightedRowsT<DType::kBF16>(rows, count, dim, w, nq, out);
     case DType::kF16: return AddWeightedRowsT<DType::kF16>(rows, count, dim, w, nq, out);
+    default: return;  // plain types only (the KV store never holds another)
   }
 }
 
@@ -890,6 +893,7 @@ void RowToF32(DType dtype, const void* src, float* dst, int n) {
     case DType::kF16:
       for (int i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
       return;
+    default: return;  // plain types only (the KV store never holds another)
   }
 }
 
@@ -915,6 +919,7 @@ void RowFromF32(DType dtype, const float* src, void* dst, int n) {
     case DType::kF16:
       for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]);
       return;
+    default: return;  // plain types only (the KV store never holds another)
   }
 }
 

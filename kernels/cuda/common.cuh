@@ -59,6 +59,7 @@ inline Status DispatchDType(DType t, F&& f) {
     case DType::kF16: return f.template operator()<DType::kF16>();
     case DType::kBF16: return f.template operator()<DType::kBF16>();
     case DType::kF32: break;
+    default: break;  // block-quantised types are refused before a CUDA op runs (kernels/ops.cc)
   }
   return f.template operator()<DType::kF32>();
 }

@@ -145,7 +145,7 @@ TEST(MatmulTest, Bf16ActivationsMultiplyTheRoundedActivations) {
 }
 
 TEST(MatmulTest, PrecisionNamesRoundTripAndAutoFollowsTheTarget) {
-  for (MatmulPrecision p : {MatmulPrecision::kAuto, MatmulPrecision::kFp32, MatmulPrecision::kBf16}) {
+  for (MatmulPrecision p : {MatmulPrecision::kAuto, MatmulPrecision::kFp32, MatmulPrecision::kBf16, MatmulPrecision::kInt8}) {
     auto parsed = ParseMatmulPrecision(MatmulPrecisionName(p));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, p);
@@ -153,15 +153,20 @@ TEST(MatmulTest, PrecisionNamesRoundTripAndAutoFollowsTheTarget) {
   auto bad = ParseMatmulPrecision("fp16");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("auto, fp32 or bf16"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("auto, fp32, bf16 or int8"), std::string::npos);
 
   const MatmulPrecision saved = GetMatmulPrecision();
   const SimdTarget saved_target = ActiveSimdTarget();
   SetMatmulPrecision(MatmulPrecision::kFp32);
   EXPECT_FALSE(UseBf16Activations());
+  EXPECT_EQ(BlockActivations(), QuantActivations::kFp32);
   SetMatmulPrecision(MatmulPrecision::kBf16);
   EXPECT_TRUE(UseBf16Activations());
+  EXPECT_EQ(BlockActivations(), QuantActivations::kInt16);
+  SetMatmulPrecision(MatmulPrecision::kInt8);
+  EXPECT_EQ(BlockActivations(), QuantActivations::kInt8);
   SetMatmulPrecision(MatmulPrecision::kAuto);
+  EXPECT_EQ(BlockActivations(), QuantActivations::kInt16);
   for (SimdTarget t : SupportedSimdTargets()) {
     ASSERT_TRUE(SetSimdTarget(t).ok());
     EXPECT_EQ(UseBf16Activations(), t == SimdTarget::kAvx512) << SimdTargetName(t);

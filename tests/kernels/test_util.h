@@ -40,7 +40,7 @@ struct Typed {
 };
 inline Typed ToTyped(DType t, const std::vector<float>& v) {
   Typed out;
-  out.bytes.resize(v.size() * DTypeSize(t));
+  out.bytes.resize(DTypeBytes(t, v.size()));
   ConvertFromF32(t, v.data(), out.bytes.data(), v.size());
   out.values.resize(v.size());
   ConvertToF32(t, out.bytes.data(), out.values.data(), v.size());

@@ -90,7 +90,7 @@ TEST(Cli, MatmulPrecisionFromTheEnvironment) {
   EXPECT_NE(bf16.err.find("bf16 activations (matmul precision bf16"), std::string::npos) << bf16.err;
   EXPECT_EQ(bad.code, 0) << bad.err;
   EXPECT_NE(bad.err.find("ignoring ICECACHE_MATMUL_PRECISION"), std::string::npos) << bad.err;
-  EXPECT_NE(bad.err.find("must be auto, fp32 or bf16, got 'fp16'"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("must be auto, fp32, bf16 or int8, got 'fp16'"), std::string::npos) << bad.err;
   const auto a = nlohmann::json::parse(fp32.out)["logits"], b = nlohmann::json::parse(bf16.out)["logits"];
   ASSERT_EQ(a.size(), 24u);
   ASSERT_EQ(b.size(), a.size());

@@ -21,6 +21,8 @@
 #include "model/model_info.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer/tokenizer.h"
+#include "kernels/matmul.h"
+#include "tests/model/test_util.h"
 
 namespace icecache::model {
 namespace {
@@ -178,7 +180,7 @@ std::vector<float> Logits(Model& m, const std::vector<int32_t>& ids) {
 }
 
 TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
-  auto from_gguf = Model::Load(kDir + "tiny_llama.gguf");
+  auto from_gguf = Model::Load(kDir + "tiny_llama.gguf", {.gguf_weights = GgufWeights::kBf16});
   ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
   auto from_hf = Model::Load(kDir + "tiny_llama_hf");
   ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();
@@ -225,7 +227,7 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "model.gguf");
-  auto from_dir = Model::Load(dir.string());
+  auto from_dir = Model::Load(dir.string(), {.gguf_weights = GgufWeights::kBf16});
   ASSERT_TRUE(from_dir.ok()) << from_dir.status().ToString();
   EXPECT_EQ(Logits(**from_dir, ids), b);
   std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "other.gguf");
@@ -233,6 +235,46 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
   EXPECT_EQ(two.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(two.status().message().find("several GGUF files"), std::string::npos) << two.status().ToString();
   std::filesystem::remove_all(dir);
+}
+
+// The default keeps the file's Q8_0 / Q4_0 / Q4_1 matrices in their blocks (kernels/dtype.h):
+// fewer bytes per decoded token than the bf16 dequantisation, and logits within bf16 weight
+// rounding of it (the kept weights are the exact values: they differ from the bf16 copy by up to
+// 2^-9 relative each), with fp32 and with int16 activations (the default). With int8 activations
+// (llama.cpp's numerics) the logits move further, by the stated rounding of x (kernels/matmul.h).
+TEST(GgufTest, KeptBlocksGiveTheLogitsOfTheDequantisedWeights) {
+  auto bf16 = Model::Load(kDir + "tiny_llama.gguf", {.gguf_weights = GgufWeights::kBf16});
+  ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
+  auto kept = Model::Load(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_LT((*kept)->decode_weight_bytes(), (*bf16)->decode_weight_bytes());
+  double auto_diff = 0, fp32_diff = 0;
+  // 9 prompt rows (the GEMV path) and 20 (the GEMM path).
+  for (const std::vector<int32_t>& ids :
+       {std::vector<int32_t>{1, 80, 75, 72, 3, 299, 150, 2, 42},
+        std::vector<int32_t>{1, 5, 9, 33, 71, 250, 8, 8, 13, 99, 100, 101, 7, 64, 3, 2, 17, 18, 19, 20}}) {
+    const std::vector<float> want = Logits(**bf16, ids);
+    for (auto precision :
+         {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kAuto, kernels::MatmulPrecision::kInt8}) {
+      testing::ScopedMatmulPrecision scoped(precision);
+      const std::vector<float> got = Logits(**kept, ids);
+      ASSERT_EQ(got.size(), want.size());
+      double max_diff = 0, max_abs = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(got[i] - want[i])));
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(want[i])));
+      }
+      const bool int8 = precision == kernels::MatmulPrecision::kInt8 && ids.size() <= 16;
+      EXPECT_LT(max_diff / max_abs, int8 ? 5e-2 : 1e-2) << ids.size() << " rows, " << kernels::MatmulPrecisionName(precision);
+      if (precision == kernels::MatmulPrecision::kAuto && ids.size() <= 16) auto_diff = max_diff / max_abs;
+      if (precision == kernels::MatmulPrecision::kFp32 && ids.size() <= 16) fp32_diff = max_diff / max_abs;
+      EXPECT_GT(max_diff, 0.0);  // not the bf16 weights
+      std::printf("tiny_llama.gguf kept blocks, %zu rows, matmul precision %s: max |logit - bf16 weights'| / max |logit| = %.3g\n",
+                  ids.size(), std::string(kernels::MatmulPrecisionName(precision)).c_str(), max_diff / max_abs);
+    }
+  }
+  // int16 activations (the default) stay as close as fp32 ones, up to a tenth of the bound.
+  EXPECT_LT(auto_diff, fp32_diff + 1e-3);
 }
 
 }  // namespace
@@ -288,7 +330,7 @@ namespace {
 class GgufArchTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GgufArchTest, LoadsWithTheWeightsAndLogitsOfThePythonConversion) {
-  auto from_gguf = Model::Load(kDir + "tiny_" + GetParam() + ".gguf");
+  auto from_gguf = Model::Load(kDir + "tiny_" + GetParam() + ".gguf", {.gguf_weights = GgufWeights::kBf16});
   ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
   auto from_hf = Model::Load(kDir + "tiny_" + GetParam() + "_hf");
   ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();

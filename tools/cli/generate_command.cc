@@ -88,6 +88,7 @@ int RunGenerate(int argc, char** argv) {
   } else {
     model::ModelLoadOptions lo;
     lo.device = o.device;
+    lo.gguf_weights = o.gguf_weights;
     auto loaded = model::Model::Load(o.model_dir, lo);
     if (!loaded.ok()) return Fail(loaded.status());
     single = std::move(*loaded);

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "model/model.h"
 #include "model/sampler.h"
 
 namespace icecache::cli {
@@ -36,6 +37,8 @@ inline constexpr const char* kGenerateUsage =
     "  --kv-page-size N        tokens per KV page (default 16)\n"
     "  --threads N             CPU threads for the kernels (default: all)\n"
     "  --device D              auto (a GPU when present; default), cpu, cuda or cuda:N\n"
+    "  --gguf-weights W        keep (default: a GGUF's Q8_0/Q4_0/Q4_1 weights stay quantised on the CPU)\n"
+    "                          or bf16 (dequantised at load)\n"
     "  --tensor-parallel N     split the model over N ranks (threads of this process: CPU ranks, or\n"
     "                          one GPU each from --device's index on; default 1)\n"
     "  --router HOST:PORT      generate on an icecache cluster instead of locally (no --model)\n"
@@ -54,6 +57,7 @@ struct GenerateOptions {
   int kv_page_size = 16;
   int threads = 0;
   kernels::Device device;  // where the model runs (auto: a GPU when present)
+  model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
   int tensor_parallel = 1;  // ranks of a model::TpGroup (1 = one Model)
   std::string router;  // remote mode (HOST:PORT of an icecache router); empty = run the model locally
   int budget_pages = -1;  // remote mode: -1 = the cluster's default, 0 = full attention, else pages
@@ -182,6 +186,9 @@ inline StatusOr<GenerateOptions> ParseGenerateOptions(int argc, char** argv) {
     } else if (flag == "--device") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       ICE_ASSIGN_OR_RETURN(o.device, kernels::ParseDevice(v));
+    } else if (flag == "--gguf-weights") {
+      ICE_ASSIGN_OR_RETURN(const char* v, value());
+      ICE_ASSIGN_OR_RETURN(o.gguf_weights, model::ParseGgufWeights(v));
     } else if (flag == "--tensor-parallel") {
       ICE_ASSIGN_OR_RETURN(const char* v, value());
       ICE_ASSIGN_OR_RETURN(int64_t n, internal::ParseInteger("--tensor-parallel", v, 1, 1024));
