@@ -474,7 +474,7 @@ void QuantGemm(const MatmulParams& p) {
   const char* w = static_cast<const char*>(p.w);
   const size_t row_bytes = DTypeBytes(p.w_dtype, static_cast<size_t>(p.k));
   BlockedGemm(p, kQuantBlockValues, [&](int j, size_t k0, int kc, float* dst) {
-    ConvertToF32(p.w_dtype, w + j * row_bytes + DTypeBytes(p.w_dtype, k0), dst, static_cast<size_t>(kc));
+    DequantizeBlocks(p.w_dtype, w + j * row_bytes + DTypeBytes(p.w_dtype, k0), dst, static_cast<size_t>(kc));
   });
 }
 

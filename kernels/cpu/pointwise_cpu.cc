@@ -187,7 +187,7 @@ Status Embedding(const EmbeddingParams& p) {
   if (IsBlockQuantized(p.table_dtype)) {
     const size_t row_bytes = DTypeBytes(p.table_dtype, static_cast<size_t>(p.dim));
     for (int i = 0; i < p.n; ++i) {
-      ConvertToF32(p.table_dtype, static_cast<const char*>(p.table) + p.ids[i] * row_bytes,
+      DequantizeBlocks(p.table_dtype, static_cast<const char*>(p.table) + p.ids[i] * row_bytes,
                    p.out + static_cast<size_t>(i) * p.dim, static_cast<size_t>(p.dim));
     }
     return Status::Ok();

@@ -173,7 +173,7 @@ template <DType W, int MR, typename Q>
 void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* out) {
   constexpr size_t kBytes = W == DType::kQ8_0 ? 34 : W == DType::kQ4_0 ? 18 : 20;
   constexpr int kQsOffset = W == DType::kQ4_1 ? 4 : 2;
-  constexpr bool kInt8 = sizeof(Q) == 1;
+  [[maybe_unused]] constexpr bool kInt8 = sizeof(Q) == 1;
   const Q* xq[MR];
   const float* xd[MR];
   const float* xs[MR];
@@ -407,6 +407,41 @@ void QuantGemvLoop(const MatmulParams* ps, int count, const QuantizedX& qx) {
 }
 
 }  // namespace
+
+void DequantizeBlocks(DType t, const void* src, float* dst, size_t n) {
+#if ICE_SIMD_AVX2
+  // Multiplies and adds in the order of the definition, unfused, so the values are ConvertToF32's
+  // bit for bit.
+  const auto* blk = static_cast<const uint8_t*>(src);
+  const size_t bytes = QuantBlockBytes(t);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (size_t b = 0; b < n / kBlock; ++b, blk += bytes, dst += kBlock) {
+    const __m256 d = _mm256_set1_ps(HalfAt(blk));
+    __m256i v[4];
+    if (t == DType::kQ8_0) {
+      for (int c = 0; c < 4; ++c) v[c] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c)));
+    } else {
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (t == DType::kQ4_1 ? 4 : 2)));
+      const __m128i lo = _mm_and_si128(qs, low4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
+      v[0] = _mm256_cvtepu8_epi32(lo);
+      v[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+      v[2] = _mm256_cvtepu8_epi32(hi);
+      v[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+      if (t == DType::kQ4_0) {
+        for (int c = 0; c < 4; ++c) v[c] = _mm256_sub_epi32(v[c], _mm256_set1_epi32(8));
+      }
+    }
+    const __m256 m = _mm256_set1_ps(t == DType::kQ4_1 ? HalfAt(blk + 2) : 0.f);
+    for (int c = 0; c < 4; ++c) {
+      __m256 y = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v[c]));
+      if (t == DType::kQ4_1) y = _mm256_add_ps(y, m);
+      _mm256_storeu_ps(dst + 8 * c, y);
+    }
+  }
+#else
+  ConvertToF32(t, src, dst, n);
+#endif
+}
 
 void QuantGemv(const MatmulParams* ps, int count) {
   const QuantizedX qx(ps[0]);
