@@ -45,7 +45,8 @@ constexpr const char* kUsage =
     "         leaves left out estimated from their mean keys and values; a list runs each; default: the serving one)]\n"
     "         [--rest-cells N[,N..] (RetrievalPolicy::rest_cells with the estimate on: cells estimated leaf by leaf,\n"
     "         the others as one group each; 0 = every leaf; a list runs each; default: the serving one)]\n"
-    "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)] [--json]\n"
+    "         [--ice-group G (ICE(r): G consecutive sparse layers share a selection; 1 = off)]\n"
+    "         [--gguf-weights keep|bf16 (a GGUF's Q8_0/Q4 blocks kept, the default, or dequantised at load)] [--json]\n"
     "methods and budget accounting: as icecache-bench accuracy (bench/kv_methods.h)\n";
 
 double Wall() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -61,6 +62,7 @@ double Nll(const std::vector<float>& logits, int vocab, int32_t target) {
 
 int RunPerplexity(int argc, char** argv) {
   std::string dir, text_path, methods_s = "full,icecache,quest,window", budgets_s = "16", kv_dtype = "bf16";
+  model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
   int context = 8192, eval_tokens = 512, ice_group = 1;
   bool json = false;
   KvLayout layout;
@@ -71,6 +73,14 @@ int RunPerplexity(int argc, char** argv) {
     const bool has = i + 1 < argc;
     if (f == "--model" && has) dir = argv[++i];
     else if (f == "--text" && has) text_path = argv[++i];
+    else if (f == "--gguf-weights" && has) {
+      auto w = model::ParseGgufWeights(argv[++i]);
+      if (!w.ok()) {
+        std::fprintf(stderr, "perplexity: %s\n", w.status().ToString().c_str());
+        return 2;
+      }
+      gguf_weights = *w;
+    }
     else if (f == "--context" && has) context = std::atoi(argv[++i]);
     else if (f == "--eval-tokens" && has) eval_tokens = std::atoi(argv[++i]);
     else if (f == "--methods" && has) methods_s = argv[++i];
@@ -175,7 +185,9 @@ int RunPerplexity(int argc, char** argv) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  auto model = model::Model::Load(dir);
+  model::ModelLoadOptions load_options;
+  load_options.gguf_weights = gguf_weights;
+  auto model = model::Model::Load(dir, load_options);
   if (!model.ok()) {
     std::fprintf(stderr, "perplexity: %s\n", model.status().ToString().c_str());
     return 1;

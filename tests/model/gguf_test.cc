@@ -180,7 +180,7 @@ std::vector<float> Logits(Model& m, const std::vector<int32_t>& ids) {
 }
 
 TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
-  auto from_gguf = Model::Load(kDir + "tiny_llama.gguf", {.gguf_weights = GgufWeights::kBf16});
+  auto from_gguf = Model::Load(kDir + "tiny_llama.gguf", testing::WithGgufWeights(GgufWeights::kBf16));
   ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
   auto from_hf = Model::Load(kDir + "tiny_llama_hf");
   ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();
@@ -227,7 +227,7 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "model.gguf");
-  auto from_dir = Model::Load(dir.string(), {.gguf_weights = GgufWeights::kBf16});
+  auto from_dir = Model::Load(dir.string(), testing::WithGgufWeights(GgufWeights::kBf16));
   ASSERT_TRUE(from_dir.ok()) << from_dir.status().ToString();
   EXPECT_EQ(Logits(**from_dir, ids), b);
   std::filesystem::copy_file(kDir + "tiny_llama.gguf", dir / "other.gguf");
@@ -243,7 +243,7 @@ TEST(GgufTest, ModelLoadsFromFileAndDirectoryWithTheLogitsOfTheConversion) {
 // 2^-9 relative each), with fp32 and with int16 activations (the default). With int8 activations
 // (llama.cpp's numerics) the logits move further, by the stated rounding of x (kernels/matmul.h).
 TEST(GgufTest, KeptBlocksGiveTheLogitsOfTheDequantisedWeights) {
-  auto bf16 = Model::Load(kDir + "tiny_llama.gguf", {.gguf_weights = GgufWeights::kBf16});
+  auto bf16 = Model::Load(kDir + "tiny_llama.gguf", testing::WithGgufWeights(GgufWeights::kBf16));
   ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
   auto kept = Model::Load(kDir + "tiny_llama.gguf");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
@@ -330,7 +330,7 @@ namespace {
 class GgufArchTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GgufArchTest, LoadsWithTheWeightsAndLogitsOfThePythonConversion) {
-  auto from_gguf = Model::Load(kDir + "tiny_" + GetParam() + ".gguf", {.gguf_weights = GgufWeights::kBf16});
+  auto from_gguf = Model::Load(kDir + "tiny_" + GetParam() + ".gguf", testing::WithGgufWeights(GgufWeights::kBf16));
   ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().ToString();
   auto from_hf = Model::Load(kDir + "tiny_" + GetParam() + "_hf");
   ASSERT_TRUE(from_hf.ok()) << from_hf.status().ToString();

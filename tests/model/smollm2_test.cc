@@ -21,6 +21,7 @@
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tests/model/test_util.h"
 
 namespace icecache::model {
 namespace {
@@ -89,7 +90,7 @@ void ExpectTransformersLogits(kernels::MatmulPrecision precision, double toleran
     kernels::MatmulPrecision p;
     ~Restore() { kernels::SetMatmulPrecision(p); }
   } restore{saved};
-  auto model = Model::Load(SmolLm2Path(), {.gguf_weights = weights});
+  auto model = Model::Load(SmolLm2Path(), testing::WithGgufWeights(weights));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   Model& m = **model;
   EXPECT_EQ(m.config().num_layers, 30);

@@ -83,7 +83,7 @@ GreedyRun Greedy(LanguageModel& m, AttentionBackend& cache) {
 
 // A GGUF's quantised weights dequantised to bf16, as tensor-parallel ranks hold them.
 GreedyRun RunSingle(const std::string& dir) {
-  auto m = Model::Load(dir, {.gguf_weights = GgufWeights::kBf16});
+  auto m = Model::Load(dir, testing::WithGgufWeights(GgufWeights::kBf16));
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return {};
   DenseKvCache cache((*m)->attention_shape(), {});

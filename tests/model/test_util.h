@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/matmul.h"
+#include "model/model.h"
 
 namespace icecache::model::testing {
 
@@ -29,6 +30,13 @@ class ScopedMatmulPrecision {
  private:
   kernels::MatmulPrecision saved_;
 };
+
+// Load options with a GGUF's quantised weights as `w` (model/model.h, GgufWeights).
+inline model::ModelLoadOptions WithGgufWeights(model::GgufWeights w) {
+  model::ModelLoadOptions o;
+  o.gguf_weights = w;
+  return o;
+}
 
 inline std::string FixtureDir(const std::string& name) {
   return std::string(ICECACHE_SOURCE_DIR) + "/tests/fixtures/models/" + name;
