@@ -1,5 +1,6 @@
 #include "model/gguf_dequant.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -145,6 +146,38 @@ int64_t GgmlBlockBytes(GgmlType type) {
     case GgmlType::kQ6_K: return 210;
   }
   return 0;
+}
+
+bool Q4KToQ4_1(const uint8_t* src, int64_t n, uint8_t* dst) {
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const uint8_t* b = src + i * 144;
+    const float d = F16(b), dmin = F16(b + 2);
+    const uint8_t* scales = b + 4;
+    const uint8_t* qs = b + 16;
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      ScaleMin(scales, j, &sc, &mn);
+      const float dj = d * static_cast<float>(sc), mj = -(dmin * static_cast<float>(mn));
+      // fp16's range (below 2^-14 its subnormals round to multiples of 2^-24: absolute error
+      // <= 2^-25 of the scale, 16 times that at most for a value).
+      if (!(std::fabs(dj) <= 65504.f) || !(std::fabs(mj) <= 65504.f)) return false;
+      uint8_t* out = dst + (i * 8 + j) * 20;
+      const uint16_t hd = kernels::F32ToF16(dj), hm = kernels::F32ToF16(mj);
+      out[0] = static_cast<uint8_t>(hd);
+      out[1] = static_cast<uint8_t>(hd >> 8);
+      out[2] = static_cast<uint8_t>(hm);
+      out[3] = static_cast<uint8_t>(hm >> 8);
+      // Sub-block j's 32 nibbles: the low (j even) or high (j odd) halves of run j / 2's 32 bytes;
+      // Q4_1 keeps value l < 16 in the low nibble of byte l, value 16 + l in its high nibble.
+      const uint8_t* run = qs + 32 * (j / 2);
+      const int shift = (j % 2) * 4;
+      for (int l = 0; l < 16; ++l) {
+        const int lo = (run[l] >> shift) & 0x0F, hi = (run[l + 16] >> shift) & 0x0F;
+        out[4 + l] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+  return true;
 }
 
 StatusOr<uint64_t> GgmlBytes(GgmlType type, int64_t n) {

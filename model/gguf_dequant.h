@@ -52,4 +52,13 @@ StatusOr<uint64_t> GgmlBytes(GgmlType type, int64_t n);
 // REQUIRES: supported type, n a multiple of GgmlBlockValues(type).
 void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst);
 
+// Rewrites n Q4_K values (src: GgmlBytes(kQ4_K, n) bytes) as n / 32 Q4_1 blocks (dst: 20 bytes
+// each, kernels/dtype.h): sub-block j of a Q4_K block becomes one Q4_1 block with
+// d = f16(d * scale_j), m = f16(-dmin * min_j) and the same nibbles, so a value differs from its
+// Q4_K value only by those two fp16 roundings (relative 2^-11 of the scale and of the min, or
+// 2^-25 absolute below fp16's normal range; the bf16 dequantisation rounds every value by up to
+// 2^-9 relative). False, dst unspecified, when a scale or min exceeds fp16's range (then
+// dequantise instead). REQUIRES: n a multiple of 256.
+bool Q4KToQ4_1(const uint8_t* src, int64_t n, uint8_t* dst);
+
 }  // namespace icecache::model

@@ -279,6 +279,19 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
     }
     const bool keep = options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2 &&
                       kernels::IsBlockQuantized(BlockDType(t.type));
+    if (options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2 && t.type == GgmlType::kQ4_K) {
+      // Q4_K's 32-value sub-blocks as Q4_1 blocks (fp16 scale and min: Q4KToQ4_1), in a copy.
+      const int64_t n = t.numel();
+      std::vector<uint8_t> out(static_cast<size_t>(n / 32 * 20));
+      if (Q4KToQ4_1(src, n, out.data())) {
+        info.dtype = kernels::DType::kQ4_1;
+        info.end = out.size();
+        owner->buffers.push_back(std::move(out));
+        infos.push_back(info);
+        data.push_back(owner->buffers.back().data());
+        continue;
+      }
+    }
     if (plain || keep) {
       info.dtype = plain ? PlainDType(t.type) : BlockDType(t.type);
       info.end = t.bytes;

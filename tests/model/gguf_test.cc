@@ -55,6 +55,45 @@ TEST(GgufTest, DequantisesEveryTypeAsTheGgufPackageDoes) {
   }
 }
 
+// Q4_K kept on the CPU becomes Q4_1 blocks (Q4KToQ4_1): every value within the two fp16 roundings
+// (of d * scale and of dmin * min) of the gguf package's Q4_K value; a scale past fp16's range is
+// refused so the loader dequantises instead. The loader keeps Q4_K matrices so (fewer bytes).
+TEST(GgufTest, Q4KBecomesQ4_1WithinTheFp16RoundingOfItsScales) {
+  auto file = GgufFile::Open(kDir + "dequant.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const GgufContents& c = (*file)->contents();
+  const GgufTensor* t = nullptr;
+  for (const GgufTensor& x : c.tensors) {
+    if (x.name == "q4_k") t = &x;
+  }
+  ASSERT_NE(t, nullptr);
+  std::vector<float> want(1024), got(1024);
+  DequantizeGgml(t->type, (*file)->data(*t), 1024, want.data());
+  std::vector<uint8_t> blocks(1024 / 32 * 20);
+  ASSERT_TRUE(Q4KToQ4_1((*file)->data(*t), 1024, blocks.data()));
+  kernels::ConvertToF32(kernels::DType::kQ4_1, blocks.data(), got.data(), 1024);
+  double worst = 0;
+  for (int b = 0; b < 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(want[b * 32 + i]));
+    for (int i = 0; i < 32; ++i) {
+      const double err = std::fabs(got[b * 32 + i] - want[b * 32 + i]);
+      worst = std::max(worst, err / std::max(amax, 1e-30f));
+      // |d n - d' n| + |m - m'| <= 2^-11 (15 |d| + |m|) <= 2^-11 * 2 * (|d| 15 + |m|), and each
+      // of |d| 15, |m| is at most the block's range plus its largest magnitude.
+      // (Below fp16's normal range the roundings are absolute: 2^-25 each, 16 of them at most.)
+      ASSERT_LE(err, 4.0 * amax * std::ldexp(1.0, -11) + 16 * std::ldexp(1.0, -25)) << "block " << b << " value " << i;
+    }
+  }
+  std::printf("Q4_K -> Q4_1: largest |difference| / block max = %.3g\n", worst);
+  // A scale past fp16's range: refused.
+  std::vector<uint8_t> big((*file)->data(*t), (*file)->data(*t) + 144);
+  big[0] = 0xff;
+  big[1] = 0x7b;  // d = 65504, any scale > 1 overflows
+  big[4] = 63;
+  EXPECT_FALSE(Q4KToQ4_1(big.data(), 256, blocks.data()));
+}
+
 TEST(GgufTest, ReadsMetadata) {
   auto file = GgufFile::Open(kDir + "tiny_llama.gguf");
   ASSERT_TRUE(file.ok()) << file.status().ToString();
@@ -247,6 +286,9 @@ TEST(GgufTest, KeptBlocksGiveTheLogitsOfTheDequantisedWeights) {
   ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
   auto kept = Model::Load(kDir + "tiny_llama.gguf");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  // Q8_0/Q4_0/Q4_1 and Q4_K (as Q4_1) kept; Q5_K/Q6_K, F16, BF16 and F32 as before: 1,262,592
+  // bytes against 1,797,120 (tiny_llama.gguf's tensors, counted by hand).
+  EXPECT_EQ((*kept)->decode_weight_bytes(), 1262592);
   EXPECT_LT((*kept)->decode_weight_bytes(), (*bf16)->decode_weight_bytes());
   double auto_diff = 0, fp32_diff = 0;
   // 9 prompt rows (the GEMV path) and 20 (the GEMM path).
