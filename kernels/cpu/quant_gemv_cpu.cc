@@ -265,7 +265,7 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
       const Q* x = xq[r] + b * kBlock;
       int32_t sum = 0;
       for (int i = 0; i < kBlock; ++i) sum += static_cast<int32_t>(wq[i]) * x[i];
-      acc[r] += dw * xd[r][b] * static_cast<float>(sum);
+      acc[r] = MulAdd(dw * xd[r][b], static_cast<float>(sum), acc[r]);
       if constexpr (W != DType::kQ8_0) mins[r] = MulAdd(mw, xs[r][b], mins[r]);
     }
   }
@@ -339,8 +339,8 @@ void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const 
     for (int r = 0; r < MR; ++r) {
       const float* xb = x + r * ldx + b * kBlock;
       float t = 0.f;
-      for (int i = 0; i < kBlock; ++i) t += wq[i] * xb[i];
-      acc[r] += dw * t;
+      for (int i = 0; i < kBlock; ++i) t = MulAdd(wq[i], xb[i], t);
+      acc[r] = MulAdd(dw, t, acc[r]);
       if constexpr (W != DType::kQ8_0) mins[0][r] = MulAdd(mw, sx[r * lds + b], mins[0][r]);
     }
   }
