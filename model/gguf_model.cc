@@ -277,9 +277,9 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
       }
       src = permuted.data();
     }
-    const bool keep = options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2 &&
-                      kernels::IsBlockQuantized(BlockDType(t.type));
-    if (options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2 && t.type == GgmlType::kQ4_K) {
+    const bool keepable = options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2;
+    const bool keep = keepable && kernels::IsBlockQuantized(BlockDType(t.type));
+    if (keepable && t.type == GgmlType::kQ4_K) {
       // Q4_K's 32-value sub-blocks as Q4_1 blocks (fp16 scale and min: Q4KToQ4_1), in a copy.
       const int64_t n = t.numel();
       std::vector<uint8_t> out(static_cast<size_t>(n / 32 * 20));

@@ -171,12 +171,37 @@ inline float HalfAt(const uint8_t* p) {
 #endif
 }
 
+// A block of W: its bytes and where its packed values start (kernels/dtype.h).
+template <DType W>
+constexpr size_t kBlockBytes = W == DType::kQ8_0 ? 34 : W == DType::kQ4_0 ? 18 : 20;
+template <DType W>
+constexpr int kQsOffset = W == DType::kQ4_1 ? 4 : 2;
+
+// A q4 block's m_w term (q4_1: the stored m; q4_0: -8 d_w), given its d_w.
+template <DType W>
+inline float BlockMin(const uint8_t* blk, float dw) {
+  return W == DType::kQ4_1 ? HalfAt(blk + 2) : -8.f * dw;
+}
+
+// The scalar forms' view of a block: its 32 stored values (q8_0's w_i, q4's n_i) as T.
+template <DType W, typename T>
+inline void BlockValues(const uint8_t* blk, T* v) {
+  const uint8_t* qs = blk + kQsOffset<W>;
+  if constexpr (W == DType::kQ8_0) {
+    for (int i = 0; i < kBlock; ++i) v[i] = static_cast<T>(static_cast<int8_t>(qs[i]));
+  } else {
+    for (int i = 0; i < kBlock / 2; ++i) {
+      v[i] = static_cast<T>(qs[i] & 0x0F);
+      v[i + kBlock / 2] = static_cast<T>(qs[i] >> 4);
+    }
+  }
+}
+
 // out[r] = dot(weight row w, x row r0 + r) for r < MR, the block products of kernels/matmul.h with
 // x rounded to Q (int8_t or int16_t) per block.
 template <DType W, int MR, typename Q>
 void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* out) {
-  constexpr size_t kBytes = W == DType::kQ8_0 ? 34 : W == DType::kQ4_0 ? 18 : 20;
-  constexpr int kQsOffset = W == DType::kQ4_1 ? 4 : 2;
+  constexpr size_t kBytes = kBlockBytes<W>;
   [[maybe_unused]] constexpr bool kInt8 = sizeof(Q) == 1;
   const Q* xq[MR];
   const float* xd[MR];
@@ -192,14 +217,14 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low = _mm256_set1_epi8(0x0F);
-  // Block b's products into acc (a statically named array, so it stays in registers).
   float mins1[MR] = {};  // odd blocks' share: two chains of adds, as acc0 / acc1
+  // Block b's products into acc (a statically named array, so it stays in registers).
   auto block = [&](int b, __m256 (&acc)[MR], float (&mn)[MR]) {
     const uint8_t* blk = w + static_cast<size_t>(b) * kBytes;
     // The stream kPrefetchBytes ahead (into the next rows: a thread's rows are contiguous).
     _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
     const float dw = HalfAt(blk);
-    const float mw = W == DType::kQ4_1 ? HalfAt(blk + 2) : -8.f * dw;
+    const float mw = BlockMin<W>(blk, dw);
     if constexpr (kInt8) {
       // u8 x s8 pairs (`vpmaddubsw`), then pairs of int16 into int32 (`vpmaddwd` by 1).
       __m256i wv, aw;
@@ -207,7 +232,7 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
         wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
         aw = _mm256_sign_epi8(wv, wv);
       } else {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset));
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>));
         wv = aw = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low);
       }
       for (int r = 0; r < MR; ++r) {
@@ -224,7 +249,7 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
         wa = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
         wb = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
       } else {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset));
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>));
         const __m128i low4 = _mm_set1_epi8(0x0F);
         wa = _mm256_cvtepu8_epi16(_mm_and_si128(qs, low4));
         wb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), low4));
@@ -251,16 +276,8 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
     const uint8_t* blk = w + static_cast<size_t>(b) * kBytes;
     const float dw = HalfAt(blk);
     int8_t wq[kBlock];
-    if constexpr (W == DType::kQ8_0) {
-      std::memcpy(wq, blk + 2, kBlock);
-    } else {
-      const uint8_t* qs = blk + kQsOffset;
-      for (int i = 0; i < kBlock / 2; ++i) {
-        wq[i] = static_cast<int8_t>(qs[i] & 0x0F);
-        wq[i + kBlock / 2] = static_cast<int8_t>(qs[i] >> 4);
-      }
-    }
-    const float mw = W == DType::kQ4_1 ? HalfAt(blk + 2) : -8.f * dw;
+    BlockValues<W>(blk, wq);
+    const float mw = BlockMin<W>(blk, dw);
     for (int r = 0; r < MR; ++r) {
       const Q* x = xq[r] + b * kBlock;
       int32_t sum = 0;
@@ -278,8 +295,7 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
 // fp32 once for all MR rows.
 template <DType W, int MR>
 void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const float* sx, size_t lds, float* out) {
-  constexpr size_t kBytes = W == DType::kQ8_0 ? 34 : W == DType::kQ4_0 ? 18 : 20;
-  constexpr int kQsOffset = W == DType::kQ4_1 ? 4 : 2;
+  constexpr size_t kBytes = kBlockBytes<W>;
   float mins[2][MR] = {};
 #if ICE_SIMD_AVX2
   __m256 acc0[MR], acc1[MR];
@@ -295,14 +311,14 @@ void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const 
         wv[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c))));
       }
     } else {
-      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset));
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>));
       const __m128i lo = _mm_and_si128(qs, low), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low);
       wv[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
       wv[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
       wv[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
       wv[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
     }
-    const float mw = W == DType::kQ4_1 ? HalfAt(blk + 2) : W == DType::kQ4_0 ? -8.f * HalfAt(blk) : 0.f;
+    const float mw = W == DType::kQ8_0 ? 0.f : BlockMin<W>(blk, HalfAt(blk));
     for (int r = 0; r < MR; ++r) {
       const float* xb = x + r * ldx + b * kBlock;
       __m256 t = _mm256_mul_ps(wv[0], _mm256_loadu_ps(xb));
@@ -326,16 +342,8 @@ void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const 
     const uint8_t* blk = w + static_cast<size_t>(b) * kBytes;
     const float dw = HalfAt(blk);
     float wq[kBlock];
-    if constexpr (W == DType::kQ8_0) {
-      for (int i = 0; i < kBlock; ++i) wq[i] = static_cast<float>(static_cast<int8_t>(blk[2 + i]));
-    } else {
-      const uint8_t* qs = blk + kQsOffset;
-      for (int i = 0; i < kBlock / 2; ++i) {
-        wq[i] = static_cast<float>(qs[i] & 0x0F);
-        wq[i + kBlock / 2] = static_cast<float>(qs[i] >> 4);
-      }
-    }
-    const float mw = W == DType::kQ4_1 ? HalfAt(blk + 2) : -8.f * dw;
+    BlockValues<W>(blk, wq);
+    const float mw = BlockMin<W>(blk, dw);
     for (int r = 0; r < MR; ++r) {
       const float* xb = x + r * ldx + b * kBlock;
       float t = 0.f;
@@ -353,7 +361,7 @@ constexpr int kStripRows = 4;
 template <DType W>
 void QuantGemvItem(const MatmulParams& p, const QuantizedX& qx, int j) {
   const int blocks = p.k / kBlock;
-  const size_t row_bytes = static_cast<size_t>(blocks) * QuantBlockBytes(W);
+  const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<W>;
   const uint8_t* w = static_cast<const uint8_t*>(p.w) + static_cast<size_t>(j) * row_bytes;
   float bias = 0.f;
   if (p.bias != nullptr) {
