@@ -197,12 +197,29 @@ inline void BlockValues(const uint8_t* blk, T* v) {
   }
 }
 
-// out[r] = dot(weight row w, x row r0 + r) for r < MR, the block products of kernels/matmul.h with
-// x rounded to Q (int8_t or int16_t) per block.
-template <DType W, int MR, typename Q>
-void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* out) {
+#if ICE_SIMD_AVX2
+// d_w (lane 0) and, for q4_1, m_w (lane 1) of a block, the other lanes 0: one conversion.
+template <DType W>
+inline __m128 BlockScales(const uint8_t* blk) {
+  uint32_t h = 0;
+  std::memcpy(&h, blk, W == DType::kQ4_1 ? 4 : 2);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h)));
+}
+#endif
+
+// out[r * NW + c] = dot(weight row c (rows row_bytes apart from w on), x row r0 + r) for r < MR,
+// c < NW: the block products of kernels/matmul.h with x rounded to Q (int8_t or int16_t) per
+// block. Each (r, c) is one chain of the same operations whatever MR and NW are (a row's bits do
+// not depend on the batch nor on the rows it shares a call with): per block, in block order,
+// acc += float(integer dot) * (d_w * d_x), and for q4 mins = fma(m_w, s_x, mins); at the end the
+// lanes of acc summed in ReduceAdd4x8's tree, plus mins. NW weight rows share each block's x
+// loads and scales (decode, m = 1, runs NW = 4: at k = 576 the per-row setup and the x loads were
+// a large share of a row's ~18 blocks).
+template <DType W, int MR, int NW, typename Q>
+void RowDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& qx, int r0, float* out) {
   constexpr size_t kBytes = kBlockBytes<W>;
   [[maybe_unused]] constexpr bool kInt8 = sizeof(Q) == 1;
+  constexpr bool kMins = W != DType::kQ8_0;
   const Q* xq[MR];
   const float* xd[MR];
   const float* xs[MR];
@@ -211,82 +228,106 @@ void RowDots(const uint8_t* w, int blocks, const QuantizedX& qx, int r0, float* 
     xd[r] = qx.d(r0 + r);
     xs[r] = qx.s(r0 + r);
   }
-  float mins[MR] = {};  // q4: the sum over blocks of m_w * s_x
 #if ICE_SIMD_AVX2
-  __m256 acc0[MR], acc1[MR];
-  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  float mins1[MR] = {};  // odd blocks' share: two chains of adds, as acc0 / acc1
-  // Block b's products into acc (a statically named array, so it stays in registers).
-  auto block = [&](int b, __m256 (&acc)[MR], float (&mn)[MR]) {
-    const uint8_t* blk = w + static_cast<size_t>(b) * kBytes;
-    // The stream kPrefetchBytes ahead (into the next rows: a thread's rows are contiguous).
-    _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
-    const float dw = HalfAt(blk);
-    const float mw = BlockMin<W>(blk, dw);
-    if constexpr (kInt8) {
-      // u8 x s8 pairs (`vpmaddubsw`), then pairs of int16 into int32 (`vpmaddwd` by 1).
-      __m256i wv, aw;
-      if constexpr (W == DType::kQ8_0) {
-        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-        aw = _mm256_sign_epi8(wv, wv);
-      } else {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>));
-        wv = aw = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low);
-      }
-      for (int r = 0; r < MR; ++r) {
-        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + b * kBlock));
-        if constexpr (W == DType::kQ8_0) xv = _mm256_sign_epi8(xv, wv);
-        const __m256i dots = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(dw * xd[r][b]), acc[r]);
-        if constexpr (W != DType::kQ8_0) mn[r] = MulAdd(mw, xs[r][b], mn[r]);
-      }
-    } else {
-      // The weights widened to int16, then int16 x int16 pairs into int32 (`vpmaddwd`).
+  __m256 acc[MR][NW];
+  __m128 mins[MR][NW];  // q4: lane 0 (q4_0) or 1 (q4_1) holds the sum over blocks of m_w * s_x
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NW; ++c) {
+      acc[r][c] = _mm256_setzero_ps();
+      mins[r][c] = _mm_setzero_ps();
+    }
+  }
+  const __m256i low16 = _mm256_set1_epi16(0x0F);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i low8 = _mm256_set1_epi8(0x0F);
+  // The weight stream's prefetch distance: kPrefetchBytes, or the same block of the next item's
+  // rows where that is farther (a thread's items are contiguous; with NW rows in flight the
+  // stream advances NW blocks a step, and 1 KiB ahead of row c fell inside the item's own rows).
+  const size_t ahead = std::max<size_t>(kPrefetchBytes, NW * row_bytes);
+  for (int b = 0; b < blocks; ++b) {
+    // The x side of the block, for every weight row: d_x in lane 0; s_x where the block's
+    // BlockScales lane multiplies it (q4_1: m_w in lane 1; q4_0: m_w = -8 d_w, so -8 s_x against
+    // d_w in lane 0, the same exact product), 0 in the other lanes.
+    __m128 dx[MR], sx[MR];
+    for (int r = 0; r < MR; ++r) {
+      dx[r] = _mm_set_ss(xd[r][b]);
+      if constexpr (W == DType::kQ4_1) sx[r] = _mm_set_ps(0.f, 0.f, xs[r][b], 0.f);
+      if constexpr (W == DType::kQ4_0) sx[r] = _mm_set_ss(-8.f * xs[r][b]);
+    }
+    for (int c = 0; c < NW; ++c) {
+      const uint8_t* blk = w + c * row_bytes + static_cast<size_t>(b) * kBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(blk) + ahead, _MM_HINT_T0);
+      const __m128 dm = BlockScales<W>(blk);
       __m256i wa, wb;
-      if constexpr (W == DType::kQ8_0) {
+      if constexpr (kInt8) {
+        // wa: |w| as u8 (q8_0) or the nibbles; wb: q8_0's signs for x (`vpsignb`).
+        if constexpr (W == DType::kQ8_0) {
+          wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+          wa = _mm256_sign_epi8(wb, wb);
+        } else {
+          const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>));
+          wa = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low8);
+        }
+      } else if constexpr (W == DType::kQ8_0) {
+        // The weights widened to int16.
         wa = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
         wb = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
       } else {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>));
-        const __m128i low4 = _mm_set1_epi8(0x0F);
-        wa = _mm256_cvtepu8_epi16(_mm_and_si128(qs, low4));
-        wb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), low4));
+        // Byte i widened to int16 holds n_i (low nibble) and n_{i+16} (high nibble).
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset<W>)));
+        wa = _mm256_and_si256(v, low16);
+        wb = _mm256_srli_epi16(v, 4);
       }
       for (int r = 0; r < MR; ++r) {
-        const __m256i* xv = reinterpret_cast<const __m256i*>(xq[r] + b * kBlock);
-        const __m256i dots = _mm256_add_epi32(_mm256_madd_epi16(wa, _mm256_loadu_si256(xv)),
-                                              _mm256_madd_epi16(wb, _mm256_loadu_si256(xv + 1)));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(dw * xd[r][b]), acc[r]);
-        if constexpr (W != DType::kQ8_0) mn[r] = MulAdd(mw, xs[r][b], mn[r]);
+        __m256i dots;
+        if constexpr (kInt8) {
+          // u8 x s8 pairs (`vpmaddubsw`), then pairs of int16 into int32 (`vpmaddwd` by 1).
+          __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + b * kBlock));
+          if constexpr (W == DType::kQ8_0) xv = _mm256_sign_epi8(xv, wb);
+          dots = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xv), ones);
+        } else {
+          // int16 x int16 pairs into int32 (`vpmaddwd`).
+          const __m256i* xv = reinterpret_cast<const __m256i*>(xq[r] + b * kBlock);
+          dots = _mm256_add_epi32(_mm256_madd_epi16(wa, _mm256_loadu_si256(xv)),
+                                  _mm256_madd_epi16(wb, _mm256_loadu_si256(xv + 1)));
+        }
+        const __m256 scale = _mm256_broadcastss_ps(_mm_mul_ss(dm, dx[r]));  // d_w * d_x
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, acc[r][c]);
+        if constexpr (kMins) mins[r][c] = _mm_fmadd_ps(dm, sx[r], mins[r][c]);
       }
     }
-  };
-  int b = 0;
-  for (; b + 2 <= blocks; b += 2) {
-    block(b, acc0, mins);
-    block(b + 1, acc1, mins1);
   }
-  if (b < blocks) block(b, acc0, mins);
-  for (int r = 0; r < MR; ++r) out[r] = HSum8(_mm256_add_ps(acc0[r], acc1[r])) + (mins[r] + mins1[r]);
-#else
-  float acc[MR] = {};
-  for (int b = 0; b < blocks; ++b) {
-    const uint8_t* blk = w + static_cast<size_t>(b) * kBytes;
-    const float dw = HalfAt(blk);
-    int8_t wq[kBlock];
-    BlockValues<W>(blk, wq);
-    const float mw = BlockMin<W>(blk, dw);
-    for (int r = 0; r < MR; ++r) {
-      const Q* x = xq[r] + b * kBlock;
-      int32_t sum = 0;
-      for (int i = 0; i < kBlock; ++i) sum += static_cast<int32_t>(wq[i]) * x[i];
-      acc[r] = MulAdd(dw * xd[r][b], static_cast<float>(sum), acc[r]);
-      if constexpr (W != DType::kQ8_0) mins[r] = MulAdd(mw, xs[r][b], mins[r]);
+  // Four chains' sums at a time in ReduceAdd4x8's tree (zeros fill a last group).
+  constexpr int kChains = MR * NW;
+  __m256 flat[kChains + 3];
+  for (int i = 0; i < kChains + 3; ++i) flat[i] = i < kChains ? acc[i / NW][i % NW] : _mm256_setzero_ps();
+  for (int i = 0; i < kChains; i += 4) {
+    alignas(16) float s[4];
+    _mm_store_ps(s, ReduceAdd4x8(flat[i], flat[i + 1], flat[i + 2], flat[i + 3]));
+    for (int t = 0; t < 4 && i + t < kChains; ++t) {
+      const __m128 mn = mins[(i + t) / NW][(i + t) % NW];
+      out[i + t] = s[t] + _mm_cvtss_f32(_mm_add_ss(mn, _mm_movehdup_ps(mn)));  // lanes 0 + 1
     }
   }
-  for (int r = 0; r < MR; ++r) out[r] = acc[r] + mins[r];
+#else
+  for (int c = 0; c < NW; ++c) {
+    float acc[MR] = {}, mins[MR] = {};
+    for (int b = 0; b < blocks; ++b) {
+      const uint8_t* blk = w + c * row_bytes + static_cast<size_t>(b) * kBytes;
+      const float dw = HalfAt(blk);
+      int8_t wq[kBlock];
+      BlockValues<W>(blk, wq);
+      const float mw = BlockMin<W>(blk, dw);
+      for (int r = 0; r < MR; ++r) {
+        const Q* x = xq[r] + b * kBlock;
+        int32_t sum = 0;
+        for (int i = 0; i < kBlock; ++i) sum += static_cast<int32_t>(wq[i]) * x[i];
+        acc[r] = MulAdd(dw * xd[r][b], static_cast<float>(sum), acc[r]);
+        if constexpr (kMins) mins[r] = MulAdd(mw, xs[r][b], mins[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) out[r * NW + c] = acc[r] + mins[r];
+  }
 #endif
 }
 
@@ -358,52 +399,71 @@ void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const 
 
 constexpr int kStripRows = 4;
 
+// Weight rows per work item: a 1- or 2-row x shares each block's loads and scales across 4 or 2
+// weight rows (RowDots' NW); more x rows are themselves the reuse.
+inline int RowsPerItem(int m) { return m == 1 ? 4 : m == 2 ? 2 : 1; }
+
+// v[r * nw + c] = RowDots of x rows r0 .. r0 + mr - 1 and weight rows c < nw from w on.
+template <DType W, typename Q>
+void ItemDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& qx, int r0, int mr, int nw,
+              float* v) {
+  if (mr == 1 && nw == 4) return RowDots<W, 1, 4, Q>(w, row_bytes, blocks, qx, r0, v);
+  if (mr == 2 && nw == 2) return RowDots<W, 2, 2, Q>(w, row_bytes, blocks, qx, r0, v);
+  for (int c = 0; c < nw; ++c) {
+    float one[kStripRows];
+    const uint8_t* wc = w + c * row_bytes;
+    switch (mr) {
+      case 4: RowDots<W, 4, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
+      case 3: RowDots<W, 3, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
+      case 2: RowDots<W, 2, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
+      default: RowDots<W, 1, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
+    }
+    for (int r = 0; r < mr; ++r) v[r * nw + c] = one[r];
+  }
+}
+
+// Weight rows j0 .. j0 + nw - 1 (nw <= 4) of p against every x row.
 template <DType W>
-void QuantGemvItem(const MatmulParams& p, const QuantizedX& qx, int j) {
+void QuantGemvItem(const MatmulParams& p, const QuantizedX& qx, int j0, int nw) {
   const int blocks = p.k / kBlock;
   const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<W>;
-  const uint8_t* w = static_cast<const uint8_t*>(p.w) + static_cast<size_t>(j) * row_bytes;
-  float bias = 0.f;
-  if (p.bias != nullptr) {
+  const uint8_t* w = static_cast<const uint8_t*>(p.w) + static_cast<size_t>(j0) * row_bytes;
+  float bias[4] = {};
+  for (int c = 0; c < nw && p.bias != nullptr; ++c) {
     switch (p.bias_dtype) {
-      case DType::kF16: bias = LoadScalar<DType::kF16>(p.bias, j); break;
-      case DType::kBF16: bias = LoadScalar<DType::kBF16>(p.bias, j); break;
-      default: bias = LoadScalar<DType::kF32>(p.bias, j); break;
+      case DType::kF16: bias[c] = LoadScalar<DType::kF16>(p.bias, j0 + c); break;
+      case DType::kBF16: bias[c] = LoadScalar<DType::kBF16>(p.bias, j0 + c); break;
+      default: bias[c] = LoadScalar<DType::kF32>(p.bias, j0 + c); break;
     }
   }
   for (int r0 = 0; r0 < p.m; r0 += kStripRows) {
-    float v[kStripRows];
+    float v[kStripRows * 4];
     const int mr = std::min(kStripRows, p.m - r0);
-    if (qx.mode() != QuantActivations::kFp32) {
-      if (qx.mode() == QuantActivations::kInt8) {
-        switch (mr) {
-          case 4: RowDots<W, 4, int8_t>(w, blocks, qx, r0, v); break;
-          case 3: RowDots<W, 3, int8_t>(w, blocks, qx, r0, v); break;
-          case 2: RowDots<W, 2, int8_t>(w, blocks, qx, r0, v); break;
-          default: RowDots<W, 1, int8_t>(w, blocks, qx, r0, v); break;
-        }
-      } else {
-        switch (mr) {
-          case 4: RowDots<W, 4, int16_t>(w, blocks, qx, r0, v); break;
-          case 3: RowDots<W, 3, int16_t>(w, blocks, qx, r0, v); break;
-          case 2: RowDots<W, 2, int16_t>(w, blocks, qx, r0, v); break;
-          default: RowDots<W, 1, int16_t>(w, blocks, qx, r0, v); break;
-        }
-      }
+    if (qx.mode() == QuantActivations::kInt8) {
+      ItemDots<W, int8_t>(w, row_bytes, blocks, qx, r0, mr, nw, v);
+    } else if (qx.mode() == QuantActivations::kInt16) {
+      ItemDots<W, int16_t>(w, row_bytes, blocks, qx, r0, mr, nw, v);
     } else {
       const float* x = p.x + static_cast<size_t>(r0) * p.k;
       const float* sx = qx.s(r0);
       const size_t k = static_cast<size_t>(p.k), nb = qx.blocks();
-      switch (mr) {
-        case 4: RowDotsF32<W, 4>(w, blocks, x, k, sx, nb, v); break;
-        case 3: RowDotsF32<W, 3>(w, blocks, x, k, sx, nb, v); break;
-        case 2: RowDotsF32<W, 2>(w, blocks, x, k, sx, nb, v); break;
-        default: RowDotsF32<W, 1>(w, blocks, x, k, sx, nb, v); break;
+      for (int c = 0; c < nw; ++c) {
+        float one[kStripRows];
+        const uint8_t* wc = w + c * row_bytes;
+        switch (mr) {
+          case 4: RowDotsF32<W, 4>(wc, blocks, x, k, sx, nb, one); break;
+          case 3: RowDotsF32<W, 3>(wc, blocks, x, k, sx, nb, one); break;
+          case 2: RowDotsF32<W, 2>(wc, blocks, x, k, sx, nb, one); break;
+          default: RowDotsF32<W, 1>(wc, blocks, x, k, sx, nb, one); break;
+        }
+        for (int r = 0; r < mr; ++r) v[r * nw + c] = one[r];
       }
     }
     for (int r = 0; r < mr; ++r) {
-      float& out = p.y[static_cast<size_t>(r0 + r) * p.n + j];
-      out = p.accumulate ? out + v[r] + bias : v[r] + bias;
+      for (int c = 0; c < nw; ++c) {
+        float& out = p.y[static_cast<size_t>(r0 + r) * p.n + j0 + c];
+        out = p.accumulate ? out + v[r * nw + c] + bias[c] : v[r * nw + c] + bias[c];
+      }
     }
   }
 }
@@ -411,13 +471,15 @@ void QuantGemvItem(const MatmulParams& p, const QuantizedX& qx, int j) {
 template <DType W>
 void QuantGemvLoop(const MatmulParams* ps, int count, const QuantizedX& qx) {
   constexpr int kMaxGroup = 8;
-  int first[kMaxGroup + 1] = {0};  // first[c]: product c's first row in the joint loop
-  for (int c = 0; c < count; ++c) first[c + 1] = first[c] + ps[c].n;
+  const int rows = RowsPerItem(ps[0].m);  // every product of a group has the same x
+  int first[kMaxGroup + 1] = {0};         // first[c]: product c's first item in the joint loop
+  for (int c = 0; c < count; ++c) first[c + 1] = first[c] + (ps[c].n + rows - 1) / rows;
 #pragma omp parallel for schedule(static) num_threads(CpuThreads())
   for (int i = 0; i < first[count]; ++i) {
     int c = 0;
     while (i >= first[c + 1]) ++c;
-    QuantGemvItem<W>(ps[c], qx, i - first[c]);
+    const int j0 = (i - first[c]) * rows;
+    QuantGemvItem<W>(ps[c], qx, j0, std::min(rows, ps[c].n - j0));
   }
 }
 
