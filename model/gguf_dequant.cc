@@ -1,5 +1,6 @@
 #include "model/gguf_dequant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -174,6 +175,38 @@ bool Q4KToQ4_1(const uint8_t* src, int64_t n, uint8_t* dst) {
       for (int l = 0; l < 16; ++l) {
         const int lo = (run[l] >> shift) & 0x0F, hi = (run[l + 16] >> shift) & 0x0F;
         out[4 + l] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+  return true;
+}
+
+bool KQuantToQ8_0(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst) {
+  const int64_t bytes = GgmlBlockBytes(type);
+  float v[256];
+  for (int64_t i = 0; i < n / 256; ++i) {
+    DequantizeGgml(type, src + i * bytes, 256, v);
+    for (int j = 0; j < 8; ++j) {
+      const float* x = v + 32 * j;
+      float amax = 0.f;
+      for (int l = 0; l < 32; ++l) {
+        const float a = std::fabs(x[l]);
+        if (!(a <= std::numeric_limits<float>::max())) return false;  // infinite or not a number
+        amax = std::max(amax, a);
+      }
+      const float want = amax / 127.f;
+      if (!(want <= 65504.f)) return false;  // past fp16's range
+      // The fp16 scale at least amax / 127, so no value needs clamping: the next fp16 up when
+      // rounding went down (positive halves step by one in their bit pattern).
+      uint16_t h = kernels::F32ToF16(want);
+      if (kernels::F16ToF32(h) < want) ++h;
+      const float d = kernels::F16ToF32(h);
+      uint8_t* out = dst + (i * 8 + j) * 34;
+      out[0] = static_cast<uint8_t>(h);
+      out[1] = static_cast<uint8_t>(h >> 8);
+      for (int l = 0; l < 32; ++l) {
+        const float q = d > 0.f ? std::nearbyint(x[l] / d) : 0.f;
+        out[2 + l] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.f, 127.f)));
       }
     }
   }

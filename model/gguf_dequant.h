@@ -61,4 +61,14 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst);
 // dequantise instead). REQUIRES: n a multiple of 256.
 bool Q4KToQ4_1(const uint8_t* src, int64_t n, uint8_t* dst);
 
+// Rewrites n Q5_K or Q6_K values (src: GgmlBytes(type, n) bytes) as n / 32 Q8_0 blocks (dst: 34
+// bytes each, kernels/dtype.h), for the CPU's quantised GEMV: each 32 values' fp32 dequantisation
+// rounded to int8 steps of d = the smallest fp16 >= max |value| / 127, so a value moves by at most
+// d / 2 (about 1/254 of its block's largest magnitude, 2^-25 more below fp16's normal range;
+// Q6_K's own step is 1/32 of its 16-value sub-block's largest, Q5_K's 1/31 of its range; the bf16
+// dequantisation moves each value by up to 2^-9 of itself). False, dst unspecified, when a
+// block's scale exceeds fp16's range or a value is not finite (then dequantise instead).
+// REQUIRES: type kQ5_K or kQ6_K, n a multiple of 256.
+bool KQuantToQ8_0(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst);
+
 }  // namespace icecache::model
