@@ -209,12 +209,13 @@ inline __m128 BlockScales(const uint8_t* blk) {
 
 // out[r * NW + c] = dot(weight row c (rows row_bytes apart from w on), x row r0 + r) for r < MR,
 // c < NW: the block products of kernels/matmul.h with x rounded to Q (int8_t or int16_t) per
-// block. Each (r, c) is one chain of the same operations whatever MR and NW are (a row's bits do
+// block. Each (r, c) is computed by the same operations whatever MR and NW are (a row's bits do
 // not depend on the batch nor on the rows it shares a call with): per block, in block order,
-// acc += float(integer dot) * (d_w * d_x), and for q4 mins = fma(m_w, s_x, mins); at the end the
-// lanes of acc summed in ReduceAdd4x8's tree, plus mins. NW weight rows share each block's x
-// loads and scales (decode, m = 1, runs NW = 4: at k = 576 the per-row setup and the x loads were
-// a large share of a row's ~18 blocks).
+// acc += float(integer dot) * (d_w * d_x) (q8_0: even and odd blocks in two chains), and for q4
+// mins = fma(m_w, s_x, mins); at the end the lanes of acc summed in ReduceAdd4x8's tree, plus
+// mins. NW weight rows share each block's x loads and scales (q4 decode, m = 1, runs NW = 4: at
+// k = 576 the per-row setup, the nibble unpacking and the scalar scale arithmetic were most of a
+// row's ~18 blocks).
 template <DType W, int MR, int NW, typename Q>
 void RowDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& qx, int r0, float* out) {
   constexpr size_t kBytes = kBlockBytes<W>;
@@ -229,11 +230,14 @@ void RowDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& q
     xs[r] = qx.s(r0 + r);
   }
 #if ICE_SIMD_AVX2
-  __m256 acc[MR][NW];
+  // q8_0 keeps two chains per output (even and odd blocks, acc0 / acc1, added before the lane
+  // sum): with no m_w term its block is short, and one chain bound it by the FMAs' latency.
+  constexpr bool kTwoChains = W == DType::kQ8_0;
+  __m256 acc0[MR][NW], acc1[MR][NW];
   __m128 mins[MR][NW];  // q4: lane 0 (q4_0) or 1 (q4_1) holds the sum over blocks of m_w * s_x
   for (int r = 0; r < MR; ++r) {
     for (int c = 0; c < NW; ++c) {
-      acc[r][c] = _mm256_setzero_ps();
+      acc0[r][c] = acc1[r][c] = _mm256_setzero_ps();
       mins[r][c] = _mm_setzero_ps();
     }
   }
@@ -244,7 +248,8 @@ void RowDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& q
   // rows where that is farther (a thread's items are contiguous; with NW rows in flight the
   // stream advances NW blocks a step, and 1 KiB ahead of row c fell inside the item's own rows).
   const size_t ahead = std::max<size_t>(kPrefetchBytes, NW * row_bytes);
-  for (int b = 0; b < blocks; ++b) {
+  // Block b's products into acc (a statically named array, so it stays in registers).
+  auto block = [&](int b, __m256 (&acc)[MR][NW]) __attribute__((always_inline)) {
     // The x side of the block, for every weight row: d_x in lane 0; s_x where the block's
     // BlockScales lane multiplies it (q4_1: m_w in lane 1; q4_0: m_w = -8 d_w, so -8 s_x against
     // d_w in lane 0, the same exact product), 0 in the other lanes.
@@ -296,11 +301,22 @@ void RowDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& q
         if constexpr (kMins) mins[r][c] = _mm_fmadd_ps(dm, sx[r], mins[r][c]);
       }
     }
+  };
+  int b = 0;
+  if constexpr (kTwoChains) {
+    for (; b + 2 <= blocks; b += 2) {
+      block(b, acc0);
+      block(b + 1, acc1);
+    }
   }
+  for (; b < blocks; ++b) block(b, acc0);
   // Four chains' sums at a time in ReduceAdd4x8's tree (zeros fill a last group).
   constexpr int kChains = MR * NW;
   __m256 flat[kChains + 3];
-  for (int i = 0; i < kChains + 3; ++i) flat[i] = i < kChains ? acc[i / NW][i % NW] : _mm256_setzero_ps();
+  for (int i = 0; i < kChains + 3; ++i) {
+    flat[i] = _mm256_setzero_ps();
+    if (i < kChains) flat[i] = kTwoChains ? _mm256_add_ps(acc0[i / NW][i % NW], acc1[i / NW][i % NW]) : acc0[i / NW][i % NW];
+  }
   for (int i = 0; i < kChains; i += 4) {
     alignas(16) float s[4];
     _mm_store_ps(s, ReduceAdd4x8(flat[i], flat[i + 1], flat[i + 2], flat[i + 3]));
@@ -399,9 +415,13 @@ void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const 
 
 constexpr int kStripRows = 4;
 
-// Weight rows per work item: a 1- or 2-row x shares each block's loads and scales across 4 or 2
-// weight rows (RowDots' NW); more x rows are themselves the reuse.
-inline int RowsPerItem(int m) { return m == 1 ? 4 : m == 2 ? 2 : 1; }
+// Weight rows per work item: for q4 a 1- or 2-row x shares each block's loads and scales across 4
+// or 2 weight rows (RowDots' NW); more x rows are themselves the reuse. q8_0 stays at one: its
+// block has little to share (no nibbles, no m_w), and four interleaved row streams read slower
+// from memory (SmolLM2's 49152 x 576 lm_head on a Zen 3 guest, 2 threads: 1.4-1.6 ms against
+// 1.0-1.3 for one row at a time).
+template <DType W>
+inline int RowsPerItem(int m) { return W == DType::kQ8_0 ? 1 : m == 1 ? 4 : m == 2 ? 2 : 1; }
 
 // v[r * nw + c] = RowDots of x rows r0 .. r0 + mr - 1 and weight rows c < nw from w on.
 template <DType W, typename Q>
@@ -471,7 +491,7 @@ void QuantGemvItem(const MatmulParams& p, const QuantizedX& qx, int j0, int nw) 
 template <DType W>
 void QuantGemvLoop(const MatmulParams* ps, int count, const QuantizedX& qx) {
   constexpr int kMaxGroup = 8;
-  const int rows = RowsPerItem(ps[0].m);  // every product of a group has the same x
+  const int rows = RowsPerItem<W>(ps[0].m);  // every product of a group has the same x
   int first[kMaxGroup + 1] = {0};         // first[c]: product c's first item in the joint loop
   for (int c = 0; c < count; ++c) first[c + 1] = first[c] + (ps[c].n + rows - 1) / rows;
 #pragma omp parallel for schedule(static) num_threads(CpuThreads())
