@@ -189,34 +189,37 @@ TEST(QuantMatmulTest, EachRowOfABatchMatchesTheRowAlone) {
   }
 }
 
-// MatmulGroup's joint loop (q/k/v, gate/up of one x) gives each product's Matmul values.
+// MatmulGroup's joint loop (q/k/v, gate/up of one x) gives each product's Matmul values, with one
+// x row (items of several weight rows, products of 17 rows ending in a partial item) and three.
 TEST(QuantMatmulTest, GroupMatchesSeparateProducts) {
   uint32_t seed = 611;
   for (DType t : kTypes) {
     for (QuantActivations mode : {QuantActivations::kFp32, QuantActivations::kInt16, QuantActivations::kInt8}) {
-      const int m = 3, k = 192;
-      const int ns[] = {64, 17, 17};
-      const auto x = RandomVector(static_cast<size_t>(m) * k, seed++);
-      std::vector<testing::Typed> ws;
-      std::vector<std::vector<float>> ys, alone;
-      MatmulParams ps[3];
-      for (int c = 0; c < 3; ++c) {
-        ws.push_back(ToTyped(t, RandomVector(static_cast<size_t>(ns[c]) * k, seed++)));
-        ys.emplace_back(static_cast<size_t>(m) * ns[c], 0.f);
+      for (const int m : {1, 3}) {
+        const int k = 192;
+        const int ns[] = {64, 17, 17};
+        const auto x = RandomVector(static_cast<size_t>(m) * k, seed++);
+        std::vector<testing::Typed> ws;
+        std::vector<std::vector<float>> ys, alone;
+        MatmulParams ps[3];
+        for (int c = 0; c < 3; ++c) {
+          ws.push_back(ToTyped(t, RandomVector(static_cast<size_t>(ns[c]) * k, seed++)));
+          ys.emplace_back(static_cast<size_t>(m) * ns[c], 0.f);
+        }
+        for (int c = 0; c < 3; ++c) {
+          ps[c].x = x.data();
+          ps[c].w = ws[c].bytes.data();
+          ps[c].w_dtype = t;
+          ps[c].y = ys[c].data();
+          ps[c].m = m;
+          ps[c].n = ns[c];
+          ps[c].k = k;
+          ps[c].quant_activations = mode;
+          alone.push_back(RunQuant({m, ns[c], k, t, false, false}, x, ws[c].bytes, {}, ys[c], mode));
+        }
+        ASSERT_TRUE(MatmulGroup(ps, 3).ok());
+        for (int c = 0; c < 3; ++c) EXPECT_EQ(ys[c], alone[c]) << DTypeName(t) << " m=" << m << " product " << c;
       }
-      for (int c = 0; c < 3; ++c) {
-        ps[c].x = x.data();
-        ps[c].w = ws[c].bytes.data();
-        ps[c].w_dtype = t;
-        ps[c].y = ys[c].data();
-        ps[c].m = m;
-        ps[c].n = ns[c];
-        ps[c].k = k;
-        ps[c].quant_activations = mode;
-        alone.push_back(RunQuant({m, ns[c], k, t, false, false}, x, ws[c].bytes, {}, ys[c], mode));
-      }
-      ASSERT_TRUE(MatmulGroup(ps, 3).ok());
-      for (int c = 0; c < 3; ++c) EXPECT_EQ(ys[c], alone[c]) << DTypeName(t) << " product " << c;
     }
   }
 }
