@@ -8,14 +8,15 @@
 //  * kInt8: x rounded to int8; per block and row one `vpmaddubsw` + `vpmaddwd` (u8 x s8 pairs,
 //    then pairs of int16 into int32) and the same FMA; q8_0's signed weights go through `vpsignb`
 //    (|w| as u8, x with w's sign) (RowDots<..., int8_t>).
-// All keep two accumulator chains per row (even and odd blocks) so the FMA latency does not
-// bind, and prefetch the weight stream 1 KiB ahead of the block they read (int16 at 14336 x 4096
-// on Zen 3: 2.3-2.4 ms against 3.1-3.8 without; the hardware prefetcher alone runs short). The
-// ymm forms run on the avx512 target as well; scalar and neon targets run the same sums
-// in plain loops.
-// Work items are weight rows (all x rows of one weight row per item, so its blocks are read from
-// memory once), split statically over the OpenMP team; several products of one x in one loop
-// (MatmulGroup).
+// The FMA latency does not bind: the fp32 form and q8_0 keep two accumulator chains per output
+// (even and odd blocks), the q4 int forms have 4 outputs in flight at m = 1 (items of 4 weight
+// rows). All prefetch the weight stream ahead of the block they read, 1 KiB or one item's rows
+// (int16 at 14336 x 4096 on Zen 3: 2.3-2.4 ms against 3.1-3.8 without; the hardware prefetcher
+// alone runs short). The ymm forms run on the avx512 target as well; scalar and neon targets run
+// the same sums in plain loops.
+// Work items are weight rows, for q4 with one or two x rows 4 or 2 of them (RowsPerItem), all x
+// rows of those weight rows in the item (their blocks are read from memory once), split
+// statically over the OpenMP team; several products of one x in one loop (MatmulGroup).
 
 #include "kernels/simd_target.h"
 #include "kernels/cpu/simd.h"  // switches code generation to the target
