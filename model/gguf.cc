@@ -289,8 +289,8 @@ StatusOr<GgufContents> ParseGguf(const uint8_t* bytes, size_t size, std::string_
     ICE_RETURN_IF_ERROR(r.U32(&type, where + " type"));
     if (!GgmlTypeSupported(type)) {
       return InvalidArgumentError(src + ": " + where + " has type " + GgmlTypeName(type) +
-                                  ", which icecache does not load (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, "
-                                  "Q5_K, Q6_K)");
+                                  ", which icecache does not load (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                                  "Q5_1, Q4_K, Q5_K, Q6_K)");
     }
     t.type = static_cast<GgmlType>(type);
     if (t.ne[0] % GgmlBlockValues(t.type) != 0) {

@@ -67,6 +67,25 @@ void DequantQ5_K(const uint8_t* b, float* y) {
   }
 }
 
+// The 5-bit value l (0..31) of a Q5_0 / Q5_1 block whose qh starts at p (qs follows it): nibble
+// l % 16 of qs (low nibbles for l < 16) and bit l of the little-endian qh.
+int Q5Value(const uint8_t* p, int l) {
+  const uint8_t* qs = p + 4;
+  const int nib = l < 16 ? qs[l] & 0x0F : qs[l - 16] >> 4;
+  return nib | ((p[l / 8] >> (l % 8)) & 1) << 4;
+}
+
+// Q5_0 (offset 16, no m) and Q5_1.
+template <bool kMin>
+void DequantQ5(const uint8_t* b, float* y) {
+  const float d = F16(b);
+  const uint8_t* p = b + (kMin ? 4 : 2);
+  for (int l = 0; l < 32; ++l) {
+    const int q = Q5Value(p, l);
+    y[l] = kMin ? d * static_cast<float>(q) + F16(b + 2) : d * static_cast<float>(q - 16);
+  }
+}
+
 void DequantQ6_K(const uint8_t* b, float* y) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
@@ -103,6 +122,8 @@ bool GgmlTypeSupported(uint32_t type) {
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: return true;
@@ -126,7 +147,9 @@ int64_t GgmlBlockValues(GgmlType type) {
     case GgmlType::kBF16: return 1;
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1: return 32;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: return 32;
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: return 256;
@@ -142,6 +165,8 @@ int64_t GgmlBlockBytes(GgmlType type) {
     case GgmlType::kQ8_0: return 34;
     case GgmlType::kQ4_0: return 18;
     case GgmlType::kQ4_1: return 20;
+    case GgmlType::kQ5_0: return 22;
+    case GgmlType::kQ5_1: return 24;
     case GgmlType::kQ4_K: return 144;
     case GgmlType::kQ5_K: return 176;
     case GgmlType::kQ6_K: return 210;
@@ -181,12 +206,23 @@ bool Q4KToQ4_1(const uint8_t* src, int64_t n, uint8_t* dst) {
   return true;
 }
 
-bool KQuantToQ8_0(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst) {
-  const int64_t bytes = GgmlBlockBytes(type);
+bool AsQ8_0Blocks(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst) {
+  const int64_t bytes = GgmlBlockBytes(type), bv = GgmlBlockValues(type);
+  if (type == GgmlType::kQ5_0) {
+    // Exact: the same d, and the 5-bit values minus 16 (-16 .. 15) as int8.
+    for (int64_t i = 0; i < n / 32; ++i) {
+      const uint8_t* b = src + i * bytes;
+      uint8_t* out = dst + i * 34;
+      out[0] = b[0];
+      out[1] = b[1];
+      for (int l = 0; l < 32; ++l) out[2 + l] = static_cast<uint8_t>(static_cast<int8_t>(Q5Value(b + 2, l) - 16));
+    }
+    return true;
+  }
   float v[256];
-  for (int64_t i = 0; i < n / 256; ++i) {
-    DequantizeGgml(type, src + i * bytes, 256, v);
-    for (int j = 0; j < 8; ++j) {
+  for (int64_t i = 0; i < n / bv; ++i) {
+    DequantizeGgml(type, src + i * bytes, bv, v);
+    for (int j = 0; j < bv / 32; ++j) {
       const float* x = v + 32 * j;
       float amax = 0.f;
       for (int l = 0; l < 32; ++l) {
@@ -201,7 +237,7 @@ bool KQuantToQ8_0(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst) {
       uint16_t h = kernels::F32ToF16(want);
       if (kernels::F16ToF32(h) < want) ++h;
       const float d = kernels::F16ToF32(h);
-      uint8_t* out = dst + (i * 8 + j) * 34;
+      uint8_t* out = dst + (i * (bv / 32) + j) * 34;
       out[0] = static_cast<uint8_t>(h);
       out[1] = static_cast<uint8_t>(h >> 8);
       for (int l = 0; l < 32; ++l) {
@@ -244,6 +280,8 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
     const uint8_t* b = src + i * bb;
     float* y = dst + i * bv;
     switch (type) {
+      case GgmlType::kQ5_0: DequantQ5<false>(b, y); break;
+      case GgmlType::kQ5_1: DequantQ5<true>(b, y); break;
       case GgmlType::kQ4_K: DequantQ4_K(b, y); break;
       case GgmlType::kQ5_K: DequantQ5_K(b, y); break;
       case GgmlType::kQ6_K: DequantQ6_K(b, y); break;

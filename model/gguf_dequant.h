@@ -5,6 +5,9 @@
 //   Q8_0  32 values: f16 d, int8 q[32];                       x = d * q
 //   Q4_0  32 values: f16 d, u8 qs[16] (low nibbles = values 0..15, high = 16..31); x = d * (nibble - 8)
 //   Q4_1  32 values: f16 d, f16 m, u8 qs[16] (as Q4_0);      x = d * nibble + m
+//   Q5_0  32 values: f16 d, u32 qh (bit l = the fifth bit of value l), u8 qs[16] (as Q4_0);
+//         x = d * (q - 16)
+//   Q5_1  32 values: f16 d, f16 m, u32 qh, u8 qs[16] (as Q5_0); x = d * q + m
 //   Q4_K  256 values in 8 sub-blocks of 32: f16 d, f16 dmin, u8 scales[12] (6-bit scale and min per
 //         sub-block), u8 qs[128] (each 32-byte run holds two sub-blocks: low then high nibbles);
 //         x = d * scale * nibble - dmin * min
@@ -30,6 +33,8 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ5_K = 13,
@@ -61,14 +66,15 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, int64_t n, float* dst);
 // dequantise instead). REQUIRES: n a multiple of 256.
 bool Q4KToQ4_1(const uint8_t* src, int64_t n, uint8_t* dst);
 
-// Rewrites n Q5_K or Q6_K values (src: GgmlBytes(type, n) bytes) as n / 32 Q8_0 blocks (dst: 34
-// bytes each, kernels/dtype.h), for the CPU's quantised GEMV: each 32 values' fp32 dequantisation
-// rounded to int8 steps of d = the smallest fp16 >= max |value| / 127, so a value moves by at most
-// d / 2 (about 1/254 of its block's largest magnitude, 2^-25 more below fp16's normal range;
-// Q6_K's own step is 1/32 of its 16-value sub-block's largest, Q5_K's 1/31 of its range; the bf16
+// Rewrites n Q5_0, Q5_1, Q5_K or Q6_K values (src: GgmlBytes(type, n) bytes) as n / 32 Q8_0
+// blocks (dst: 34 bytes each, kernels/dtype.h), for the CPU's quantised GEMV. Q5_0 exactly (its d,
+// and q - 16 as the int8 values). The others: each 32 values' fp32 dequantisation rounded to int8
+// steps of d = the smallest fp16 >= max |value| / 127, so a value moves by at most d / 2 (about
+// 1/254 of its block's largest magnitude, 2^-25 more below fp16's normal range; Q6_K's own step is
+// 1/32 of its 16-value sub-block's largest, the 5-bit types' 1/31 of their range; the bf16
 // dequantisation moves each value by up to 2^-9 of itself). False, dst unspecified, when a
 // block's scale exceeds fp16's range or a value is not finite (then dequantise instead).
-// REQUIRES: type kQ5_K or kQ6_K, n a multiple of 256.
-bool KQuantToQ8_0(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst);
+// REQUIRES: one of those types, n a multiple of GgmlBlockValues(type).
+bool AsQ8_0Blocks(GgmlType type, const uint8_t* src, int64_t n, uint8_t* dst);
 
 }  // namespace icecache::model

@@ -292,12 +292,14 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
         continue;
       }
     }
-    if (keepable && (t.type == GgmlType::kQ5_K || t.type == GgmlType::kQ6_K)) {
-      // Q5_K / Q6_K as Q8_0 blocks (KQuantToQ8_0: one int8 rounding per value, 1.06 bytes a
-      // value where the bf16 dequantisation takes 2), in a copy.
+    if (keepable && (t.type == GgmlType::kQ5_0 || t.type == GgmlType::kQ5_1 || t.type == GgmlType::kQ5_K ||
+                     t.type == GgmlType::kQ6_K)) {
+      // Q5_0 / Q5_1 / Q5_K / Q6_K as Q8_0 blocks (AsQ8_0Blocks: Q5_0 exactly, the others one
+      // int8 rounding per value; 1.06 bytes a value where the bf16 dequantisation takes 2), in a
+      // copy.
       const int64_t n = t.numel();
       std::vector<uint8_t> out(static_cast<size_t>(n / 32 * 34));
-      if (KQuantToQ8_0(t.type, src, n, out.data())) {
+      if (AsQ8_0Blocks(t.type, src, n, out.data())) {
         info.dtype = kernels::DType::kQ8_0;
         info.end = out.size();
         owner->buffers.push_back(std::move(out));

@@ -15,8 +15,8 @@
 // with GgufLoadOptions::keep_blocks so are the Q8_0, Q4_0 and Q4_1 matrices (the kernels' block
 // types, kernels/dtype.h: Matmul multiplies them in their blocks), and Q4_K matrices become Q4_1
 // blocks in a copy (model/gguf_dequant.h, Q4KToQ4_1: fp16 rounding of each 32-value sub-block's
-// scale and min, no rounding of the values), Q5_K and Q6_K matrices Q8_0 blocks (KQuantToQ8_0:
-// each value rounded to its 32-value block's int8 steps). Other quantised tensors are
+// scale and min, no rounding of the values), Q5_0 / Q5_1 / Q5_K / Q6_K matrices Q8_0 blocks
+// (AsQ8_0Blocks: Q5_0 exactly, the others each value rounded to its 32-value block's int8 steps). Other quantised tensors are
 // dequantised at load into `quantized_dtype` (bf16 by default: each weight is the format's exact
 // fp32 value rounded to nearest-even bf16, relative error <= 2^-9).
 // For "llama", q_proj and k_proj rows are un-permuted: the converter stored them as

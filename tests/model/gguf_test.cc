@@ -94,14 +94,36 @@ TEST(GgufTest, Q4KBecomesQ4_1WithinTheFp16RoundingOfItsScales) {
   EXPECT_FALSE(Q4KToQ4_1(big.data(), 256, blocks.data()));
 }
 
-// Q5_K / Q6_K kept on the CPU become Q8_0 blocks (KQuantToQ8_0): each block's scale the smallest
-// fp16 at or above max |value| / 127, every value within half that scale of the gguf package's
-// K-quant value; a value that is not finite, or a scale past fp16's range, is refused so the
-// loader dequantises instead.
-TEST(GgufTest, Q5KAndQ6KBecomeQ8_0WithinHalfAStep) {
-  auto file = GgufFile::Open(kDir + "dequant.gguf");
+// Q5_0 and Q5_1 (their own fixture, written later with its own random stream) dequantise as the
+// gguf package does, bit for bit.
+TEST(GgufTest, DequantisesQ5_0AndQ5_1AsTheGgufPackageDoes) {
+  auto file = GgufFile::Open(kDir + "dequant_q5.gguf");
   ASSERT_TRUE(file.ok()) << file.status().ToString();
-  for (const char* name : {"q5_k", "q6_k"}) {
+  const std::vector<uint8_t> ref = ReadAll(kDir + "dequant_q5_reference.f32");
+  const GgufContents& c = (*file)->contents();
+  ASSERT_EQ(c.tensors.size(), 2u);
+  ASSERT_EQ(ref.size(), 2u * 1024 * 4);
+  for (size_t i = 0; i < 2; ++i) {
+    const GgufTensor& t = c.tensors[i];
+    EXPECT_EQ(t.name, i == 0 ? "q5_0" : "q5_1");
+    std::vector<float> got(1024), want(1024);
+    std::memcpy(want.data(), ref.data() + i * 4096, 4096);
+    DequantizeGgml(t.type, (*file)->data(t), 1024, got.data());
+    int mismatches = 0;
+    for (int k = 0; k < 1024; ++k) mismatches += got[k] != want[k];
+    EXPECT_EQ(mismatches, 0) << t.name;
+  }
+}
+
+// Q5_0 / Q5_1 / Q5_K / Q6_K kept on the CPU become Q8_0 blocks (AsQ8_0Blocks): Q5_0 exactly; the
+// others with each block's scale the smallest fp16 at or above max |value| / 127 and every value
+// within half that scale of the gguf package's value; a value that is not finite, or a scale past
+// fp16's range, is refused so the loader dequantises instead.
+TEST(GgufTest, FiveAndSixBitTypesBecomeQ8_0WithinHalfAStep) {
+  for (const auto& [fixture, name] : std::vector<std::pair<std::string, std::string>>{
+           {"dequant_q5.gguf", "q5_0"}, {"dequant_q5.gguf", "q5_1"}, {"dequant.gguf", "q5_k"}, {"dequant.gguf", "q6_k"}}) {
+    auto file = GgufFile::Open(kDir + fixture);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
     const GgufTensor* t = nullptr;
     for (const GgufTensor& x : (*file)->contents().tensors) {
       if (x.name == name) t = &x;
@@ -110,8 +132,12 @@ TEST(GgufTest, Q5KAndQ6KBecomeQ8_0WithinHalfAStep) {
     std::vector<float> want(1024), got(1024);
     DequantizeGgml(t->type, (*file)->data(*t), 1024, want.data());
     std::vector<uint8_t> blocks(1024 / 32 * 34);
-    ASSERT_TRUE(KQuantToQ8_0(t->type, (*file)->data(*t), 1024, blocks.data())) << name;
+    ASSERT_TRUE(AsQ8_0Blocks(t->type, (*file)->data(*t), 1024, blocks.data())) << name;
     kernels::ConvertToF32(kernels::DType::kQ8_0, blocks.data(), got.data(), 1024);
+    if (t->type == GgmlType::kQ5_0) {
+      EXPECT_EQ(got, want) << name;  // exact
+      continue;
+    }
     double worst = 0;
     for (int b = 0; b < 32; ++b) {
       float amax = 0;
@@ -125,19 +151,21 @@ TEST(GgufTest, Q5KAndQ6KBecomeQ8_0WithinHalfAStep) {
         ASSERT_LE(err, d / 2 * (1 + 1e-6)) << name << " block " << b << " value " << i;
       }
     }
-    std::printf("%s -> Q8_0: largest |difference| / block max = %.3g\n", name, worst);
+    std::printf("%s -> Q8_0: largest |difference| / block max = %.3g\n", name.c_str(), worst);
     // Not finite, or past fp16's range: refused.
+    const int64_t n = GgmlBlockValues(t->type);
     std::vector<uint8_t> bad((*file)->data(*t), (*file)->data(*t) + GgmlBlockBytes(t->type));
     const size_t d_at = t->type == GgmlType::kQ6_K ? 208 : 0;  // the block's fp16 d
     bad[d_at] = 0x00;
     bad[d_at + 1] = 0x7e;  // NaN
-    EXPECT_FALSE(KQuantToQ8_0(t->type, bad.data(), 256, blocks.data())) << name;
+    EXPECT_FALSE(AsQ8_0Blocks(t->type, bad.data(), n, blocks.data())) << name;
+    if (t->type == GgmlType::kQ5_1) continue;  // its values reach d * 31 + m only
     bad[d_at] = 0xff;
     bad[d_at + 1] = 0x7b;  // 65504: values up to 65504 * 127 * 32 (Q6_K) or * 63 * 31 (Q5_K)
     for (size_t i = 0; i < bad.size(); ++i) {
       if (i != d_at && i != d_at + 1 && (t->type == GgmlType::kQ6_K || i >= 4)) bad[i] = 0x7f;
     }
-    EXPECT_FALSE(KQuantToQ8_0(t->type, bad.data(), 256, blocks.data())) << name;
+    EXPECT_FALSE(AsQ8_0Blocks(t->type, bad.data(), n, blocks.data())) << name;
   }
 }
 

@@ -10,6 +10,8 @@ Outputs:
   dequant.gguf            one [4, 256] tensor per supported type (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K
                           Q5_K Q6_K); quantised blocks are random bytes with finite scales
   dequant_reference.f32   gguf.quants.dequantize of each, little-endian f32, in the same order
+  dequant_q5.gguf, dequant_q5_reference.f32  the same for Q5_0 and Q5_1 (added later, its own
+                          random stream: the files above did not change)
   tiny_llama.gguf         a 2-layer llama (hidden 256, 4 q / 2 kv heads, head_dim 64, vocab 300)
                           whose weights use every type, q/k stored row-permuted as llama.cpp's
                           converter does, with a gpt2 byte-level tokenizer (pre "smollm") and a
@@ -36,21 +38,24 @@ BLOCK = {
     T.Q8_0: (32, 34, [0]),
     T.Q4_0: (32, 18, [0]),
     T.Q4_1: (32, 20, [0, 2]),
+    T.Q5_0: (32, 22, [0]),
+    T.Q5_1: (32, 24, [0, 2]),
     T.Q4_K: (256, 144, [0, 2]),
     T.Q5_K: (256, 176, [0, 2]),
     T.Q6_K: (256, 210, [208]),
 }
 
 
-def random_blocks(qtype, rows, cols, scale):
+def random_blocks(qtype, rows, cols, scale, rng=RNG):
     """Random quantised rows: random bytes, fp16 scale fields set to finite values ~ scale."""
     values, nbytes, scale_offsets = BLOCK[qtype]
     nblocks = rows * cols // values
-    raw = RNG.integers(0, 256, size=(nblocks, nbytes), dtype=np.uint8)
+    raw = rng.integers(0, 256, size=(nblocks, nbytes), dtype=np.uint8)
     for off in scale_offsets:
-        s = (RNG.standard_normal(nblocks) * scale).astype(np.float16)
-        if qtype == T.Q4_1 and off == 2:  # the min: centre the values
-            s = (-8 * np.abs(raw[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float32))).astype(np.float16)
+        s = (rng.standard_normal(nblocks) * scale).astype(np.float16)
+        if qtype in (T.Q4_1, T.Q5_1) and off == 2:  # the min: centre the values
+            half = 8 if qtype == T.Q4_1 else 16
+            s = (-half * np.abs(raw[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float32))).astype(np.float16)
         raw[:, off:off + 2] = s.view(np.uint8).reshape(nblocks, 2)
     return raw.reshape(rows, cols // values * nbytes)
 
@@ -266,6 +271,23 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
+def write_dequant_q5(out):
+    """dequant_q5.gguf / dequant_q5_reference.f32: Q5_0 and Q5_1 [4, 256] tensors (written after
+    the rest, with their own random stream, so the other fixtures stay as they were)."""
+    rng = np.random.default_rng(20261207)
+    w = gguf.GGUFWriter(os.path.join(out, "dequant_q5.gguf"), "llama")
+    refs = []
+    for t in (T.Q5_0, T.Q5_1):
+        raw = random_blocks(t, 4, 256, 1.0, rng)
+        add(w, t.name.lower(), raw, t)
+        refs.append(gguf.quants.dequantize(raw, t).reshape(-1).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    np.concatenate(refs).astype("<f4").tofile(os.path.join(out, "dequant_q5_reference.f32"))
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/gguf"
     os.makedirs(out, exist_ok=True)
@@ -273,6 +295,7 @@ def main():
     write_tiny_llama(out)
     write_tiny_llama(out, "qwen2")
     write_tiny_llama(out, "qwen3")
+    write_dequant_q5(out)
 
 
 if __name__ == "__main__":
