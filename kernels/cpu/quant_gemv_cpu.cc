@@ -359,7 +359,7 @@ void RowDotsF32(const uint8_t* w, int blocks, const float* x, size_t ldx, const 
   __m256 acc0[MR], acc1[MR];
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
   const __m128i low = _mm_set1_epi8(0x0F);
-  auto block = [&](int b, __m256 (&acc)[MR], float (&mn)[MR]) {
+  auto block = [&](int b, __m256 (&acc)[MR], float (&mn)[MR]) __attribute__((always_inline)) {
     const uint8_t* blk = w + static_cast<size_t>(b) * kBytes;
     _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
     const __m256 dw = _mm256_set1_ps(HalfAt(blk));
