@@ -279,28 +279,18 @@ StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpoint(std::shared_ptr<const GgufF
     }
     const bool keepable = options.keep_blocks && options.tp_size == 1 && t.ne.size() == 2;
     const bool keep = keepable && kernels::IsBlockQuantized(BlockDType(t.type));
-    if (keepable && t.type == GgmlType::kQ4_K) {
-      // Q4_K's 32-value sub-blocks as Q4_1 blocks (fp16 scale and min: Q4KToQ4_1), in a copy.
+    // Q4_K as Q4_1 blocks (Q4KToQ4_1: fp16 rounding of each sub-block's scale and min), the 5- and
+    // 6-bit types as Q8_0 blocks (AsQ8_0Blocks: Q5_0 exactly, the others one int8 rounding per
+    // value; 1.06 bytes a value where the bf16 dequantisation takes 2), in a copy; a scale past
+    // fp16's range leaves the matrix to the dequantisation below.
+    const bool to_q8 = t.type == GgmlType::kQ5_0 || t.type == GgmlType::kQ5_1 || t.type == GgmlType::kQ5_K ||
+                       t.type == GgmlType::kQ6_K;
+    if (keepable && (t.type == GgmlType::kQ4_K || to_q8)) {
       const int64_t n = t.numel();
-      std::vector<uint8_t> out(static_cast<size_t>(n / 32 * 20));
-      if (Q4KToQ4_1(src, n, out.data())) {
-        info.dtype = kernels::DType::kQ4_1;
-        info.end = out.size();
-        owner->buffers.push_back(std::move(out));
-        infos.push_back(info);
-        data.push_back(owner->buffers.back().data());
-        continue;
-      }
-    }
-    if (keepable && (t.type == GgmlType::kQ5_0 || t.type == GgmlType::kQ5_1 || t.type == GgmlType::kQ5_K ||
-                     t.type == GgmlType::kQ6_K)) {
-      // Q5_0 / Q5_1 / Q5_K / Q6_K as Q8_0 blocks (AsQ8_0Blocks: Q5_0 exactly, the others one
-      // int8 rounding per value; 1.06 bytes a value where the bf16 dequantisation takes 2), in a
-      // copy.
-      const int64_t n = t.numel();
-      std::vector<uint8_t> out(static_cast<size_t>(n / 32 * 34));
-      if (AsQ8_0Blocks(t.type, src, n, out.data())) {
-        info.dtype = kernels::DType::kQ8_0;
+      const kernels::DType as = to_q8 ? kernels::DType::kQ8_0 : kernels::DType::kQ4_1;
+      std::vector<uint8_t> out(kernels::DTypeBytes(as, static_cast<size_t>(n)));
+      if (to_q8 ? AsQ8_0Blocks(t.type, src, n, out.data()) : Q4KToQ4_1(src, n, out.data())) {
+        info.dtype = as;
         info.end = out.size();
         owner->buffers.push_back(std::move(out));
         infos.push_back(info);

@@ -16,9 +16,10 @@
 // types, kernels/dtype.h: Matmul multiplies them in their blocks), and Q4_K matrices become Q4_1
 // blocks in a copy (model/gguf_dequant.h, Q4KToQ4_1: fp16 rounding of each 32-value sub-block's
 // scale and min, no rounding of the values), Q5_0 / Q5_1 / Q5_K / Q6_K matrices Q8_0 blocks
-// (AsQ8_0Blocks: Q5_0 exactly, the others each value rounded to its 32-value block's int8 steps). Other quantised tensors are
-// dequantised at load into `quantized_dtype` (bf16 by default: each weight is the format's exact
-// fp32 value rounded to nearest-even bf16, relative error <= 2^-9).
+// (AsQ8_0Blocks: Q5_0 exactly, the others each value rounded to its 32-value block's int8
+// steps). Other quantised tensors are dequantised at load into `quantized_dtype` (bf16 by
+// default: each weight is the format's exact fp32 value rounded to nearest-even bf16, relative
+// error <= 2^-9).
 // For "llama", q_proj and k_proj rows are un-permuted: the converter stored them as
 // W.reshape(n_head, 2, head_dim / 2, in).swapaxes(1, 2) (rotary pairs interleaved); Qwen2/3
 // files are stored unpermuted.
@@ -40,7 +41,8 @@ struct GgufLoadOptions {
   kernels::DType quantized_dtype = kernels::DType::kBF16;  // kBF16, kF16 or kF32
   // Q8_0, Q4_0 and Q4_1 matrices keep their blocks (kernels::DType kQ8_0/kQ4_0/kQ4_1; q/k rows
   // un-permuted into a copy, everything else served from the mapping); Q4_K matrices become Q4_1
-  // blocks. Ignored under tensor parallelism (tp_size > 1), whose slices are dequantised.
+  // blocks, Q5_0 / Q5_1 / Q5_K / Q6_K Q8_0 blocks (copies). Ignored under tensor parallelism
+  // (tp_size > 1), whose slices are dequantised.
   bool keep_blocks = false;
   // Tensor parallelism (model/shard_plan.h): with tp_size > 1 the quantised tensors a rank slices
   // (q/k/v_proj, gate/up_proj: its rows; o_proj, down_proj: its columns) are dequantised only in

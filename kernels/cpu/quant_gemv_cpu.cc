@@ -18,6 +18,8 @@
 // rows of those weight rows in the item (their blocks are read from memory once), split
 // statically over the OpenMP team; several products of one x in one loop (MatmulGroup).
 
+#include <type_traits>  // std::integral_constant
+
 #include "kernels/simd_target.h"
 #include "kernels/cpu/simd.h"  // switches code generation to the target
 
@@ -424,23 +426,36 @@ constexpr int kStripRows = 4;
 template <DType W>
 inline int RowsPerItem(int m) { return W == DType::kQ8_0 ? 1 : m == 1 ? 4 : m == 2 ? 2 : 1; }
 
+// v[r * nw + c] for x rows r < mr and weight rows c < nw, one weight row at a time: rows(c, kMr,
+// one) writes weight row c's results for the kMr x rows (kMr a std::integral_constant, 1..4).
+template <typename Rows>
+void EachWeightRow(int mr, int nw, float* v, Rows&& rows) {
+  auto each = [&](auto kMr) {
+    for (int c = 0; c < nw; ++c) {
+      float one[kStripRows];
+      rows(c, kMr, one);
+      for (int r = 0; r < kMr; ++r) v[r * nw + c] = one[r];
+    }
+  };
+  switch (mr) {
+    case 4: return each(std::integral_constant<int, 4>{});
+    case 3: return each(std::integral_constant<int, 3>{});
+    case 2: return each(std::integral_constant<int, 2>{});
+    default: return each(std::integral_constant<int, 1>{});
+  }
+}
+
 // v[r * nw + c] = RowDots of x rows r0 .. r0 + mr - 1 and weight rows c < nw from w on.
 template <DType W, typename Q>
 void ItemDots(const uint8_t* w, size_t row_bytes, int blocks, const QuantizedX& qx, int r0, int mr, int nw,
               float* v) {
-  if (mr == 1 && nw == 4) return RowDots<W, 1, 4, Q>(w, row_bytes, blocks, qx, r0, v);
-  if (mr == 2 && nw == 2) return RowDots<W, 2, 2, Q>(w, row_bytes, blocks, qx, r0, v);
-  for (int c = 0; c < nw; ++c) {
-    float one[kStripRows];
-    const uint8_t* wc = w + c * row_bytes;
-    switch (mr) {
-      case 4: RowDots<W, 4, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
-      case 3: RowDots<W, 3, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
-      case 2: RowDots<W, 2, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
-      default: RowDots<W, 1, 1, Q>(wc, row_bytes, blocks, qx, r0, one); break;
-    }
-    for (int r = 0; r < mr; ++r) v[r * nw + c] = one[r];
+  if constexpr (W != DType::kQ8_0) {  // q8_0 items are one weight row (RowsPerItem)
+    if (mr == 1 && nw == 4) return RowDots<W, 1, 4, Q>(w, row_bytes, blocks, qx, r0, v);
+    if (mr == 2 && nw == 2) return RowDots<W, 2, 2, Q>(w, row_bytes, blocks, qx, r0, v);
   }
+  EachWeightRow(mr, nw, v, [&](int c, auto kMr, float* one) {
+    RowDots<W, kMr, 1, Q>(w + c * row_bytes, row_bytes, blocks, qx, r0, one);
+  });
 }
 
 // Weight rows j0 .. j0 + nw - 1 (nw <= 4) of p against every x row.
@@ -468,17 +483,9 @@ void QuantGemvItem(const MatmulParams& p, const QuantizedX& qx, int j0, int nw) 
       const float* x = p.x + static_cast<size_t>(r0) * p.k;
       const float* sx = qx.s(r0);
       const size_t k = static_cast<size_t>(p.k), nb = qx.blocks();
-      for (int c = 0; c < nw; ++c) {
-        float one[kStripRows];
-        const uint8_t* wc = w + c * row_bytes;
-        switch (mr) {
-          case 4: RowDotsF32<W, 4>(wc, blocks, x, k, sx, nb, one); break;
-          case 3: RowDotsF32<W, 3>(wc, blocks, x, k, sx, nb, one); break;
-          case 2: RowDotsF32<W, 2>(wc, blocks, x, k, sx, nb, one); break;
-          default: RowDotsF32<W, 1>(wc, blocks, x, k, sx, nb, one); break;
-        }
-        for (int r = 0; r < mr; ++r) v[r * nw + c] = one[r];
-      }
+      EachWeightRow(mr, nw, v, [&](int c, auto kMr, float* one) {
+        RowDotsF32<W, kMr>(w + c * row_bytes, blocks, x, k, sx, nb, one);
+      });
     }
     for (int r = 0; r < mr; ++r) {
       for (int c = 0; c < nw; ++c) {
