@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   const auto target = icecache::kernels::ActiveSimdTarget();
   const char* vnni = target != icecache::kernels::SimdTarget::kAvx2 ? ""
                      : icecache::kernels::AvxVnniActive()       ? " (int8 kernels: AVX-VNNI)"
-                                                                : " (int8 kernels: vpmaddwd)";
+                                                                : " (int8 kernels: vpmaddubsw/vpmaddwd)";
   std::fprintf(stderr, "icecache-bench: CPU kernels on SIMD target %s%s\n",
                std::string(icecache::kernels::SimdTargetName(target)).c_str(), vnni);
   return it->second.second(argc - 1, argv + 1);

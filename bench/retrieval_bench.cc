@@ -144,7 +144,8 @@ void Usage() {
 // The build's level-0 parent search alone, as DciParams::Tuned() runs it at this size: every key
 // (QuantizeKeyI8) against n / 50 rows (p1 = 0.02; here every 50th key, QuantizeRowsI8) with
 // ArgmaxDotI8 in chunks of 256 keys; augmented coordinates from the largest norm. Prints the
-// median thread CPU of quantising the keys and of the arg-max over `reps` repetitions.
+// median thread CPU of quantising the keys and of the arg-max over `reps` repetitions, and how
+// often the int8 search picks the row of largest fp32 dot (what the keys' rounding costs).
 int ProfileParentSearch(const std::vector<float>& keys, int n, int d, int reps) {
   const int nr = std::max(1, n / 50), ld = (nr + 31) / 32 * 32, quads = kvstore::I8Quads(d);
   std::vector<float> norm2(n), rows(static_cast<size_t>(nr) * d), row_extra(nr), extra(n);
@@ -162,7 +163,8 @@ int ProfileParentSearch(const std::vector<float>& keys, int n, int d, int reps) 
   for (int rep = 0; rep < reps; ++rep) {
     const double c0 = ThreadCpuUs();
     for (int t = 0; t < n; ++t)
-      sums[t] = kvstore::QuantizeKeyI8(&keys[static_cast<size_t>(t) * d], d, extra[t], &x[static_cast<size_t>(t) * quads]);
+      sums[t] = kvstore::QuantizeKeyI8(&keys[static_cast<size_t>(t) * d], d, extra[t], &x[static_cast<size_t>(t) * quads], nullptr,
+                                        kvstore::kI8ParentKeyMax);
     const double c1 = ThreadCpuUs();
     for (int b = 0; b < n; b += 256)
       kvstore::ArgmaxDotI8(&x[static_cast<size_t>(b) * quads], &sums[b], std::min(256, n - b), rows_t.data(), ld, nr, quads,
@@ -171,9 +173,28 @@ int ProfileParentSearch(const std::vector<float>& keys, int n, int d, int reps) 
     quant_us.push_back(c1 - c0);
   }
   const double vnni = static_cast<double>(n) * ((nr + 31) / 32) * 2 * quads;  // zmm vpdpbusd issued
+  // How close the int8 search comes to the exact one: for every 4th key, whether it picked the row
+  // of the largest fp32 augmented dot, and the dot it gave up, relative to the best dot's distance
+  // from the mean row's (1 = as bad as a row drawn at random).
+  int agree = 0, checked = 0;
+  double shortfall = 0;
+  for (int t = 0; t < n; t += 4, ++checked) {
+    const float* k = &keys[static_cast<size_t>(t) * d];
+    double bestd = -1e300, mean = 0, chosen = 0;
+    int arg = 0;
+    for (int r = 0; r < nr; ++r) {
+      const double dot = kvstore::DotF32(k, &rows[static_cast<size_t>(r) * d], d) + double(extra[t]) * row_extra[r];
+      mean += dot / nr;
+      if (dot > bestd) bestd = dot, arg = r;
+      if (r == best[t]) chosen = dot;
+    }
+    agree += arg == best[t];
+    if (bestd > mean) shortfall += (bestd - chosen) / (bestd - mean);
+  }
   std::printf("parent search: %d keys x %d rows, d %d: quantise %.2f ms, arg-max %.2f ms thread cpu (medians of %d); "
-              "%.1f M vpdpbusd\n",
-              n, nr, d, Median(quant_us) / 1000.0, Median(argmax_us) / 1000.0, reps, vnni / 1e6);
+              "%.1f M vpdpbusd; exact fp32 parent %.4f of keys, dot shortfall %.5f\n",
+              n, nr, d, Median(quant_us) / 1000.0, Median(argmax_us) / 1000.0, reps, vnni / 1e6,
+              static_cast<double>(agree) / checked, shortfall / checked);
   return 0;
 }
 

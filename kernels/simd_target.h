@@ -59,7 +59,9 @@ Status SetAmxActive(bool on);
 // AVX-VNNI (`vpdpbusd` on ymm registers, VEX-encoded: Intel Alder Lake and later client cores,
 // the Sierra Forest E-core Xeons, AMD Zen 5): on the avx2 target the IceCache store's int8
 // kernels (the DCI build's parent search ArgmaxDotI8 and the upper-level scoring ScoreRowsI8,
-// kvstore/vector_ops.h) use it in place of their `vpmaddwd` form, a quarter of the multiplies.
+// kvstore/vector_ops.h) use it in place of their plain AVX2 forms (`vpmaddubsw` on the parent
+// search's 6-bit keys, `vpmaddwd` on int16-widened bytes for the queries): 1 op where those take
+// 2.5 or 4 per 8 rows and 4 bytes.
 // Not a SIMD target of its own: the same integers, so the same trees and scores (the avx512
 // target has `vpdpbusd` on zmm already). ICECACHE_AVX_VNNI=off turns it off at start (on, the
 // default, uses it where supported). Logged once (INFO) when first asked.

@@ -62,7 +62,8 @@ void DciTree::AttachLevel(int l, const std::vector<int32_t>& members, const floa
       const int32_t t = members[b + i];
       extra[i] = AugExtra(norm2_[t]);
       if (i8) {
-        xs_sum[i] = QuantizeKeyI8(keys + t * stride, d, extra[i], xs_q.data() + static_cast<size_t>(i) * quads);
+        xs_sum[i] = QuantizeKeyI8(keys + t * stride, d, extra[i], xs_q.data() + static_cast<size_t>(i) * quads, nullptr,
+                                  kI8ParentKeyMax);
       } else if (bf16) {
         RowFromF32(kernels::DType::kBF16, keys + t * stride, xs_bf16.data() + static_cast<size_t>(i) * pairs, d);
       } else {

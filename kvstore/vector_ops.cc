@@ -57,8 +57,8 @@ float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int
   ICE_SIMD_DISPATCH(QuantizeRowsI8, rows, nr, dim, extra, ld, rows_t);
 }
 
-int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale) {
-  ICE_SIMD_DISPATCH(QuantizeKeyI8, key, dim, extra, dst, scale);
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale, int key_max) {
+  ICE_SIMD_DISPATCH(QuantizeKeyI8, key, dim, extra, dst, scale, key_max);
 }
 
 void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,

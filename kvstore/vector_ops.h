@@ -95,19 +95,32 @@ inline constexpr int kI8MaxQuads = 256;
 float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int ld, uint32_t* rows_t);
 
 // Quantises one key as its augmented vector [key, extra] with one scale
-// s = max(max_j |key[j]|, extra) / 127 (a key's scale does not move its arg-max): value bytes
-// round(key[j] / s) as s8, and t = round(extra / s) <= 127 in every byte of the extra quad, so
-// that its dot with a row carries t * e ~ extra * row extra / (s S). Returns the sum of its bytes
-// (as s8). dst: [I8Quads(dim)].
+// s = max(max_j |key[j]|, extra) / key_max (a key's scale does not move its arg-max): value bytes
+// round(key[j] / s) as s8 (within +-key_max), and t = round(extra / s) <= key_max in every byte of
+// the extra quad, so that its dot with a row carries t * e ~ extra * row extra / (s S). Returns
+// the sum of its bytes (as s8). dst: [I8Quads(dim)]. key_max in [1, 127]: 127 for a query's
+// upper-level scoring (ScoreRowsI8), kI8ParentKeyMax for the parent search (ArgmaxDotI8).
 // scale: if not null, receives s.
-int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale = nullptr);
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale = nullptr, int key_max = 127);
+
+// The parent search's keys are 6-bit: bytes within +-31, so that AVX2 without VNNI can add two
+// quads' u8 x s8 pairs (vpmaddubsw) in int16 and widen them once, 1.5-1.6x faster than widening
+// 8-bit bytes to int16 first (docs/kernels.md). What it costs (32k synthetic keys, d 64, against
+// 655 rows; `icecache-bench retrieval --profile-parent-search`): the row of largest fp32 dot for
+// 97.0 % of keys instead of 98.9 % with 8-bit keys, the dot given up 2.5e-4 of the best's margin
+// over the mean row; the trees keep as much attention mass on SmolLM2's real keys and on the
+// synthetic families (docs/BENCHMARKS.md, "Run-time SIMD dispatch").
+inline constexpr int kI8ParentKeyMax = 31;
 
 // best[i] = argmax_r sum over bytes of x_i's (s8) times (rows_t's byte - 128), ties to the lowest
-// r: exact int32 arithmetic (AVX512_VNNI vpdpbusd on avx512, bytes widened to int16 and vpmaddwd
-// on avx2, vmull_s8 + vpadalq_s16 on neon, else the same integers in scalar code). x: [nx, quads] (QuantizeKeyI8); x_sum: [nx] their byte sums; rows_t: [quads, ld]
-// (QuantizeRowsI8), ld a multiple of 32 >= nr, nr >= 1, quads <= kI8MaxQuads. Only the
-// ceil(nr / 32) blocks of 32 columns that hold rows are read (the rest may be insertion
-// headroom); columns nr.. of the last block are ignored whatever they hold.
+// r: exact int32 arithmetic (AVX512_VNNI vpdpbusd on avx512; on avx2 AVX-VNNI vpdpbusd where the
+// CPU has it, else vpmaddubsw pairs of two quads added in int16 and widened by vpmaddwd; vmull_s8
+// + vpadalq_s16 or sdot on neon; else the same integers in scalar code). x: [nx, quads]
+// (QuantizeKeyI8 with key_max = kI8ParentKeyMax: REQUIRES every key byte within
+// +-kI8ParentKeyMax); x_sum: [nx] their byte sums; rows_t: [quads, ld] (QuantizeRowsI8), ld a
+// multiple of 32 >= nr, nr >= 1, quads <= kI8MaxQuads. Only the ceil(nr / 32) blocks of 32
+// columns that hold rows are read (the rest may be insertion headroom); columns nr.. of the last
+// block are ignored whatever they hold.
 void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t, int ld, int nr, int quads,
                  int32_t* best);
 

@@ -1,9 +1,10 @@
 // The IceCache store's int8 kernels (contracts: kvstore/vector_ops.h, which dispatches to the
 // active SIMD target's copy of this file): the quantisers of keys and rows, the exact int8
 // parent search of the DCI-tree build (ArgmaxDotI8) and the int8 scoring of a query's upper
-// levels (ScoreRowsI8). Every target computes the same integers (vpdpbusd on avx512, vpmaddwd on
-// avx2 or, where the CPU has AVX-VNNI (kernels/simd_target.h), vpdpbusd on ymm, vmull_s8 +
-// vpadalq_s16 or sdot on neon, plain loops on scalar).
+// levels (ScoreRowsI8). Every target computes the same integers (vpdpbusd on avx512; on avx2
+// vpdpbusd on ymm where the CPU has AVX-VNNI (kernels/simd_target.h), else vpmaddubsw on the
+// parent search's 6-bit keys and vpmaddwd on int16-widened bytes for the 8-bit queries; vmull_s8 +
+// vpadalq_s16 or sdot on neon; plain loops on scalar).
 #include <climits>
 
 #if defined(__aarch64__)
@@ -85,7 +86,8 @@ void RoundToI8(const float* v, int n, float inv, int8_t* q) {
 }
 
 #if ICE_SIMD_AVX2
-// The AVX2 int8 dot (no vpdpbusd; vpmaddubsw saturates at int16, 2 * 255 * 127 > 32767): a row
+// The AVX2 int8 dot of 8-bit queries (ScoreRowsI8; no vpdpbusd, and vpmaddubsw would saturate at
+// int16, 2 * 255 * 127 > 32767; the parent search's 6-bit keys take vpmaddubsw): a row
 // word's u8 bytes split into even (0, 2) and odd (1, 3) bytes as int16 pairs (w & 0x00ff00ff,
 // (w >> 8) & 0x00ff00ff), a key word's s8 bytes likewise, sign-extended; vpmaddwd then gives
 // exact int32 sums of two products.
@@ -141,16 +143,16 @@ inline void TakeChunkBest16(const __m256i (&bk)[2], int c0, int32_t* best_dot, i
   }
 }
 
-// The avx2 parent search's scan, for both forms of its dots: kArgmaxKeys keys per pass (a ragged
-// last pass repeats the last key) against strips of 16 rows, in chunks of 128 strips, with the
-// best-keeping of KeepBest16 / TakeChunkBest16. prepare(t, src) readies key src as the pass's t-th;
-// strip(b, acc) adds strip b's dots to acc[t][0] (rows 0-7) and acc[t][1] (rows 8-15), which start
-// at -128 * the key's byte sum (removing the rows' +128 offset). Inlined into each form.
-constexpr int kArgmaxKeys = 6;
-template <typename Prepare, typename StripDots>
+// The avx2 parent search's scan, for both forms of its dots: kT keys per pass (a ragged last pass
+// repeats the last key) against strips of 16 rows, in chunks of 128 strips, with the best-keeping
+// of KeepBest16 / TakeChunkBest16. prepare(t, src) readies key src as the pass's t-th; strip(b,
+// acc) adds strip b's dots to acc[t][0] (rows 0-7) and acc[t][1] (rows 8-15), which start at
+// -128 * the key's byte sum (removing the rows' +128 offset). Inlined into each form.
+// Keys per pass of each form: as many as its accumulators and operands leave ymm registers for.
+constexpr int kArgmaxKeysVnni = 6, kArgmaxKeysMaddubs = 5;
+template <int kT, typename Prepare, typename StripDots>
 __attribute__((always_inline)) inline void ArgmaxStrips16(const int32_t* x_sum, int nx, int nr, Prepare&& prepare,
                                                           StripDots&& strip, int32_t* best) {
-  constexpr int kT = kArgmaxKeys;
   const int ns = (nr + 15) / 16;
   for (int i = 0; i < nx; i += kT) {
     __m256i init[kT];
@@ -185,23 +187,23 @@ __attribute__((always_inline)) inline void ArgmaxStrips16(const int32_t* x_sum, 
 #if ICE_SIMD_AVX2 && !ICE_SIMD_AVX512
 // The AVX-VNNI forms of the avx2 target's int8 kernels (used where AvxVnniActive()): one
 // vpdpbusd (four u8 row bytes x s8 key bytes into an int32 lane, exact) per 8 rows, key word and
-// quad, where the vpmaddwd form takes two multiplies and two adds on pre-split bytes. The same
-// integers in the same order as the vpmaddwd form and the scalar loops. Compiled for AVX-VNNI on
+// quad, where the plain avx2 forms take 2-4 integer ops (vpmaddubsw or vpmaddwd, adds). The same
+// integers as those forms and the scalar loops. Compiled for AVX-VNNI on
 // top of the avx2 target's ISA, so the helpers above inline into them.
 #define ICE_AVX_VNNI_FN __attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,avxvnni")))
 
 // ArgmaxDotI8 on ArgmaxStrips16: the key words as they are, the strip's row words as they are.
 ICE_AVX_VNNI_FN void ArgmaxDotI8AvxVnni(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t* rows_t,
                                         int ld, int nr, int quads, int32_t* best) {
-  const uint32_t* xs[kArgmaxKeys];
-  ArgmaxStrips16(
+  const uint32_t* xs[kArgmaxKeysVnni];
+  ArgmaxStrips16<kArgmaxKeysVnni>(
       x_sum, nx, nr, [&](int t, int src) { xs[t] = x + static_cast<size_t>(src) * quads; },
-      [&](int b, __m256i (&acc)[kArgmaxKeys][2]) ICE_AVX_VNNI_FN {
+      [&](int b, __m256i (&acc)[kArgmaxKeysVnni][2]) ICE_AVX_VNNI_FN {
         const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
         for (int j = 0; j < quads; ++j, r += ld) {
           const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
           const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
-          for (int t = 0; t < kArgmaxKeys; ++t) {
+          for (int t = 0; t < kArgmaxKeysVnni; ++t) {
             const __m256i u = _mm256_set1_epi32(static_cast<int>(xs[t][j]));
             acc[t][0] = _mm256_dpbusd_avx_epi32(acc[t][0], r0, u);
             acc[t][1] = _mm256_dpbusd_avx_epi32(acc[t][1], r1, u);
@@ -268,11 +270,12 @@ float QuantizeRowsI8(const float* rows, int nr, int dim, const float* extra, int
   return s;
 }
 
-int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale) {
+int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, float* scale, int key_max) {
   const int dq = (dim + 3) / 4;
   const float mx = std::max(MaxAbs(key, dim), extra);
-  const float inv = mx > 0.f ? 127.f / mx : 0.f;
-  if (scale != nullptr) *scale = mx / 127.f;
+  const float km = static_cast<float>(key_max);
+  const float inv = mx > 0.f ? km / mx : 0.f;
+  if (scale != nullptr) *scale = mx / km;
   // The words' bytes, in order (little-endian: byte b of word j is value 4j + b); pad bytes 0.
   std::memset(dst, 0, static_cast<size_t>(dq) * 4);
   int8_t* b = reinterpret_cast<int8_t*>(dst);
@@ -311,7 +314,7 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, flo
 #endif
   RoundToI8(key + j, dim - j, inv, b + j);
   for (; j < dim; ++j) sum += b[j];
-  const int t = static_cast<int>(std::clamp(std::nearbyint(extra * inv), 0.f, 127.f));
+  const int t = static_cast<int>(std::clamp(std::nearbyint(extra * inv), 0.f, km));
   dst[dq] = Word(t, t, t, t);
   return sum + 4 * t;
 }
@@ -540,46 +543,41 @@ void ArgmaxDotI8(const uint32_t* x, const int32_t* x_sum, int nx, const uint32_t
     ArgmaxDotI8AvxVnni(x, x_sum, nx, rows_t, ld, nr, quads, best);
     return;
   }
-  // Exact int32 dots by AddDotPairs (each key's words split once) on ArgmaxStrips16, the scan the
-  // AVX-512 kernel runs with strips of 16 rows in place of blocks of 32.
-  constexpr int kT = kArgmaxKeys;
-  const int ns = (nr + 15) / 16;
-  const __m256i even = _mm256_set1_epi32(0x00ff00ff);
-  alignas(32) int32_t kl[kT][kI8MaxQuadsKernel], kh[kT][kI8MaxQuadsKernel];
-  // The rows' u8 bytes split into even / odd int16 pairs once per call, strip by strip and quad
-  // by quad (4 vectors: even bytes of rows 0-7, of rows 8-15, odd bytes of rows 0-7, of 8-15),
-  // instead of again for every kT keys: the split was 6 of the ~38 vector ops per strip and quad,
-  // on the same pipes as the multiplies. Same integers, same order: the same arg-max.
-  struct alignas(32) Vec {
-    uint32_t w[8];
-  };
-  thread_local std::vector<Vec> split;
-  split.resize(static_cast<size_t>(ns) * quads * 4);
-  for (int b = 0; b < ns; ++b) {
-    const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
-    Vec* s = split.data() + static_cast<size_t>(b) * quads * 4;
-    for (int j = 0; j < quads; ++j, r += ld, s += 4) {
-      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
-      const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s[0].w), _mm256_and_si256(r0, even));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s[1].w), _mm256_and_si256(r1, even));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s[2].w), _mm256_and_si256(_mm256_srli_epi32(r0, 8), even));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s[3].w), _mm256_and_si256(_mm256_srli_epi32(r1, 8), even));
-    }
-  }
-  ArgmaxStrips16(
-      x_sum, nx, nr, [&](int t, int src) { SplitS8Words(x + static_cast<size_t>(src) * quads, quads, kl[t], kh[t]); },
-      [&](int b, __m256i (&acc)[kT][2]) {
-        const Vec* sp = split.data() + static_cast<size_t>(b) * quads * 4;
-        for (int j = 0; j < quads; ++j, sp += 4) {
-          const __m256i e0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sp[0].w));
-          const __m256i e1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sp[1].w));
-          const __m256i o0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sp[2].w));
-          const __m256i o1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sp[3].w));
+  // The parent search's keys are 6-bit (bytes within +-kI8ParentKeyMax = 31, the contract of
+  // kvstore/vector_ops.h), so a vpmaddubsw pair (u8 row byte x s8 key byte, two products) lies
+  // within 2 * 255 * 31 = 15810 and the pairs of two quads add in int16 without overflow (31620 <=
+  // 32767) before one vpmaddwd by ones widens them into the int32 lanes: per 8 rows and 2 quads,
+  // 2 vpmaddubsw + vpaddw + vpmaddwd + vpaddd, where the exact form for 8-bit keys (the bytes
+  // widened to int16 pairs, as ScoreRowsI8 below keeps them) takes 4 vpmaddwd + 4 vpaddd. Exact:
+  // the same integers as every other form. Keys in the ArgmaxStrips16 scan.
+  constexpr int kT = kArgmaxKeysMaddubs;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint32_t* xs[kT];
+  ArgmaxStrips16<kT>(
+      x_sum, nx, nr, [&](int t, int src) { xs[t] = x + static_cast<size_t>(src) * quads; },
+      [&](int b, __m256i (&acc)[kT][2]) __attribute__((always_inline)) {
+        const uint32_t* r = rows_t + static_cast<size_t>(b) * 16;
+        auto widen_add = [&](__m256i a, __m256i pairs) { return _mm256_add_epi32(a, _mm256_madd_epi16(pairs, ones)); };
+        int j = 0;
+        for (; j + 2 <= quads; j += 2, r += 2 * ld) {
+          const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
+          const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
+          const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + ld));
+          const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + ld + 8));
           for (int t = 0; t < kT; ++t) {
-            const __m256i ul = _mm256_set1_epi32(kl[t][j]), uh = _mm256_set1_epi32(kh[t][j]);
-            acc[t][0] = AddDotPairs(acc[t][0], e0, o0, ul, uh);
-            acc[t][1] = AddDotPairs(acc[t][1], e1, o1, ul, uh);
+            const __m256i ua = _mm256_set1_epi32(static_cast<int>(xs[t][j]));
+            const __m256i ub = _mm256_set1_epi32(static_cast<int>(xs[t][j + 1]));
+            acc[t][0] = widen_add(acc[t][0], _mm256_add_epi16(_mm256_maddubs_epi16(a0, ua), _mm256_maddubs_epi16(b0, ub)));
+            acc[t][1] = widen_add(acc[t][1], _mm256_add_epi16(_mm256_maddubs_epi16(a1, ua), _mm256_maddubs_epi16(b1, ub)));
+          }
+        }
+        if (j < quads) {  // an odd last quad alone
+          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r));
+          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 8));
+          for (int t = 0; t < kT; ++t) {
+            const __m256i u = _mm256_set1_epi32(static_cast<int>(xs[t][j]));
+            acc[t][0] = widen_add(acc[t][0], _mm256_maddubs_epi16(r0, u));
+            acc[t][1] = widen_add(acc[t][1], _mm256_maddubs_epi16(r1, u));
           }
         }
       },
@@ -651,8 +649,8 @@ void ScoreRowsI8(const uint32_t* words, const float* scale, int quads, int nr, c
         _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][1]), _mm512_mul_ps(qs, s1)));
       }
 #elif ICE_SIMD_AVX2
-      // As ArgmaxDotI8's AVX2 kernel (AddDotPairs, or AVX-VNNI: DotRows16AvxVnni), 16 rows of
-      // the block per pass.
+      // 16 rows of the block per pass, with AddDotPairs (or AVX-VNNI: DotRows16AvxVnni) and
+      // ArgmaxDotI8's strip layout.
       const __m256i even = _mm256_set1_epi32(0x00ff00ff);
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       for (int half = 0; half * 16 < cnt; ++half) {

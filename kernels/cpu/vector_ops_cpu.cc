@@ -70,6 +70,18 @@ float DotRow(const void* rows, size_t off, const float* q, int dim) {
   return s;
 }
 
+#if ICE_SIMD_AVX2
+// One row's q . row for dim % 8 == 0 as the four-row loops below sum it: one accumulator, then
+// ReduceAdd4x8's tree. The rows past a multiple of four take it too, so a row's score does not
+// depend on where it sits in a call or how many rows the call has (DotRow's two accumulators
+// would give other last bits).
+template <DType T>
+float DotRowChain8(const void* rows, size_t off, const float* q, int dim) {
+  __m256 a = _mm256_setzero_ps();
+  for (int i = 0; i < dim; i += 8) a = _mm256_fmadd_ps(Load8<T>(rows, off + i), _mm256_loadu_ps(q + i), a);
+  return _mm_cvtss_f32(ReduceAdd4x8(a, a, a, a));
+}
+#endif
 
 template <DType T>
 void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out) {
@@ -113,6 +125,8 @@ void ScoreRowsT(const void* rows, int count, int dim, const float* q, float* out
       }
       _mm_storeu_ps(out + r, ReduceAdd4x8(a0, a1, a2, a3));  // one tree per row, whatever its neighbours
     }
+    for (; r < count; ++r) out[r] = DotRowChain8<T>(rows, static_cast<size_t>(r) * dim, q, dim);
+    return;
   }
 #endif
   for (; r < count; ++r) out[r] = DotRow<T>(rows, static_cast<size_t>(r) * dim, q, dim);
@@ -176,8 +190,8 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
 // The avx2 ScoreRowsFused (dim % 8 == 0): NQ queries against four rows at a time (NQ <= 3), two
 // (NQ 4) or one (NQ 8: sixteen registers), each 8-element chunk of a row loaded and converted once
 // for all NQ queries.
-// The rows ScoreRowsT's four-row loop takes get its sums (one accumulator per row, ReduceAdd4x8), the
-// rest DotRow's: per query the values of ScoreRowsT, in one pass over the rows instead of NQ.
+// Every row gets ScoreRowsT's sum (one accumulator per row, ReduceAdd4x8's tree; DotRowChain8 past
+// the last four): per query the values of ScoreRowsT, in one pass over the rows instead of NQ.
 template <DType T, int NQ>
 void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float* out) {
   const int blocked = count / 4 * 4;
@@ -231,7 +245,7 @@ void ScoreRowsFused(const void* rows, int count, int dim, const float* qs, float
   }
   for (; r < count; ++r)
     for (int j = 0; j < NQ; ++j)
-      out[static_cast<size_t>(j) * count + r] = DotRow<T>(rows, static_cast<size_t>(r) * dim, qs + static_cast<size_t>(j) * dim, dim);
+      out[static_cast<size_t>(j) * count + r] = DotRowChain8<T>(rows, static_cast<size_t>(r) * dim, qs + static_cast<size_t>(j) * dim, dim);
 }
 #endif
 

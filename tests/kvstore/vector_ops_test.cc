@@ -151,6 +151,20 @@ TEST_P(ScoreRowsTest, MatchesNaive) {
       for (int r = 0; r < rows; ++r) EXPECT_EQ(multi[j * rows + r], out[r]) << "nq " << nq << " query " << j << " row " << r;
     }
   }
+  // A row's score does not depend on the call: scored alone, or from any first row on, each row
+  // gets the floats it got above (a tree's group query rescores an upper node's row alone and
+  // compares it with the same row scored in its leaf; DciTreeFlatTest).
+  const size_t row_bytes = static_cast<size_t>(dim) * kernels::DTypeSize(dt);
+  ScoreRows(dt, stored.data(), rows, dim, q.data(), out.data());
+  for (int first = 1; first < rows; ++first) {
+    std::vector<float> part(rows - first), one(8);
+    ScoreRows(dt, stored.data() + first * row_bytes, rows - first, dim, q.data(), part.data());
+    for (int r = first; r < rows; ++r) EXPECT_EQ(part[r - first], out[r]) << "from row " << first << ", row " << r;
+    for (int nq : {1, 2, 4, 8}) {
+      ScoreRowsMulti(dt, stored.data() + first * row_bytes, 1, dim, q.data(), nq, one.data());
+      EXPECT_EQ(one[0], out[first]) << "row " << first << " alone, nq " << nq;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, ScoreRowsTest,
@@ -251,8 +265,10 @@ TEST(VectorOpsTest, KthLargestMatchesNthElement) {
 }
 
 // The int8 kernels on every SIMD target this CPU supports against exact integer references, on
-// words whose bytes span the whole s8 / u8 ranges (-128 * 0 ... 127 * 255: the pair sums that an
-// int16-saturating multiply-add would clip), so every target must give the same integers.
+// words whose bytes span the whole ranges each kernel takes (u8 rows; s8 queries for ScoreRowsI8,
+// -128 * 0 ... 127 * 255: the pair sums that an int16-saturating multiply-add would clip; keys
+// within +-kI8ParentKeyMax for ArgmaxDotI8, whose avx2 form adds two quads' pairs in int16), so
+// every target must give the same integers.
 TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
 #if defined(__aarch64__)
   // The neon int8 kernels take the sdot form where the CPU has dotprod, else the vmull_s8 form
@@ -261,19 +277,23 @@ TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
 #endif
   std::mt19937 rng(7);
   const int quads = 17, nr = 75, ld = 96, nx = 9;
-  std::vector<uint32_t> x(static_cast<size_t>(nx) * quads), rows_t(static_cast<size_t>(quads) * ld);
-  auto extreme_word = [&](bool key) {
+  std::vector<uint32_t> x(static_cast<size_t>(nx) * quads), xp(x.size()), rows_t(static_cast<size_t>(quads) * ld);
+  enum class Kind { kQuery, kParentKey, kRow };
+  auto extreme_word = [&](Kind kind) {
+    constexpr int m = kI8ParentKeyMax;
     uint32_t w = 0;
     for (int b = 0; b < 4; ++b) {
       const int r = static_cast<int>(rng() % 4);
-      const int v = key ? (r == 0 ? -128 : r == 1 ? 127 : r == 2 ? -127 : static_cast<int>(rng() % 256) - 128)
-                        : (r == 0 ? 255 : r == 1 ? 0 : r == 2 ? 254 : static_cast<int>(rng() % 256));
+      const int v = kind == Kind::kQuery       ? (r == 0 ? -128 : r == 1 ? 127 : r == 2 ? -127 : static_cast<int>(rng() % 256) - 128)
+                    : kind == Kind::kParentKey ? (r == 0 ? -m : r == 1 ? m : r == 2 ? 1 - m : static_cast<int>(rng() % (2 * m + 1)) - m)
+                                               : (r == 0 ? 255 : r == 1 ? 0 : r == 2 ? 254 : static_cast<int>(rng() % 256));
       w |= static_cast<uint32_t>(v & 0xff) << (8 * b);
     }
     return w;
   };
-  for (auto& w : x) w = extreme_word(true);
-  for (auto& w : rows_t) w = extreme_word(false);
+  for (auto& w : x) w = extreme_word(Kind::kQuery);
+  for (auto& w : xp) w = extreme_word(Kind::kParentKey);
+  for (auto& w : rows_t) w = extreme_word(Kind::kRow);
   auto dot = [&](const uint32_t* key, int r) {
     int64_t d = 0;
     for (int j = 0; j < quads; ++j) {
@@ -283,13 +303,17 @@ TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
     }
     return d;
   };
-  std::vector<int32_t> x_sum(nx), want(nx);
-  for (int i = 0; i < nx; ++i) {
-    const uint32_t* key = x.data() + static_cast<size_t>(i) * quads;
+  auto byte_sum = [&](const uint32_t* key) {
     int32_t s = 0;
     for (int j = 0; j < quads; ++j)
       for (int b = 0; b < 4; ++b) s += static_cast<int8_t>(key[j] >> (8 * b));
-    x_sum[i] = s;
+    return s;
+  };
+  std::vector<int32_t> x_sum(nx), xp_sum(nx), want(nx);
+  for (int i = 0; i < nx; ++i) {
+    x_sum[i] = byte_sum(x.data() + static_cast<size_t>(i) * quads);
+    const uint32_t* key = xp.data() + static_cast<size_t>(i) * quads;
+    xp_sum[i] = byte_sum(key);
     int64_t best = INT64_MIN;
     for (int r = 0; r < nr; ++r) {
       if (dot(key, r) > best) {
@@ -313,7 +337,7 @@ TEST(VectorOpsTest, Int8KernelsAreExactOnEveryTargetForExtremeBytes) {
     ASSERT_TRUE(kernels::SetSimdTarget(t).ok());
     testing::ForEachInt8Form([&] {
       std::vector<int32_t> best(nx, -1);
-      ArgmaxDotI8(x.data(), x_sum.data(), nx, rows_t.data(), ld, nr, quads, best.data());
+      ArgmaxDotI8(xp.data(), xp_sum.data(), nx, rows_t.data(), ld, nr, quads, best.data());
       EXPECT_EQ(best, want);
       std::vector<float> out(static_cast<size_t>(nx) * nr);
       ScoreRowsI8(blocks, x.data(), quads, x_sum.data(), q_scale.data(), nx, out.data());
@@ -363,8 +387,8 @@ TEST(VectorOpsTest, Int8QuantisersGiveTheSameWordsOnEveryTarget) {
     for (int j = 0; j < dim; j += 2) rows[j] = static_cast<float>(j % 7) - 3.5f;  // row 0: ties
     rows[0] = 127.f;
     for (auto& e : extra) e = std::fabs(100.f * g(rng));
-    std::vector<uint32_t> want_key, want_rows, want_block;
-    int32_t want_sum = 0;
+    std::vector<uint32_t> want_key, want_key6, want_rows, want_block;
+    int32_t want_sum = 0, want_sum6 = 0;
     float want_scale = 0.f, want_s = 0.f, want_mx = 0.f;
     for (kernels::SimdTarget t : kernels::SupportedSimdTargets()) {
       SCOPED_TRACE(std::string(kernels::SimdTargetName(t)));
@@ -372,13 +396,15 @@ TEST(VectorOpsTest, Int8QuantisersGiveTheSameWordsOnEveryTarget) {
       std::vector<uint32_t> key(quads), rows_t(static_cast<size_t>(quads) * ld, 0u);
       float scale = 0.f;
       const int32_t sum = QuantizeKeyI8(rows.data(), dim, 3.5f, key.data(), &scale);
+      std::vector<uint32_t> key6(quads);  // the parent search's 6-bit key
+      const int32_t sum6 = QuantizeKeyI8(rows.data(), dim, 3.5f, key6.data(), nullptr, kI8ParentKeyMax);
       const float s = QuantizeRowsI8(rows.data(), nr, dim, extra.data(), ld, rows_t.data());
       RowBlocksI8 block;
       block.Reset(dim);
       for (int r = 0; r < nr; ++r) block.Append(rows.data() + static_cast<size_t>(r) * dim);
       if (t == kernels::SimdTarget::kScalar) {
-        want_key = key, want_rows = rows_t, want_block = block.words;
-        want_sum = sum, want_scale = scale, want_s = s, want_mx = block.max_scale;
+        want_key = key, want_key6 = key6, want_rows = rows_t, want_block = block.words;
+        want_sum = sum, want_sum6 = sum6, want_scale = scale, want_s = s, want_mx = block.max_scale;
         int32_t bytes = 0;
         for (int b = 0; b < 4 * quads; ++b) bytes += static_cast<int8_t>(key[b / 4] >> (8 * (b % 4)));
         EXPECT_EQ(sum, bytes);
@@ -386,6 +412,8 @@ TEST(VectorOpsTest, Int8QuantisersGiveTheSameWordsOnEveryTarget) {
       }
       EXPECT_EQ(key, want_key);
       EXPECT_EQ(sum, want_sum);
+      EXPECT_EQ(key6, want_key6);
+      EXPECT_EQ(sum6, want_sum6);
       EXPECT_EQ(scale, want_scale);
       EXPECT_EQ(rows_t, want_rows);
       EXPECT_EQ(s, want_s);
