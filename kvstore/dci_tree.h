@@ -134,7 +134,7 @@ struct DciParams {
   double cell_score_fraction = 0.8;    // fraction of an expanded cell scored exactly, (0, 1]
   bool exhaustive_upper = false;       // score all nodes of levels >= 1 (fov: level-1 cells expanded)
   bool bf16_parent_search = false;     // build's exact parent search on bf16-rounded keys (2x faster)
-  bool int8_parent_search = false;     // build's parent search on int8 keys, exact int32 compare (over bf16; build only)
+  bool int8_parent_search = false;     // build's parent search on 8-bit rows, 6-bit keys, exact int32 compare (over bf16; build only)
   double promote_fraction = 0.01;      // inserted tokens promoted to level 1 (new cells), [0, 1)
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling

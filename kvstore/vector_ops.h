@@ -77,9 +77,10 @@ void ArgmaxAugDot(const float* x, size_t x_stride, const float* x_extra, int nx,
 void ArgmaxAugDotBf16(const uint32_t* x, const float* x_extra, int nx, const uint32_t* rows_t, int ld,
                       const float* row_extra, int nr, int pairs, int32_t* best);
 
-// The int8 parent search (DciParams::int8_parent_search). Rows and keys are quantised so that a
-// key's scores against all rows of a level compare as exact int32 dot products: the rows share
-// one scale, and the augmented coordinate of the MIPS transform rides in kI8ExtraQuads extra
+// The int8 parent search (DciParams::int8_parent_search). Rows (8-bit) and keys (6-bit,
+// kI8ParentKeyMax) are quantised so that a key's scores against all rows of a level compare as
+// exact int32 dot products: the rows share one scale, a key's own scale does not move its
+// arg-max, and the augmented coordinate of the MIPS transform rides in kI8ExtraQuads extra
 // quad. A row or key of dim values is I8Quads(dim) words of four bytes: the values in order
 // (byte b of word j is value 4j + b), padded with 0 to a multiple of 4, then the extra quad.
 inline constexpr int kI8ExtraQuads = 1;
