@@ -110,7 +110,7 @@ int32_t QuantizeKeyI8(const float* key, int dim, float extra, uint32_t* dst, flo
 // 655 rows; `icecache-bench retrieval --profile-parent-search`): the row of largest fp32 dot for
 // 97.0 % of keys instead of 98.9 % with 8-bit keys, the dot given up 2.5e-4 of the best's margin
 // over the mean row; the trees keep as much attention mass on SmolLM2's real keys and on the
-// synthetic families (docs/BENCHMARKS.md, "Run-time SIMD dispatch").
+// synthetic families (docs/BENCHMARKS.md, "DCI build on AVX2").
 inline constexpr int kI8ParentKeyMax = 31;
 
 // best[i] = argmax_r sum over bytes of x_i's (s8) times (rows_t's byte - 128), ties to the lowest
