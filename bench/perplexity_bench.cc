@@ -36,7 +36,8 @@ constexpr const char* kUsage =
     "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
     "         [--dci reference|tuned|flat (default: the serving preset)] [--cell-spread isotropic|directional\n"
     "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--leaf-rank off|centroid|box\n"
-    "         (DciParams::leaf_rank, likewise; its other fields the preset's)] [--dci-seed S[,S..] (DciParams::seed:\n"
+    "         (DciParams::leaf_rank, likewise; its other fields the preset's)] [--refine-passes N (DciParams::refine_passes,\n"
+    "         likewise)] [--dci-seed S[,S..] (DciParams::seed:\n"
     "         the trees' random level sampling; icecache and oracle run once per seed, and the seeds' mean,\n"
     "         min and max ratio are reported, since one tree's ratio moves by 0.01-0.02 with its seed)]\n"
     "         [--group-merge rank|mass[,..] (kvstore::GroupMerge: how a GQA group's lists become one page set;\n"
@@ -63,7 +64,7 @@ double Nll(const std::vector<float>& logits, int vocab, int32_t target) {
 int RunPerplexity(int argc, char** argv) {
   std::string dir, text_path, methods_s = "full,icecache,quest,window", budgets_s = "16", kv_dtype = "bf16";
   model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
-  int context = 8192, eval_tokens = 512, ice_group = 1;
+  int context = 8192, eval_tokens = 512, ice_group = 1, refine_passes = -1;  // refine_passes -1: the preset's
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
@@ -94,6 +95,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--cell-spread" && has) spread_s = argv[++i];
     else if (f == "--dci-seed" && has) seed_s = argv[++i];
     else if (f == "--leaf-rank" && has) rank_s = argv[++i];
+    else if (f == "--refine-passes" && has) refine_passes = std::atoi(argv[++i]);
     else if (f == "--group-merge" && has) merge_s = argv[++i];
     else if (f == "--rest-estimate" && has) rest_s = argv[++i];
     else if (f == "--rest-cells" && has) rest_cells_s = argv[++i];
@@ -123,6 +125,7 @@ int RunPerplexity(int argc, char** argv) {
   if (!set_named("--cell-spread", spread_s, kvstore::CellSpreadNamed, &dci->cell_spread) ||
       !set_named("--leaf-rank", rank_s, kvstore::LeafRankNamed, &dci->leaf_rank))
     return 2;
+  if (refine_passes >= 0) dci->refine_passes = refine_passes;
   std::vector<uint64_t> seeds;  // empty: the preset's seed, one run per tree method
   for (const std::string& v : Split(seed_s)) {
     char* end = nullptr;

@@ -130,7 +130,7 @@ void Usage() {
                "  [--centroid-cells 0|1] [--centroid-bonus B] [--cell-spread isotropic|directional (DciParams::cell_spread)]\n"
                "  [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
-               "  [--sticky-margin M (DciParams::sticky_margin)]\n"
+               "  [--sticky-margin M (DciParams::sticky_margin)] [--refine-passes N (DciParams::refine_passes)]\n"
                "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; off in every preset)\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse selections, N passes; per --group)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
@@ -247,6 +247,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else if (k == "--bf16-parents") a->dci.bf16_parent_search = std::atoi(v) != 0;
     else if (k == "--sticky-margin") a->dci.sticky_margin = std::atof(v);
+    else if (k == "--refine-passes") a->dci.refine_passes = std::atoi(v);
     else if (k == "--leaf-rank-cells") a->dci.leaf_rank_cells = std::atof(v);
     else if (k == "--leaf-rank-leaves") a->dci.leaf_rank_leaves = std::atof(v);
     else if (k == "--leaf-bonus") a->dci.leaf_bonus = std::atof(v);
@@ -647,6 +648,7 @@ int RunRetrieval(int argc, char** argv) {
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
                   {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search},
                   {"sticky_margin", a.dci.sticky_margin},
+                  {"refine_passes", a.dci.refine_passes},
                   {"leaf_rank", static_cast<int>(a.dci.leaf_rank)}, {"leaf_rank_cells", a.dci.leaf_rank_cells},
                   {"leaf_rank_leaves", a.dci.leaf_rank_leaves}, {"leaf_bonus", a.dci.leaf_bonus},
                   {"cell_spread", a.dci.cell_spread == kvstore::CellSpread::kDirectional ? "directional" : "isotropic"},

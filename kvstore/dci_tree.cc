@@ -47,6 +47,10 @@ Status ValidateDciParams(const DciParams& p) {
   if (!(p.norm_headroom >= 1)) return InvalidArgumentError("DciParams.norm_headroom must be >= 1, got " + Num(p.norm_headroom));
   if (!(p.sticky_margin >= 0 && p.sticky_margin <= 100))
     return InvalidArgumentError("DciParams.sticky_margin must be in [0, 100], got " + Num(p.sticky_margin));
+  if (p.refine_passes < 0 || p.refine_passes > 100)
+    return InvalidArgumentError("DciParams.refine_passes must be in [0, 100], got " + std::to_string(p.refine_passes));
+  if (p.refine_candidates < 1)
+    return InvalidArgumentError("DciParams.refine_candidates must be >= 1, got " + std::to_string(p.refine_candidates));
   if (static_cast<uint8_t>(p.leaf_layout) > 1)
     return InvalidArgumentError("DciParams.leaf_layout must be kProjection (0) or kPosition (1), got " +
                                 std::to_string(static_cast<int>(p.leaf_layout)));
@@ -195,6 +199,7 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   std::vector<std::vector<int32_t>> by_level(top + 1);
   for (int t = 0; t < n; ++t) by_level[level_[t]].push_back(t);
   for (int l = num_levels() - 2; l >= 0; --l) AttachLevel(l, by_level[l], keys, stride);
+  RefineCells(by_level[0], keys, stride);
 
   // Cells: the root cell holds the top level; every node with children owns one.
   cells_.clear();

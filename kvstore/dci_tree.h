@@ -146,6 +146,18 @@ struct DciParams {
   // b the nearest node found by the parent search, c the predecessor's. The same rule at build and
   // at insertion (DciTree::StickyParent). 0: every key joins its nearest node (the reference).
   double sticky_margin = 0;            // >= 0
+  // Cell refinement at build (k-means steps on level 0, DciTree::RefineCells): after the parent
+  // search, each of `refine_passes` passes computes every level-1 cell's mean key (its level-0
+  // children's keys as given to the build, fp32; an empty cell's mean is its owner's key) and moves
+  // every level-0 token to the cell of the nearest mean (Euclidean) among the
+  // `refine_candidates` means nearest to its current cell's mean (that mean included, so a pass
+  // never raises the sum of squared distances to the means it used). A cell is then grouped
+  // around its mean instead of around one sampled owner key. Not with sticky_margin > 0 (the two
+  // rules place the same tokens) nor above exact_parent_max_nodes level-1 nodes (the candidate
+  // lists cost (level-1 nodes)^2 * head_dim). Insertion still attaches new tokens by the parent
+  // search. 0: off (the reference).
+  int refine_passes = 0;               // >= 0
+  int refine_candidates = 16;          // >= 1
   // Leaf ranking (LeafRank above). REQUIRES exhaustive_upper and cell_score_fraction = 1 when on.
   // A GQA group (QueryGroup) ranks the leaves of its cells (at most ceil(group_fov *
   // leaf_rank_cells * fov) with group_fov > 0) for every head and scores exactly the union of the
@@ -199,6 +211,10 @@ struct DciParams {
   // its perplexity ratio on three 8k texts was no better (+0.004 on average over 3-4 tree seeds,
   // whose own spread is 0.01-0.02) and its query CPU is 23-36 % higher at 128k on avx512 (~22 % on avx2)
   // (docs/BENCHMARKS.md, "Cell spread"), so it is an option.
+  // Cells are not refined (refine_passes 0): one k-means pass kept more attention mass on SmolLM2's
+  // real keys (mean 0.750 -> 0.759, worst layer 0.499 -> 0.511) and on the synthetic families, but
+  // SmolLM2's perplexity on three 8k texts moved within the tree seeds' spread (1.011 -> 1.009 on
+  // average), for 25-33 % more build CPU (docs/BENCHMARKS.md, "Cell refinement").
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -228,7 +244,8 @@ StatusOr<CellSpread> CellSpreadNamed(const std::string& name);
 // (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
 // leaf-layout round ("The leaf layout"); sticky cells were tried and not made the default
 // ("Cell assignment"), nor leaf ranking ("Leaf ranking": more synthetic-family mass, the same on
-// real keys, a higher perplexity on real text).
+// real keys, a higher perplexity on real text), nor cell refinement ("Cell refinement": more mass,
+// the same perplexity, a costlier build).
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
@@ -378,6 +395,8 @@ class DciTree {
   // Sets parent_ of every member (nodes of level l, keys[t * stride]) to its nearest node of
   // level l + 1 (dci_tree_parents.cc).
   void AttachLevel(int l, const std::vector<int32_t>& members, const float* keys, size_t stride);
+  // DciParams::refine_passes over the level-0 members (their parents set by AttachLevel).
+  void RefineCells(const std::vector<int32_t>& members, const float* keys, size_t stride);
   Status InsertBlock(const TokenBlock& block);  // Insert without collecting written pages
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;

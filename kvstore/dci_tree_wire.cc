@@ -40,6 +40,8 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.leaf_rank_leaves);
   w->Put(p.leaf_bonus);
   w->Put<uint8_t>(static_cast<uint8_t>(p.cell_spread));
+  w->Put<int32_t>(p.refine_passes);
+  w->Put<int32_t>(p.refine_candidates);
 }
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
@@ -82,6 +84,8 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&spread, "tree params cell_spread"));
   if (spread > 1) return DataLossError("sequence wire form: tree params cell_spread " + std::to_string(spread) + " is unknown");
   p->cell_spread = static_cast<CellSpread>(spread);
+  ICE_RETURN_IF_ERROR(r->Get(&p->refine_passes, "tree params refine_passes"));
+  ICE_RETURN_IF_ERROR(r->Get(&p->refine_candidates, "tree params refine_candidates"));
   if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1 || flags[4] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];

@@ -17,9 +17,9 @@ namespace icecache::kvstore {
 // centroid_cells, centroid_bonus, score_level1_keys and int8_parent_search, and the tree form carries this version after its
 // magic; 4: DciParams gains leaf_layout; 5: DciParams gains sticky_margin; 6: DciParams gains leaf_rank,
 // leaf_rank_cells, leaf_rank_leaves and leaf_bonus; 7: DciParams gains cell_spread (last), and a tree
-// with CellSpread::kDirectional ships its cell summaries' per-channel sums of squares. Readers
-// accept only their own version.
-inline constexpr uint32_t kKvWireVersion = 7;
+// with CellSpread::kDirectional ships its cell summaries' per-channel sums of squares; 8: DciParams
+// gains refine_passes and refine_candidates (last). Readers accept only their own version.
+inline constexpr uint32_t kKvWireVersion = 8;
 
 class WireWriter {
  public:

@@ -378,8 +378,9 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   EXPECT_EQ(DeserializeDciParams(&br, &back).code(), StatusCode::kDataLoss);
   // An unknown cell_spread (the last byte of the params) is DATA_LOSS too.
   std::vector<uint8_t> spread = only.buffer();
-  ASSERT_EQ(spread.back(), static_cast<uint8_t>(CellSpread::kDirectional));
-  spread.back() = 2;
+  const size_t spread_at = spread.size() - 1 - 2 * 4;  // before refine_passes, refine_candidates
+  ASSERT_EQ(spread[spread_at], static_cast<uint8_t>(CellSpread::kDirectional));
+  spread[spread_at] = 2;
   WireReader sr(spread.data(), spread.size());
   Status s = DeserializeDciParams(&sr, &back);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
@@ -401,7 +402,7 @@ TEST(DciTreeFlatTest, SequenceWireVersion2IsRefused) {
   uint32_t version = 0;
   std::memcpy(&version, wire.metadata.data() + 4, 4);
   EXPECT_EQ(version, kKvWireVersion);
-  EXPECT_EQ(kKvWireVersion, 7u);  // 7: DciParams.cell_spread (kvstore/wire.h)
+  EXPECT_EQ(kKvWireVersion, 8u);  // 8: DciParams.refine_passes, refine_candidates (kvstore/wire.h)
   const uint32_t v2 = 2;
   std::memcpy(wire.metadata.data() + 4, &v2, 4);
   auto r = SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), wire.pages.data(), wire.pages.size(), pool.get());

@@ -238,11 +238,12 @@ TEST(DciTreeLayoutTest, WireCarriesTheLayoutAndRefusesAnUnknownOne) {
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
   // The layout is the byte before sticky_margin (a double, then the leaf_rank byte, three
-  // doubles and the cell_spread byte, last) in the params' wire form: an unknown value is DATA_LOSS.
+  // doubles, the cell_spread byte and the two refine int32s, last) in the params' wire form: an
+  // unknown value is DATA_LOSS.
   WireWriter only;
   SerializeDciParams(DciParams::Flat(), &only);
   std::vector<uint8_t> bad = only.buffer();
-  const size_t layout_at = bad.size() - 1 - sizeof(double) - (1 + 3 * sizeof(double)) - 1;
+  const size_t layout_at = bad.size() - 1 - sizeof(double) - (1 + 3 * sizeof(double)) - 1 - 2 * sizeof(int32_t);
   ASSERT_EQ(bad[layout_at], 1);
   bad[layout_at] = 2;
   WireReader br(bad.data(), bad.size());

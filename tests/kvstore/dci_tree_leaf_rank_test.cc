@@ -258,10 +258,10 @@ TEST(DciTreeLeafRankTest, ParamsAreValidatedAndCarriedOnTheWire) {
   EXPECT_EQ(back.leaf_rank_cells, 2.5);
   EXPECT_EQ(back.leaf_rank_leaves, 3.25);
   EXPECT_EQ(back.leaf_bonus, 0.75);
-  // An unknown leaf_rank byte (before the three doubles and the cell_spread byte, last) is
-  // DATA_LOSS naming it.
+  // An unknown leaf_rank byte (before the three doubles, the cell_spread byte and the two refine
+  // int32s, last) is DATA_LOSS naming it.
   std::vector<uint8_t> bad = w.buffer();
-  bad[bad.size() - 1 - 3 * sizeof(double) - 1] = 9;
+  bad[bad.size() - 1 - 3 * sizeof(double) - 1 - 2 * sizeof(int32_t)] = 9;
   WireReader br(bad.data(), bad.size());
   Status s = DeserializeDciParams(&br, &back);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);

@@ -173,9 +173,9 @@ TEST(DciTreeStickyTest, ValidationAndWireForm) {
   DciParams back;
   ASSERT_TRUE(DeserializeDciParams(&r, &back).ok());
   EXPECT_EQ(back.sticky_margin, 0.37);
-  // Truncated before the margin's last byte (the leaf_rank fields, 1 + 3 doubles, and the
-  // cell_spread byte follow it): DATA_LOSS naming it.
-  WireReader cut(w.buffer().data(), w.buffer().size() - 1 - (1 + 3 * sizeof(double)) - 1);
+  // Truncated before the margin's last byte (the leaf_rank fields, 1 + 3 doubles, the
+  // cell_spread byte and the two refine int32s follow it): DATA_LOSS naming it.
+  WireReader cut(w.buffer().data(), w.buffer().size() - 1 - (1 + 3 * sizeof(double)) - 1 - 2 * sizeof(int32_t));
   Status c = DeserializeDciParams(&cut, &back);
   EXPECT_EQ(c.code(), StatusCode::kDataLoss);
   EXPECT_NE(c.message().find("sticky_margin"), std::string::npos) << c.ToString();
