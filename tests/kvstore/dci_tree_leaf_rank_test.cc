@@ -249,15 +249,15 @@ TEST(DciTreeLeafRankTest, ParamsAreValidatedAndCarriedOnTheWire) {
   p.leaf_rank_leaves = 3.25;
   p.leaf_bonus = 0.75;
   ASSERT_TRUE(ValidateDciParams(p).ok());
+  auto carried = testing::ParamsOverTheWire(p);
+  ASSERT_TRUE(carried.ok()) << carried.status().ToString();
+  EXPECT_EQ(carried->leaf_rank, LeafRank::kBox);
+  EXPECT_EQ(carried->leaf_rank_cells, 2.5);
+  EXPECT_EQ(carried->leaf_rank_leaves, 3.25);
+  EXPECT_EQ(carried->leaf_bonus, 0.75);
   WireWriter w;
   SerializeDciParams(p, &w);
-  WireReader r(w.buffer().data(), w.buffer().size());
   DciParams back;
-  ASSERT_TRUE(DeserializeDciParams(&r, &back).ok());
-  EXPECT_EQ(back.leaf_rank, LeafRank::kBox);
-  EXPECT_EQ(back.leaf_rank_cells, 2.5);
-  EXPECT_EQ(back.leaf_rank_leaves, 3.25);
-  EXPECT_EQ(back.leaf_bonus, 0.75);
   // An unknown leaf_rank byte (before the three doubles, the cell_spread byte and the two refine
   // int32s, last) is DATA_LOSS naming it.
   std::vector<uint8_t> bad = w.buffer();

@@ -14,29 +14,19 @@
 namespace icecache::kvstore {
 namespace {
 
+using testing::KeyRows;
 using testing::MakePool;
 
 constexpr int kDim = 32;
 
-struct Keys {
-  int n = 0;
-  std::vector<float> k, v;
-  const float* kp = nullptr;
-  const float* vp = nullptr;
-  TokenBlock Block() {
-    kp = k.data();
-    vp = v.data();
-    return TokenBlock{0, n, &kp, &vp, static_cast<size_t>(kDim)};
-  }
-};
-
 // Keys with topic structure (the generator's default family: topic runs, RoPE, a sink).
-Keys TopicKeys(int n) {
+KeyRows TopicKeys(int n) {
   SyntheticOptions f = SyntheticFamily("default").value();
   f.seed = 3;
   SyntheticData data = MakeSyntheticData(n, kDim, 1, f);
-  Keys d;
+  KeyRows d;
   d.n = n;
+  d.dim = kDim;
   d.k = std::move(data.keys);
   d.v.assign(d.k.size(), 0.5f);
   return d;
@@ -58,7 +48,7 @@ std::vector<int32_t> Level0Cells(const DciTree& tree) {
 
 // The k-means objective of the level-0 assignment: sum over level-0 tokens of the squared
 // distance to the mean of their cell's level-0 keys.
-double WithinCellSquares(const DciTree& tree, const Keys& d) {
+double WithinCellSquares(const DciTree& tree, const KeyRows& d) {
   const std::vector<int32_t> cell = Level0Cells(tree);
   std::map<int32_t, std::pair<std::vector<double>, int>> sums;
   for (int t = 0; t < d.n; ++t) {
@@ -91,15 +81,15 @@ TEST(DciTreeRefineTest, NoPresetRefines) {
 
 TEST(DciTreeRefineTest, PassesLowerTheWithinCellSpreadAndKeepTheTreeValid) {
   const int n = 6000;
-  Keys d = TopicKeys(n);
+  KeyRows d = TopicKeys(n);
   auto pool = MakePool(kDim, 8 * n / 16 + 800);
   double before = 0;
   for (int passes : {0, 1, 2}) {
     SCOPED_TRACE("refine_passes " + std::to_string(passes));
-    auto tree = DciTree::Build(Refined(passes), pool.get(), 1, d.Block()).value();
+    auto tree = DciTree::Build(Refined(passes), pool.get(), 1, d.Block(0, n)).value();
     ASSERT_TRUE(tree->CheckInvariants().ok()) << tree->CheckInvariants().ToString();
     // The same tokens go up (level sampling depends on n and the seed only).
-    auto plain = DciTree::Build(Refined(0), pool.get(), 1, d.Block()).value();
+    auto plain = DciTree::Build(Refined(0), pool.get(), 1, d.Block(0, n)).value();
     EXPECT_EQ(tree->level_counts(), plain->level_counts());
     for (int64_t t = 0; t < n; ++t) ASSERT_EQ(tree->Level(t), plain->Level(t)) << t;
     const double sq = WithinCellSquares(*tree, d);
@@ -116,23 +106,23 @@ TEST(DciTreeRefineTest, PassesLowerTheWithinCellSpreadAndKeepTheTreeValid) {
 
 TEST(DciTreeRefineTest, StickyCellsAndLargeUpperLevelsAreLeftAsFound) {
   const int n = 4000;
-  Keys d = TopicKeys(n);
+  KeyRows d = TopicKeys(n);
   auto pool = MakePool(kDim, 8 * n / 16 + 800);
   // Sticky cells: the refinement stands aside (both rules place the same level-0 tokens).
   DciParams sticky = Refined(1), sticky_off = Refined(0);
   sticky.sticky_margin = sticky_off.sticky_margin = 0.1;
-  auto a = DciTree::Build(sticky, pool.get(), 1, d.Block()).value();
-  auto b = DciTree::Build(sticky_off, pool.get(), 1, d.Block()).value();
+  auto a = DciTree::Build(sticky, pool.get(), 1, d.Block(0, n)).value();
+  auto b = DciTree::Build(sticky_off, pool.get(), 1, d.Block(0, n)).value();
   EXPECT_EQ(Level0Cells(*a), Level0Cells(*b));
   // More level-1 nodes than exact_parent_max_nodes: off (its candidate lists cost nodes^2).
   DciParams big = Refined(1), big_off = Refined(0);
   big.exact_parent_max_nodes = big_off.exact_parent_max_nodes = 10;
-  auto c = DciTree::Build(big, pool.get(), 1, d.Block()).value();
-  auto e = DciTree::Build(big_off, pool.get(), 1, d.Block()).value();
+  auto c = DciTree::Build(big, pool.get(), 1, d.Block(0, n)).value();
+  auto e = DciTree::Build(big_off, pool.get(), 1, d.Block(0, n)).value();
   EXPECT_EQ(Level0Cells(*c), Level0Cells(*e));
   // And on: the cells change.
-  auto f = DciTree::Build(Refined(1), pool.get(), 1, d.Block()).value();
-  auto g = DciTree::Build(Refined(0), pool.get(), 1, d.Block()).value();
+  auto f = DciTree::Build(Refined(1), pool.get(), 1, d.Block(0, n)).value();
+  auto g = DciTree::Build(Refined(0), pool.get(), 1, d.Block(0, n)).value();
   EXPECT_NE(Level0Cells(*f), Level0Cells(*g));
 }
 
@@ -145,17 +135,17 @@ TEST(DciTreeRefineTest, ValidationAndWireForm) {
   EXPECT_NE(ValidateDciParams(p).message().find("refine_candidates"), std::string::npos);
   p.refine_candidates = 7;
   ASSERT_TRUE(ValidateDciParams(p).ok());
+  auto back = testing::ParamsOverTheWire(p);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->refine_passes, 2);
+  EXPECT_EQ(back->refine_candidates, 7);
+  // Truncated before the last field: DATA_LOSS.
   WireWriter w;
   SerializeDciParams(p, &w);
-  WireReader r(w.buffer().data(), w.buffer().size());
-  DciParams back;
-  ASSERT_TRUE(DeserializeDciParams(&r, &back).ok());
-  EXPECT_EQ(back.refine_passes, 2);
-  EXPECT_EQ(back.refine_candidates, 7);
-  // Truncated before the last field: DATA_LOSS.
   std::vector<uint8_t> cut(w.buffer().begin(), w.buffer().end() - 2);
   WireReader cr(cut.data(), cut.size());
-  EXPECT_EQ(DeserializeDciParams(&cr, &back).code(), StatusCode::kDataLoss);
+  DciParams cut_back;
+  EXPECT_EQ(DeserializeDciParams(&cr, &cut_back).code(), StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -17,30 +17,20 @@
 namespace icecache::kvstore {
 namespace {
 
+using testing::KeyRows;
 using testing::MakePool;
 
 constexpr int kDim = 32;
-
-struct Keys {
-  int n = 0;
-  std::vector<float> k, v;
-  const float* kp = nullptr;
-  const float* vp = nullptr;
-  TokenBlock Block(int first, int count) {
-    kp = k.data() + static_cast<size_t>(first) * kDim;
-    vp = v.data() + static_cast<size_t>(first) * kDim;
-    return TokenBlock{first, count, &kp, &vp, static_cast<size_t>(kDim)};
-  }
-};
 
 // Random keys N(0, 1), with a run [run_first, run_first + run_len) of near-identical keys (center
 // c = 3 N(0, 1) with c[0] = 0, noise 0.05 per channel) and two level-1 nodes a, b = c +- 8 e_0:
 // a and b have the same norm, each run key is nearly equidistant from them (its squared distances
 // differ by 32 |noise_0| of ~128) and far nearer to them than to any other node, so its nearest
 // node is a or b by the sign of its noise on channel 0.
-Keys MakeKeys(int n, int run_first, int run_len, int node_a, int node_b) {
-  Keys d;
+KeyRows MakeKeys(int n, int run_first, int run_len, int node_a, int node_b) {
+  KeyRows d;
   d.n = n;
+  d.dim = kDim;
   d.k.resize(static_cast<size_t>(n) * kDim);
   d.v.resize(d.k.size());
   std::mt19937_64 rng(5);
@@ -73,7 +63,7 @@ struct Plan {
 };
 Plan PlanRun(int n, int min_first) {
   auto pool = MakePool(kDim, 2 * n / 16 + 200);
-  Keys d = MakeKeys(n, 0, 0, 0, 1);
+  KeyRows d = MakeKeys(n, 0, 0, 0, 1);
   auto tree = DciTree::Build(Sticky(0), pool.get(), 1, d.Block(0, n)).value();
   Plan p;
   for (int t = 0; t < n && p.node_b < 0; ++t)
@@ -107,7 +97,7 @@ TEST(DciTreeStickyTest, BuildKeepsARunOfNearIdenticalKeysInOneCell) {
   const Plan plan = PlanRun(n, 0);
   ASSERT_GE(plan.run_len, 24) << "no long level-0 stretch in the probe tree";
   const int len = std::min(plan.run_len, 48);
-  Keys d = MakeKeys(n, plan.run_first, len, plan.node_a, plan.node_b);
+  KeyRows d = MakeKeys(n, plan.run_first, len, plan.node_a, plan.node_b);
   // Both parent searches of a build: the batched exact one, and prioritized DCI (forced here with
   // exact_parent_max_nodes = 0; its 64 candidates cover the 60 level-1 nodes). The batched search
   // on bf16 keys: on the int8 keys of Flat() (6-bit, kI8ParentKeyMax) the run's channel-0 noise
@@ -144,7 +134,7 @@ TEST(DciTreeStickyTest, InsertionUsesTheSameRule) {
   ASSERT_GE(plan.node_b, 0);
   const int first = n0 + 100, len = 40;
   for (double margin : {0.0, 0.1}) {
-    Keys d = MakeKeys(n, first, len, plan.node_a, plan.node_b);
+    KeyRows d = MakeKeys(n, first, len, plan.node_a, plan.node_b);
     auto pool = MakePool(kDim, 4 * n / 16 + 400);
     auto tree = DciTree::Build(Sticky(margin), pool.get(), 1, d.Block(0, n0)).value();
     for (int off = n0; off < n; off += 16) ASSERT_TRUE(tree->Insert(d.Block(off, std::min(16, n - off))).ok());
@@ -167,16 +157,16 @@ TEST(DciTreeStickyTest, ValidationAndWireForm) {
   p.sticky_margin = NAN;
   EXPECT_EQ(ValidateDciParams(p).code(), StatusCode::kInvalidArgument);
   p.sticky_margin = 0.37;
+  auto back = testing::ParamsOverTheWire(p);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->sticky_margin, 0.37);
   WireWriter w;
   SerializeDciParams(p, &w);
-  WireReader r(w.buffer().data(), w.buffer().size());
-  DciParams back;
-  ASSERT_TRUE(DeserializeDciParams(&r, &back).ok());
-  EXPECT_EQ(back.sticky_margin, 0.37);
   // Truncated before the margin's last byte (the leaf_rank fields, 1 + 3 doubles, the
   // cell_spread byte and the two refine int32s follow it): DATA_LOSS naming it.
   WireReader cut(w.buffer().data(), w.buffer().size() - 1 - (1 + 3 * sizeof(double)) - 1 - 2 * sizeof(int32_t));
-  Status c = DeserializeDciParams(&cut, &back);
+  DciParams cut_back;
+  Status c = DeserializeDciParams(&cut, &cut_back);
   EXPECT_EQ(c.code(), StatusCode::kDataLoss);
   EXPECT_NE(c.message().find("sticky_margin"), std::string::npos) << c.ToString();
 }
