@@ -1,13 +1,14 @@
-// `icecache-bench soak`: a bounded chaos run of a cluster of real processes on loopback. This
-// program is the supervisor: it starts icecache-router, 2 icecache-prefill and 2 icecache-decode
-// (found next to itself), kill -9s a decode or a prefill worker every --kill-every seconds (0:
-// never, a pure load run) and starts it again on the same port, while --clients threads stream greedy requests (budget full)
-// of random lengths, a share of them cancelled by the client mid-stream. Every request is then
-// accounted for against the uninterrupted greedy reference of its prompt (taken before the first
-// kill): completed with exactly the reference tokens, cancelled by the client, or ended with a clear
-// error (a non-empty message) after a prefix of the reference. Wrong, lost or duplicated tokens,
-// a success without a final response, pools not back to zero or router fds/threads growing make
-// the exit code 1.
+// `icecache-bench soak`: a bounded chaos run of `icecache cluster` (found next to itself) on
+// loopback: router, 2 prefill and 2 decode workers as real processes under the launcher's own
+// supervision. The bench kill -9s a decode or a prefill worker every --kill-every seconds (0:
+// never, a pure load run) and leaves the restart to the launcher, while --clients threads stream
+// greedy requests (budget full) of random lengths, a share of them cancelled by the client
+// mid-stream. Every request is then accounted for against the uninterrupted greedy reference of
+// its prompt (taken before the first kill): completed with exactly the reference tokens,
+// cancelled by the client, or ended with a clear error (a non-empty message) after a prefix of the
+// reference. Wrong, lost or duplicated tokens, a success without a final response, a worker the
+// launcher did not bring back, pools not back to zero or router fds/threads growing make the exit
+// code 1.
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <signal.h>
@@ -40,23 +41,33 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-struct Child {
-  std::string binary, name, address;
-  std::vector<std::string> args;
-  pid_t pid = -1;
-};
-
-// The child's stdout and stderr are appended to `log` (a restarted worker keeps its history).
-pid_t SpawnChild(const Child& c, const std::string& log) {
-  std::vector<std::string> argv = {c.binary};
-  argv.insert(argv.end(), c.args.begin(), c.args.end());
+// The launcher's output (and its children's) goes to `log`.
+pid_t SpawnLauncher(const std::vector<std::string>& argv, const std::string& log) {
   SpawnOptions o;
   o.log_path = log;
-  o.append_log = true;
   o.env = {{"OMP_WAIT_POLICY", "passive"}};
   StatusOr<pid_t> pid = SpawnProcess(argv, o);
   if (!pid.ok()) std::fprintf(stderr, "soak: %s\n", pid.status().ToString().c_str());
   return pid.ok() ? *pid : -1;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::string out;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[8192];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    std::fclose(f);
+  }
+  return out;
+}
+
+// The pid `icecache cluster` last (re)started the process at `address` with ("... ADDRESS (pid
+// N"), or -1.
+pid_t PidFromLog(const std::string& log, const std::string& address) {
+  const std::string text = ReadAll(log), key = " " + address + " (pid ";
+  const size_t at = text.rfind(key);
+  return at == std::string::npos ? -1 : static_cast<pid_t>(std::atoi(text.c_str() + at + key.size()));
 }
 
 std::string HttpGet(int port, const std::string& path) {
@@ -95,8 +106,9 @@ double Metric(int port, const std::string& name) {
   return sum;
 }
 
-// Ports base + kPortOffsets: listen ports of router, 2 prefill, 2 decode workers, then metrics.
-constexpr int kPortOffsets[] = {0, 1, 2, 3, 4, 10, 11, 12};
+// Ports base + kPortOffsets: listen ports of router, 2 prefill, 2 decode workers, then their
+// metrics ports in the same order (`icecache cluster --metrics-port base + 10`).
+constexpr int kPortOffsets[] = {0, 1, 2, 3, 4, 10, 11, 12, 13, 14};
 
 bool PortFree(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -195,10 +207,10 @@ int RunSoak(int argc, char** argv) {
   }
   if (port == 0) port = FreePortBase();
   if (port == 0) {
-    std::fprintf(stderr, "soak: no free base port found; pass --port BASE (ports BASE..BASE+12)\n");
+    std::fprintf(stderr, "soak: no free base port found; pass --port BASE (ports BASE..BASE+14)\n");
     return 1;
   }
-  std::printf("soak: ports %d..%d\n", port, port + 12);
+  std::printf("soak: ports %d..%d\n", port, port + 14);
   const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
   const std::string work = fs::temp_directory_path() / ("icecache-soak-" + std::to_string(getpid()));
   fs::create_directories(work);
@@ -209,57 +221,41 @@ int RunSoak(int argc, char** argv) {
       return 1;
     }
   }
-  const std::vector<std::string> common = {"--model", model, "--set", "cache.kv_dtype=f32", "--set", "cache.page_size=4",
-                                           "--set", "ucx.net_devices=lo", "--set", "ucx.transfer_timeout_seconds=10"};
-
-  std::vector<Child> children;
-  auto add = [&](const std::string& binary, const std::string& name, int p, std::vector<std::string> extra) {
-    Child c;
-    c.binary = (bin / binary).string();
-    c.name = name;
-    c.address = "127.0.0.1:" + std::to_string(p);
-    c.args = {"--listen", c.address};
-    c.args.insert(c.args.end(), common.begin(), common.end());
-    c.args.insert(c.args.end(), extra.begin(), extra.end());
-    for (const std::string& kv : worker_sets) {  // last: they win over the bench's own settings
-      c.args.push_back("--set");
-      c.args.push_back(kv);
-    }
-    children.push_back(c);
-  };
-  add("icecache-prefill", "prefill0", port + 1, {"--set", "prefill.threads=1"});
-  add("icecache-prefill", "prefill1", port + 2, {"--set", "prefill.threads=1"});
-  add("icecache-decode", "decode0", port + 3, {"--set", "decode.threads=1", "--set", "decode.pool_pages=30000",
-                                              "--metrics-port", std::to_string(port + 11)});
-  add("icecache-decode", "decode1", port + 4, {"--set", "decode.threads=1", "--set", "decode.pool_pages=30000",
-                                              "--metrics-port", std::to_string(port + 12)});
+  // Kills are chaos from outside, not a crash loop: the launcher never gives a worker up here.
+  std::vector<std::string> cmd = {(bin / "icecache").string(), "cluster", "--model", model, "--port",
+                                   std::to_string(port), "--prefill", "2", "--decode", "2", "--metrics-port",
+                                   std::to_string(port + 10), "--restart-backoff", "0.5", "--max-restarts",
+                                   "1000000", "--insecure-internal"};
+  for (const char* kv : {"cache.kv_dtype=f32", "cache.page_size=4", "ucx.net_devices=lo",
+                         "ucx.transfer_timeout_seconds=10", "prefill.threads=1", "decode.threads=1",
+                         "decode.pool_pages=30000", "router.stats_refresh_seconds=0.1"}) {
+    cmd.insert(cmd.end(), {"--set", kv});
+  }
+  for (const std::string& kv : worker_sets) cmd.insert(cmd.end(), {"--set", kv});  // last: they win
+  const std::string log = work + "/cluster.log";
+  const pid_t launcher = SpawnLauncher(cmd, log);
+  const std::string router = "127.0.0.1:" + std::to_string(port);
+  // Listen addresses: prefill0, prefill1, decode0, decode1.
+  const std::vector<std::string> names = {"prefill0", "prefill1", "decode0", "decode1"};
+  auto address = [&](int w) { return "127.0.0.1:" + std::to_string(port + 1 + w); };
   const int router_metrics = port + 10;
-  add("icecache-router", "router", port,
-      {"--metrics-port", std::to_string(router_metrics), "--set",
-       "router.prefill.addresses=" + children[0].address + "," + children[1].address, "--set",
-       "router.decode.addresses=" + children[2].address + "," + children[3].address, "--set",
-       "router.stats_refresh_seconds=0.1"});
-  for (auto& c : children) c.pid = SpawnChild(c, work + "/" + c.name + ".log");
-  const std::string router = children.back().address;
-  const pid_t router_pid = children.back().pid;
-  auto stop_all = [&] {
-    for (auto& c : children) {
-      if (c.pid > 0) kill(c.pid, SIGKILL);
-    }
-    for (auto& c : children) {
-      if (c.pid > 0) waitpid(c.pid, nullptr, 0);
+  auto stop_all = [&] {  // SIGTERM: the launcher drains and stops its children
+    if (launcher > 0) {
+      kill(launcher, SIGTERM);
+      waitpid(launcher, nullptr, 0);
     }
   };
   bool healthy = false;
-  for (int i = 0; i < 600 && !healthy; ++i) {
+  for (int i = 0; i < 600 && !healthy && launcher > 0; ++i) {
     healthy = router::CheckHealth(router, "", 1).ok();
     if (!healthy) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!healthy) {
-    std::fprintf(stderr, "soak: the cluster did not become healthy (logs in %s)\n", work.c_str());
+    std::fprintf(stderr, "soak: the cluster did not become healthy (log: %s)\n", log.c_str());
     stop_all();
     return 1;
   }
+  const pid_t router_pid = PidFromLog(log, router);
 
   auto prompt_of = [](int p) {
     std::vector<int32_t> ids;
@@ -348,7 +344,7 @@ int RunSoak(int argc, char** argv) {
       }
     });
   }
-  // The chaos: alternately a decode and a prefill worker, kill -9, then started again.
+  // The chaos: alternately a decode and a prefill worker, kill -9; the launcher starts it again.
   int kills_decode = 0, kills_prefill = 0;
   std::thread killer([&] {
     const int order[] = {2, 0, 3, 1};  // decode0, prefill0, decode1, prefill1
@@ -356,18 +352,20 @@ int RunSoak(int argc, char** argv) {
       const auto at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kill_every));
       while (!stop && Clock::now() < at) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (stop || Clock::now() >= end) break;
-      Child& c = children[order[k % 4]];
-      kill(c.pid, SIGKILL);
-      waitpid(c.pid, nullptr, 0);
-      (order[k % 4] >= 2 ? kills_decode : kills_prefill)++;
+      const int w = order[k % 4];
+      const pid_t victim = PidFromLog(log, address(w));
+      if (victim <= 0 || kill(victim, SIGKILL) != 0) {
+        std::fprintf(stderr, "soak: %s is not running (pid %d); not killed\n", names[w].c_str(), victim);
+        continue;
+      }
+      (w >= 2 ? kills_decode : kills_prefill)++;
       {
         std::lock_guard<std::mutex> lock(mu);
         last_kill = Clock::now();
-        last_killed = c.name;
+        last_killed = names[w];
       }
-      std::fprintf(stderr, "soak: kill -9 %s at %.1f s\n", c.name.c_str(),
+      std::fprintf(stderr, "soak: kill -9 %s at %.1f s\n", names[w].c_str(),
                    std::chrono::duration<double>(Clock::now() - (end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)))).count());
-      c.pid = SpawnChild(c, work + "/" + c.name + ".log");
     }
   });
   for (auto& th : threads) th.join();
@@ -384,8 +382,21 @@ int RunSoak(int argc, char** argv) {
     }
     return v;
   };
-  const double usage0 = settled(port + 11, "icecache_kv_cache_usage_ratio");
-  const double usage1 = settled(port + 12, "icecache_kv_cache_usage_ratio");
+  // Every worker back: healthy, and the launcher counted as many restarts as there were kills.
+  bool all_back = true;
+  double restarts = 0;
+  for (int w = 0; w < 4; ++w) {
+    bool up = false;
+    for (int i = 0; i < 300 && !up; ++i) {
+      up = router::CheckHealth(address(w), "", 1).ok();
+      if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    all_back = all_back && up;
+    restarts += std::max(0.0, Metric(port + 11 + w, "icecache_worker_restarts_total"));
+  }
+  all_back = all_back && static_cast<int>(restarts) == kills_decode + kills_prefill;
+  const double usage0 = settled(port + 13, "icecache_kv_cache_usage_ratio");
+  const double usage1 = settled(port + 14, "icecache_kv_cache_usage_ratio");
   const double running = settled(router_metrics, "icecache_requests_running");
   const double migrations = Metric(router_metrics, "icecache_request_migrations_total");
   const int fds_after = CountEntries("/proc/" + std::to_string(router_pid) + "/fd");
@@ -412,17 +423,17 @@ int RunSoak(int argc, char** argv) {
                 c.last_after_kill, c.last_killed.c_str(), c.example.c_str());
   }
   std::printf("soak: decode pools usage after: %g, %g; router requests running: %g; router fds %d -> %d, threads %d -> %d; "
-              "router %s\n",
+              "router %s; workers restarted by icecache cluster: %.0f, all %s\n",
               usage0, usage1, running, fds_before, fds_after, threads_before, threads_after,
-              serving ? "SERVING" : "NOT serving");
+              serving ? "SERVING" : "NOT serving", restarts, all_back ? "back and healthy" : "NOT back");
   const bool ok = counts.wrong_tokens == 0 && counts.lost_or_dup == 0 && counts.no_final == 0 && usage0 == 0 &&
                   usage1 == 0 && running == 0 && serving && counts.completed > 0 && fds_after <= fds_before + 16 &&
-                  threads_after <= threads_before + 16;
+                  threads_after <= threads_before + 16 && all_back;
   if (ok) {
     std::error_code ignored;
     fs::remove_all(work, ignored);
   } else {
-    std::printf("soak: FAILED (logs in %s)\n", work.c_str());
+    std::printf("soak: FAILED (log: %s)\n", log.c_str());
   }
   return ok ? 0 : 1;
 }

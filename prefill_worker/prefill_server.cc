@@ -1,15 +1,18 @@
 #include "prefill_worker/prefill_server.h"
 
+#include <fcntl.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "common/logging.h"
@@ -175,12 +178,26 @@ namespace {
 // kill -9 the worker mid-shipment. Never set in production; the worker logs a warning when it is.
 constexpr const char* kStallEnv = "ICECACHE_TEST_PREFILL_STALL_AFTER_SEGMENTS";
 
+// With ICECACHE_TEST_PREFILL_STALL_ONCE_FILE=PATH as well, only the process that creates PATH
+// (O_EXCL) takes the hook and writes its pid there: one worker of a cluster whose processes all
+// inherit the environment (`icecache cluster`), and not the same worker once restarted.
+constexpr const char* kStallOnceEnv = "ICECACHE_TEST_PREFILL_STALL_ONCE_FILE";
+
 int64_t StallAfterSegments() {
   const char* v = std::getenv(kStallEnv);
   if (v == nullptr || *v == '\0') return -1;
   char* end = nullptr;
   const long long n = std::strtoll(v, &end, 10);
-  return end != nullptr && *end == '\0' && n > 0 ? n : -1;
+  if (end == nullptr || *end != '\0' || n <= 0) return -1;
+  if (const char* once = std::getenv(kStallOnceEnv); once != nullptr && *once != '\0') {
+    const int fd = open(once, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return -1;
+    const std::string pid = std::to_string(getpid());
+    const bool written = write(fd, pid.data(), pid.size()) == static_cast<ssize_t>(pid.size());
+    close(fd);
+    if (!written) return -1;
+  }
+  return n;
 }
 }  // namespace
 

@@ -201,9 +201,20 @@ RequestPath::RequestPath(const cluster::ClusterConfig& config, model::ModelConfi
       decode_(decode),
       admission_(admission),
       metrics_(std::make_unique<Metrics>(
-          registry, cluster::ProcessLabels("router", cluster::ServedModelName(config.model.name, config.model.dir)))) {}
+          registry, cluster::ProcessLabels("router", cluster::ServedModelName(config.model.name, config.model.dir)))) {
+  for (auto [pool, role] : {std::pair{prefill_, "prefill"}, std::pair{decode_, "decode"}}) {
+    if (pool == nullptr) continue;
+    pool->SetUnavailableObserver([family = &metrics_->worker_unavailable, role](const std::string& a, double s) {
+      family->Add({{"role", role}, {"worker", a}}).Increment(s);
+    });
+  }
+}
 
-RequestPath::~RequestPath() = default;
+RequestPath::~RequestPath() {
+  for (WorkerPool* pool : {prefill_, decode_}) {
+    if (pool != nullptr) pool->SetUnavailableObserver(nullptr);
+  }
+}
 
 Status RequestPath::Authorize(std::string_view authorization) const {
   if (config_.router.api_keys.empty()) return Status::Ok();

@@ -129,6 +129,27 @@ void WorkerPool::Refresh(bool resolve) {
     any_healthy = any_healthy || it->second.healthy;
   }
   if (any_healthy) cv_.notify_all();
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> down;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [a, w] : workers_) {
+      if (!w.healthy) down.push_back(a);
+    }
+  }
+  if (last_round_ != std::chrono::steady_clock::time_point{}) {
+    const double seconds = std::chrono::duration<double>(now - last_round_).count();
+    std::lock_guard<std::mutex> lock(observer_mu_);
+    if (unavailable_observer_) {
+      for (const auto& a : down) unavailable_observer_(a, seconds);
+    }
+  }
+  last_round_ = now;
+}
+
+void WorkerPool::SetUnavailableObserver(std::function<void(const std::string&, double)> observer) {
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  unavailable_observer_ = std::move(observer);
 }
 
 std::chrono::milliseconds RetryPolicy::Backoff(int attempt) const {

@@ -88,6 +88,12 @@ class WorkerPool {
   Status AwaitReady(const RetryPolicy& policy, int attempt, std::chrono::steady_clock::time_point until,
                     const std::function<bool()>& cancelled);
 
+  // After each Stats round (every stats_refresh_seconds) `observer` gets every worker that is not
+  // ready then and the seconds since the previous round (the router's
+  // icecache_worker_unavailable_seconds_total). Called on the polling thread; once this returns,
+  // the previous observer is not running and is not called again (nullptr clears it).
+  void SetUnavailableObserver(std::function<void(const std::string& address, double seconds)> observer);
+
   // Adjusts the router-side inflight count of `address` (no-op for an unknown address).
   void AddInflight(const std::string& address, int64_t delta);
 
@@ -105,7 +111,11 @@ class WorkerPool {
   mutable std::mutex mu_;
   std::condition_variable cv_;        // stop_, and a worker's health
 
+  std::chrono::steady_clock::time_point last_round_{};  // the previous Stats round's end (Refresh)
+
   std::map<std::string, WorkerInfo> workers_;  // guarded by mu_
+  std::mutex observer_mu_;  // held while the observer runs, so a caller that clears it can free what it uses
+  std::function<void(const std::string&, double)> unavailable_observer_;  // guarded by observer_mu_
   bool stop_ = false;                          // guarded by mu_
   std::thread thread_;
 };

@@ -6,7 +6,8 @@
 // `instance` (and `pod` under a PodMonitor). A family name belongs to one component only, so no
 // sum over all targets counts the same thing twice: the router counts requests and their tokens,
 // the prefill workers the prompts they ran and the bytes they shipped, the decode workers their
-// sequences, tokens, pages and KV memory. Request-level families follow vLLM's (`vllm:` ->
+// sequences, tokens, pages and KV memory. The exceptions are families each worker exports about
+// itself alone (its restarts, its tensor-parallel steps), which a sum still counts once. Request-level families follow vLLM's (`vllm:` ->
 // `icecache_`), so dashboards and alerts written for vLLM translate one for one.
 //
 // Thread safety: the structs hold references into a prometheus::Registry; prometheus-cpp's
@@ -19,6 +20,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
 #include <mutex>
 #include <span>
 #include <string>
@@ -36,6 +38,13 @@ prometheus::Labels ProcessLabels(const std::string& component, const std::string
 // Buckets: latency in seconds (1 ms .. 120 s), token counts (1 .. 128k).
 const std::vector<double>& LatencyBuckets();
 const std::vector<double>& TokenCountBuckets();
+
+// The environment variable through which `icecache cluster` tells a worker it restarts how many
+// times its port's worker has been restarted before it (tools/cli/cluster_command.cc).
+inline constexpr const char* kWorkerRestartsEnv = "ICECACHE_WORKER_RESTARTS";
+// Its value in this process's environment: 0 when unset or not a count (e.g. under Kubernetes,
+// where kube-state-metrics counts pod restarts instead).
+int64_t WorkerRestartsFromEnvironment();
 
 struct RouterMetrics {
   RouterMetrics(prometheus::Registry& r, const prometheus::Labels& process);
@@ -61,10 +70,17 @@ struct RouterMetrics {
   // icecache_request_prefill_retries_total: prefills retried on another prefill worker with a new
   // reservation after one failed UNAVAILABLE (e.g. killed mid-shipment).
   prometheus::Counter& prefill_retries;
+  // icecache_worker_unavailable_seconds_total{role, worker}: seconds a worker counted as not
+  // ready (its Stats poll failed, or a request's call to it failed UNAVAILABLE), in steps of
+  // router.stats_refresh_seconds.
+  prometheus::Family<prometheus::Counter>& worker_unavailable;
 };
 
 struct PrefillMetrics {
   PrefillMetrics(prometheus::Registry& r, const prometheus::Labels& process);
+  // icecache_worker_restarts_total (prefill and decode workers): restarts of this worker by
+  // `icecache cluster` before this process; starts at WorkerRestartsFromEnvironment().
+  prometheus::Counter& restarts;
   prometheus::Counter& prompt_tokens;   // icecache_prefill_tokens_total
   prometheus::Counter& sent_bytes;      // icecache_prefill_kv_sent_bytes_total
   prometheus::Gauge& waiting;           // icecache_prefill_requests_waiting: queued or in prefill
@@ -75,6 +91,7 @@ struct PrefillMetrics {
 
 struct DecodeMetrics {
   DecodeMetrics(prometheus::Registry& r, const prometheus::Labels& process);
+  prometheus::Counter& restarts;          // icecache_worker_restarts_total (as PrefillMetrics)
   prometheus::Gauge& kv_host_bytes;       // icecache_kv_host_bytes
   prometheus::Gauge& kv_usage;            // icecache_kv_cache_usage_ratio
   prometheus::Gauge& running;             // icecache_decode_sequences_running: reserved or decoding

@@ -1,7 +1,11 @@
 // `icecache cluster`: a local cluster on loopback. Starts icecache-prefill x N, icecache-decode x M
 // and icecache-router (found next to this binary) as separate processes, waits until the router is
-// healthy, and supervises them: SIGINT/SIGTERM stops all; a child that dies is reported and the
-// rest are stopped (exit 1). With --once it stops everything as soon as the router serves.
+// healthy, and supervises them: a worker that dies after the cluster first served is restarted on
+// its port with exponential backoff (--restart on-failure, the default) while the router routes
+// around it; one that keeps failing soon after each start is given up, the rest keep serving. The
+// router's death, or any child's before the cluster first served (a setup error), stops all with
+// exit 1. SIGINT/SIGTERM drain and stop all (exit 0). With --once it stops everything as soon as
+// the router serves.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +25,7 @@
 #include "serving/cluster_config.h"
 #include "serving/internal_tls.h"
 #include "common/subprocess.h"
+#include "serving/metric_families.h"
 #include "tools/cli/command.h"
 
 namespace icecache::cli {
@@ -30,6 +35,7 @@ constexpr const char* kUsage =
     "usage: icecache cluster --model DIR --port P [--prefill N] [--decode M] [--config FILE]\n"
     "                        [--metrics-port BASE] [--http-port H] [--api-key KEY] [--device auto|cpu|cuda] [--set SECTION.KEY=VALUE ...] [--once]\n"
     "                        [--tensor-parallel N] [--prefill-tp N] [--decode-tp N]\n"
+    "                        [--restart on-failure|never] [--max-restarts N] [--restart-backoff SECONDS]\n"
     "  Router on 127.0.0.1:P; prefill workers on P+1..P+N, decode workers on P+N+1..P+N+M.\n"
     "  --metrics-port BASE: /metrics of the router on BASE, prefill workers on BASE+1.., decode\n"
     "  workers after them (monitoring/prometheus.yml scrapes 9400-9402).\n"
@@ -43,29 +49,111 @@ constexpr const char* kUsage =
     "    on GPUs N consecutive GPUs per worker, placed as above); --prefill-tp / --decode-tp set it\n"
     "    per role (parallel.tensor_parallel_size, prefill.devices / decode.devices; docs/parallel.md).\n"
     "  --once: exit 0 as soon as the router serves (a smoke test), stopping everything.\n"
+    "  --restart on-failure (default): a prefill or decode worker that dies (a signal or a non-zero\n"
+    "    exit) after the cluster first served is restarted on its port after --restart-backoff\n"
+    "    seconds (default 1), doubling for each failure in a row up to 30 s; a failure counts as in a\n"
+    "    row when the worker ran less than 60 s. After --max-restarts failures in a row (default 5)\n"
+    "    it is given up and the other workers keep serving. never: a dead worker stays down. Either\n"
+    "    way the router routes around a worker that is down. The router's death stops the cluster\n"
+    "    (exit 1), as does any child's before the cluster first served.\n"
     "  The internal plane (router -> workers) uses mutual TLS: with internal_tls.* in the config those\n"
     "    certificates, otherwise a throwaway CA made for this run (removed on exit);\n"
     "    --insecure-internal turns it off (plaintext, as before).\n";
 
+using Clock = std::chrono::steady_clock;
+
+// A failure counts as "in a row" (towards --max-restarts, and doubling the backoff) when the
+// worker ran less than this since its start.
+constexpr auto kStableRun = std::chrono::seconds(60);
+constexpr double kMaxBackoffSeconds = 30;
+
 struct Child {
-  std::string name;
+  std::string name;  // "decode worker 127.0.0.1:P"
+  bool is_router = false;
+  std::string binary;
+  std::vector<std::string> args;
   pid_t pid = -1;
+  int restarts = 0;         // restarts so far (the worker's icecache_worker_restarts_total)
+  int failures_in_row = 0;  // failures each within kStableRun of their start
+  Clock::time_point started_at{};
+  Clock::time_point restart_at{};  // when it is to be started again
+  bool awaiting_restart = false;
+  bool given_up = false;
 };
+
+struct RestartPolicy {
+  bool on_failure = true;
+  int max_restarts = 5;          // failures in a row before a worker is given up
+  double backoff_seconds = 1;    // before the first restart; doubles per failure in a row
+};
+
+// Prints one launcher line to `f` at once (stdout is a file or a pipe under a supervisor).
+void Say(FILE* f, const std::string& line) {
+  std::fprintf(f, "icecache cluster: %s\n", line.c_str());
+  std::fflush(f);
+}
 
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
 // -1 when it cannot start (the reason on stderr); when exec fails the child says so in its stderr
-// and exits 127, which the supervision loop reports.
-pid_t Spawn(const std::string& binary, const std::vector<std::string>& args) {
+// and exits 127, which the supervision loop reports. `restarts` > 0 is passed to the worker as
+// cluster::kWorkerRestartsEnv (its icecache_worker_restarts_total).
+pid_t Spawn(const std::string& binary, const std::vector<std::string>& args, int restarts = 0) {
   std::vector<std::string> argv = {binary};
   argv.insert(argv.end(), args.begin(), args.end());
-  StatusOr<pid_t> pid = SpawnProcess(argv);
+  SpawnOptions options;
+  if (restarts > 0) options.env.emplace_back(cluster::kWorkerRestartsEnv, std::to_string(restarts));
+  StatusOr<pid_t> pid = SpawnProcess(argv, options);
   if (!pid.ok()) {
-    std::fprintf(stderr, "icecache cluster: %s\n", pid.status().ToString().c_str());
+    Say(stderr, pid.status().ToString());
     return -1;
   }
   return *pid;
+}
+
+void Start(Child& c) {
+  c.pid = Spawn(c.binary, c.args, c.restarts);
+  c.started_at = Clock::now();
+  c.awaiting_restart = false;
+  if (c.pid > 0) {
+    Say(stdout, (c.restarts > 0 ? "restarted " : "started ") + c.name + " (pid " + std::to_string(c.pid) +
+                    (c.restarts > 0 ? "; restart " + std::to_string(c.restarts) : "") + ")");
+  }
+}
+
+// A worker that died (or could not be started again) while the cluster serves: schedules its
+// restart with backoff, or gives it up. `how` says how it ended.
+void OnWorkerDown(Child& c, const std::string& how, bool clean_exit, const RestartPolicy& policy) {
+  const auto now = Clock::now();
+  if (!policy.on_failure) {
+    Say(stderr, c.name + " " + how + "; not restarting it (--restart never): the other workers keep serving");
+    c.given_up = true;
+    return;
+  }
+  if (clean_exit) {
+    Say(stderr, c.name + " " + how + "; it stopped by itself, so it is not restarted (--restart on-failure)");
+    c.given_up = true;
+    return;
+  }
+  c.failures_in_row = now - c.started_at < kStableRun ? c.failures_in_row + 1 : 1;
+  if (c.failures_in_row > policy.max_restarts) {
+    Say(stderr, "giving up on " + c.name + ": it failed " + std::to_string(c.failures_in_row) +
+                    " times in a row, each within " + std::to_string(kStableRun.count()) + " s of its start (last: " +
+                    how + "; --max-restarts " + std::to_string(policy.max_restarts) +
+                    "); the other workers keep serving");
+    c.given_up = true;
+    return;
+  }
+  double backoff = policy.backoff_seconds;
+  for (int i = 1; i < c.failures_in_row && backoff < kMaxBackoffSeconds; ++i) backoff *= 2;
+  backoff = std::min(backoff, kMaxBackoffSeconds);
+  c.awaiting_restart = true;
+  c.restart_at = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(backoff));
+  char when[32];
+  std::snprintf(when, sizeof(when), "%.1f", backoff);
+  Say(stderr, c.name + " " + how + "; restarting it in " + when + " s (failure " + std::to_string(c.failures_in_row) +
+                  " in a row; --max-restarts " + std::to_string(policy.max_restarts) + ")");
 }
 
 // SIGTERM to every child (each drains for its *.drain_seconds), SIGKILL to those still there after
@@ -96,14 +184,15 @@ void StopAll(std::vector<Child>& children, double grace_seconds) {
   }
 }
 
-// Returns the child that exited (and how), or nullptr.
-Child* Reap(std::vector<Child>& children, std::string* how) {
+// Returns the child that exited (and how; *clean when it exited 0), or nullptr.
+Child* Reap(std::vector<Child>& children, std::string* how, bool* clean) {
   int status = 0;
   pid_t pid = waitpid(-1, &status, WNOHANG);
   if (pid <= 0) return nullptr;
   for (auto& c : children) {
     if (c.pid != pid) continue;
     c.pid = -1;
+    *clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     *how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                              : "was killed by signal " + std::to_string(WTERMSIG(status));
     return &c;
@@ -116,6 +205,7 @@ int RunCluster(int argc, char** argv) {
   int port = 0, num_prefill = 1, num_decode = 1, metrics_base = 0, http_port = 0, prefill_tp = 0, decode_tp = 0;
   kernels::Device device;
   bool once = false, insecure_internal = false;
+  RestartPolicy restart;
   std::vector<std::string> sets, api_keys;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -158,6 +248,29 @@ int RunCluster(int argc, char** argv) {
         return 2;
       }
       device = *d;
+    } else if (a == "--restart" && (v = next())) {
+      if (std::string(v) != "on-failure" && std::string(v) != "never") {
+        std::fprintf(stderr, "icecache cluster: --restart %s: use on-failure or never\n", v);
+        return 2;
+      }
+      restart.on_failure = std::string(v) == "on-failure";
+    } else if (a == "--max-restarts" && (v = next())) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || n < 0 || n > 1000000) {
+        std::fprintf(stderr, "icecache cluster: --max-restarts %s: a count in [0, 1000000]\n", v);
+        return 2;
+      }
+      restart.max_restarts = static_cast<int>(n);
+    } else if (a == "--restart-backoff" && (v = next())) {
+      char* end = nullptr;
+      const double b = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(b >= 0.01 && b <= kMaxBackoffSeconds)) {
+        std::fprintf(stderr, "icecache cluster: --restart-backoff %s: seconds in [0.01, %.0f]\n", v,
+                     kMaxBackoffSeconds);
+        return 2;
+      }
+      restart.backoff_seconds = b;
     } else if (a == "--once") {
       once = true;
     } else if (a == "--insecure-internal") {
@@ -278,58 +391,80 @@ int RunCluster(int argc, char** argv) {
   std::string prefill_list, decode_list;
   next_metrics = metrics_base + 1;  // the router (started last) takes BASE itself
   int next_port = port + 1;
-  for (int i = 0; i < num_prefill; ++i, ++next_port) {
-    std::string listen = "127.0.0.1:" + std::to_string(next_port);
-    prefill_list += (prefill_list.empty() ? "" : ",") + listen;
-    children.push_back({"prefill worker " + listen,
-                        Spawn((bin / "icecache-prefill").string(), placed(common(listen), "prefill worker " + listen, "prefill", prefill_tp))});
-  }
-  for (int i = 0; i < num_decode; ++i, ++next_port) {
-    std::string listen = "127.0.0.1:" + std::to_string(next_port);
-    decode_list += (decode_list.empty() ? "" : ",") + listen;
-    children.push_back({"decode worker " + listen,
-                        Spawn((bin / "icecache-decode").string(), placed(common(listen), "decode worker " + listen, "decode", decode_tp))});
-  }
+  auto add_worker = [&](const std::string& role, int tp) {
+    const std::string listen = "127.0.0.1:" + std::to_string(next_port++);
+    std::string& list = role == "prefill" ? prefill_list : decode_list;
+    list += (list.empty() ? "" : ",") + listen;
+    Child c;
+    c.name = role + " worker " + listen;
+    c.binary = (bin / ("icecache-" + role)).string();
+    c.args = placed(common(listen), c.name, role, tp);
+    children.push_back(std::move(c));
+  };
+  for (int i = 0; i < num_prefill; ++i) add_worker("prefill", prefill_tp);
+  for (int i = 0; i < num_decode; ++i) add_worker("decode", decode_tp);
   std::string router = "127.0.0.1:" + std::to_string(port);
   next_metrics = metrics_base;
-  auto router_args = common(router);
-  router_args.insert(router_args.end(), {"--set", "router.prefill.addresses=" + prefill_list, "--set",
-                                         "router.decode.addresses=" + decode_list});
-  if (http_port > 0) router_args.insert(router_args.end(), {"--http-port", std::to_string(http_port)});
-  for (const auto& k : api_keys) router_args.insert(router_args.end(), {"--api-key", k});
-  children.push_back({"router " + router, Spawn((bin / "icecache-router").string(), router_args)});
+  Child r;
+  r.name = "router " + router;
+  r.is_router = true;
+  r.binary = (bin / "icecache-router").string();
+  r.args = common(router);
+  r.args.insert(r.args.end(), {"--set", "router.prefill.addresses=" + prefill_list, "--set",
+                               "router.decode.addresses=" + decode_list});
+  if (http_port > 0) r.args.insert(r.args.end(), {"--http-port", std::to_string(http_port)});
+  for (const auto& k : api_keys) r.args.insert(r.args.end(), {"--api-key", k});
+  children.push_back(std::move(r));
 
   bool serving = false;
   int exit_code = 0;
-  for (const auto& c : children) {
+  for (auto& c : children) {
+    Start(c);
     if (c.pid < 0) {  // Spawn said why
-      std::fprintf(stderr, "icecache cluster: %s did not start; stopping the cluster\n", c.name.c_str());
+      Say(stderr, c.name + " did not start; stopping the cluster");
       exit_code = 1;
       g_stop = 1;
+      break;
     }
   }
-  auto started = std::chrono::steady_clock::now();
+  const auto started = Clock::now();
   while (!g_stop) {
     std::string how;
-    if (Child* dead = Reap(children, &how)) {
-      std::fprintf(stderr, "icecache cluster: %s %s; stopping the cluster\n", dead->name.c_str(), how.c_str());
-      exit_code = 1;
-      break;
+    bool clean = false;
+    Child* dead = nullptr;
+    while (!g_stop && (dead = Reap(children, &how, &clean)) != nullptr) {
+      if (dead->is_router) {
+        Say(stderr, dead->name + " " + how + "; stopping the cluster (the router is its front door)");
+        exit_code = 1;
+        g_stop = 1;
+      } else if (!serving) {
+        Say(stderr, dead->name + " " + how + " before the cluster served; stopping the cluster (its log above says why)");
+        exit_code = 1;
+        g_stop = 1;
+      } else {
+        OnWorkerDown(*dead, how, clean, restart);
+      }
+    }
+    if (g_stop) break;
+    for (auto& c : children) {
+      if (!c.awaiting_restart || Clock::now() < c.restart_at) continue;
+      ++c.restarts;
+      Start(c);
+      if (c.pid < 0) OnWorkerDown(c, "could not be started again", /*clean_exit=*/false, restart);
     }
     if (!serving) {
       serving = router::CheckHealth(router, "", 1).ok();
       if (serving) {
-        std::printf("icecache cluster: serving on %s (%d prefill, %d decode workers)\n", router.c_str(), num_prefill,
-                    num_decode);
-        std::fflush(stdout);
+        Say(stdout, "serving on " + router + " (" + std::to_string(num_prefill) + " prefill, " +
+                        std::to_string(num_decode) + " decode workers)");
         if (once) break;
-      } else if (std::chrono::steady_clock::now() - started > std::chrono::seconds(120)) {
-        std::fprintf(stderr, "icecache cluster: router %s not healthy after 120 s\n", router.c_str());
+      } else if (Clock::now() - started > std::chrono::seconds(120)) {
+        Say(stderr, "router " + router + " not healthy after 120 s");
         exit_code = 1;
         break;
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(serving ? 200 : 50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(serving ? 100 : 50));
   }
   // The longest drain of any child, plus time to stop after it (the chart's
   // terminationGracePeriodSeconds follows the same rule).
