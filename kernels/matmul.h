@@ -48,7 +48,7 @@ struct MatmulParams {
   //    (q4), integer sums exact. Error against the exact product: that of x's rounding, at most
   //    sum over blocks of d_x / 2 * sum |w_i|. kInt8: ~0.4 % of max |y| on random rows, up to
   //    ~3 % on a real model's activations (outlier channels), enough to change greedy answers
-  //    (docs/BENCHMARKS.md); kInt16 256 times less. Both replace fp32 x's conversions and FMAs
+  //    (docs/BENCHMARKS.md, "Against llama.cpp"); kInt16 256 times less. Both replace fp32 x's conversions and FMAs
   //    by integer multiply-adds (`vpmaddubsw` / `vpmaddwd` on x86): 1.3-2x faster than kFp32.
   // Rows of a 1..16-row call are computed alike in every mode (a row's bits do not depend on m).
   QuantActivations quant_activations = QuantActivations::kFp32;

@@ -28,24 +28,28 @@ struct CacheSection {
   int dense_layers = 2;           // first layers that always attend fully
   int sink_pages = 2;
   int window_pages = 2;
-  // DCI-tree parameters: "tuned" (kvstore::DciParams::Tuned(): higher recall, about the same build time;
-  // the default, chosen by measurement in docs/BENCHMARKS.md), "flat" (kvstore::DciParams::Flat():
-  // Tuned() with a selection cost that grows sub-linearly in the context) or "reference" (the
-  // paper's code defaults, docs/design.md §3).
+  // DCI-tree parameters: "flat" (kvstore::DciParams::Flat(): Tuned() with a selection cost that grows
+  // sub-linearly in the context; the default, kvstore::kServingDciPreset, chosen by measurement in
+  // docs/BENCHMARKS.md, "Fidelity on SmolLM2" and "Flat-cost query options"), "tuned"
+  // (kvstore::DciParams::Tuned(): higher recall than the reference, about the same build time) or
+  // "reference" (the paper's code defaults, docs/design.md §3).
   std::string dci_preset = kvstore::kServingDciPreset;
   // > 0: overrides the preset's field-of-view fraction (a query expands max(fov_min, f * tokens)
   // level-1 cells). Smaller = cheaper decode steps at long context for a little recall
-  // (docs/BENCHMARKS.md, sparse-layer). 0 = the preset's (tuned: 1e-3, reference: 1.5e-3).
+  // (docs/BENCHMARKS.md, "Flat-cost query options"). 0 = the preset's (flat: 0, its field of view
+  // grows as 0.182 sqrt(tokens) instead; tuned: 1e-3; reference: 1.5e-3).
   double dci_fov_fraction = 0;
   // > 0: overrides the preset's smallest field of view (level-1 cells a query expands; tuned and
   // flat: 32). Larger finds more at every length for a larger selection cost: on the passkey model
-  // the 4-needle task needed ~128 cells at 16k-32k to match full KV (docs/BENCHMARKS.md). 0 = the preset's.
+  // the 4-needle task needed ~128 cells at 16k-32k to match full KV (docs/BENCHMARKS.md, "Accuracy on
+  // the passkey model"). 0 = the preset's.
   int dci_fov_min = 0;
   // > 0: caps the level-1 cells a GQA group of query heads expands at ceil(g * fov), taken rank by
   // rank over the heads (DciParams::group_fov). Without a cap (tuned) a group of G heads expands
   // the union of its heads' cells, up to G * fov. For wide groups (Llama-3: 4 or 8 query heads per
   // KV head) 2 costs 35-40 % less selection at 16k-128k for -0.001 to -0.009 of attention-mass
-  // coverage on the Llama-shaped layer (docs/BENCHMARKS.md). 0 = the preset's (tuned: no cap; flat: 1).
+  // coverage on the Llama-shaped layer (docs/BENCHMARKS.md, "Flat-cost query options"). 0 = the
+  // preset's (tuned: no cap; flat: 1).
   double dci_group_fov = 0;
   // Element type of KV pages in the prefill worker's build pool, on the wire and in the decode
   // worker's pool: "bf16" (what vLLM users expect; half the bytes of f32), "f16" or "f32". Both

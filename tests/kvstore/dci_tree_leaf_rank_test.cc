@@ -32,7 +32,7 @@ DciParams FlatCells() {
   return p;
 }
 
-// Flat() with the leaf ranking measured in docs/BENCHMARKS.md, "Leaf ranking" (an option).
+// Flat() with the leaf ranking measured in docs/kvstore.md, "Tried and not served" (an option).
 DciParams FlatRanked() {
   DciParams p = DciParams::Flat();
   p.leaf_rank = LeafRank::kCentroid;

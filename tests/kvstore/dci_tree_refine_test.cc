@@ -71,7 +71,7 @@ double WithinCellSquares(const DciTree& tree, const KeyRows& d) {
 }
 
 // No preset refines: one pass kept more attention mass on SmolLM2's real keys but no better
-// perplexity, for ~25 % more build CPU at 32k (docs/BENCHMARKS.md, "Cell refinement").
+// perplexity, for ~25 % more build CPU at 32k (docs/kvstore.md, "Tried and not served").
 TEST(DciTreeRefineTest, NoPresetRefines) {
   EXPECT_EQ(DciParams::Flat().refine_passes, 0);
   EXPECT_EQ(DciParams::Tuned().refine_passes, 0);

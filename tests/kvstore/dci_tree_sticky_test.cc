@@ -84,8 +84,8 @@ std::map<int32_t, int> RunCells(const DciTree& tree, int first, int len) {
   return cells;
 }
 
-// No preset is sticky: margin 0.1 cost perplexity on real text (docs/BENCHMARKS.md, "Cell
-// assignment"); the rule is a DciParams option (--sticky-margin in the retrieval bench).
+// No preset is sticky: margin 0.1 cost perplexity on real text (docs/kvstore.md, "Tried and not
+// served"); the rule is a DciParams option (--sticky-margin in the retrieval bench).
 TEST(DciTreeStickyTest, NoPresetIsSticky) {
   EXPECT_EQ(DciParams::Flat().sticky_margin, 0);
   EXPECT_EQ(DciParams::Tuned().sticky_margin, 0);
