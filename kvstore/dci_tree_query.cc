@@ -63,9 +63,6 @@ class DciTree::Scratch {
   std::vector<int32_t> cells;  // cells to expand
   std::vector<Entry> picked;   // ChooseCells: (score, node, then its cell) of the nodes taken
   std::vector<int32_t> order;  // leaves to score, in scoring order
-  std::vector<int32_t> ranked;    // leaf_rank: the leaves of the chosen cells ...
-  std::vector<float> rank_score;  // ... and their summary scores ([nq, ranked.size()])
-  std::vector<Entry> rank_top;    // (summary score, leaf) of one head's leaves
   std::vector<const void*> rows;  // K block of each leaf of `order`
   std::vector<int> valid;
   // Prefetches (into L2) the K rows of planned leaf i.
@@ -136,20 +133,6 @@ void DciTree::ScoreCentroids(const float* qs, int nq, float* out) const {
   ScoreRowsMulti(pool_->dtype(), m.rows.data(), cnt, dim_, qs, nq, out);
   if (params_.centroid_bonus <= 0) return;
   const float w = static_cast<float>(params_.centroid_bonus);
-  if (params_.cell_spread == CellSpread::kDirectional) {
-    // The children's standard deviation along q: sqrt(q^2 . var), var per channel.
-    thread_local std::vector<float> q2, along;
-    q2.resize(static_cast<size_t>(nq) * dim_);
-    for (size_t e = 0; e < q2.size(); ++e) q2[e] = qs[e] * qs[e];
-    along.resize(static_cast<size_t>(nq) * cnt);
-    ScoreRowsMulti(pool_->dtype(), m.var_rows.data(), cnt, dim_, q2.data(), nq, along.data());
-    for (int j = 0; j < nq; ++j) {
-      float* oj = out + static_cast<size_t>(j) * cnt;
-      const float* aj = along.data() + static_cast<size_t>(j) * cnt;
-      for (int i = 0; i < cnt; ++i) oj[i] += w * m.bonus[i] * std::sqrt(std::max(0.f, aj[i]));
-    }
-    return;
-  }
   for (int j = 0; j < nq; ++j) {
     const float* qj = qs + static_cast<size_t>(j) * dim_;
     const float wq = w * std::sqrt(DotF32(qj, qj, dim_));
@@ -344,8 +327,7 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
       s->stats.tokens_scored += cnt;
       for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
     };
-    const bool owners = !params_.centroid_cells || params_.score_level1_keys;
-    if (owners) score_level(1);
+    score_level(1);
     if (params_.centroid_cells) {
       RefreshSummaries();
       s->level1.resize(level_nodes_[1].size());
@@ -354,34 +336,8 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
     } else {
       s->level1.assign(s->scores.begin(), s->scores.begin() + level_nodes_[1].size());
     }
-    if (leaf_rank_on()) {
-      // Leaf ranking: the leaves of a wider set of cells, ranked by their summaries; the best
-      // `budget` are scored exactly.
-      const int64_t wide = static_cast<int64_t>(std::ceil(params_.leaf_rank_cells * static_cast<double>(fov)));
-      ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), wide, s, &s->cells);
-      ScoreLeafSummaries(s->cells, q, 1, &s->ranked, &s->rank_score);
-      const size_t n = s->ranked.size();
-      s->stats.cells_expanded += static_cast<int64_t>(s->cells.size());
-      s->stats.leaves_ranked += static_cast<int64_t>(n);
-      s->stats.tokens_scored += static_cast<int64_t>(n);
-      const size_t budget = std::min(n, LeafBudget(fov, 1.0));
-      // The best `budget` summary scores (ties: first in ranked order), in ranked order.
-      s->order.clear();
-      if (budget == n) {
-        s->order = s->ranked;
-      } else if (budget > 0) {
-        s->keys.resize(n);
-        const float thr = KthLargest(s->rank_score.data(), static_cast<int>(n), static_cast<int>(budget), s->keys.data());
-        size_t ties = budget;
-        for (size_t i = 0; i < n; ++i) ties -= s->rank_score[i] > thr;
-        for (size_t i = 0; i < n; ++i)
-          if (s->rank_score[i] > thr || (s->rank_score[i] == thr && ties > 0 && ties--)) s->order.push_back(s->ranked[i]);
-      }
-      PlanLeaves(s);
-    } else {
-      ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), fov, s, &s->cells);
-      PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
-    }
+    ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), fov, s, &s->cells);
+    PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
     for (int lvl = 2; lvl <= top; ++lvl) score_level(lvl);
     ScoreLeaves(q, s, false);
   } else {
@@ -456,10 +412,9 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   if (params_.centroid_cells) RefreshSummaries();
   // Upper levels: every head's score of every node ([nq, cnt] per level, kept in g.upper); they
   // are mapped to their leaves after the leaves are scored, and only above each head's floor.
-  const int lowest = params_.centroid_cells && !params_.score_level1_keys ? 2 : 1;
   g.levels.clear();
   size_t total = 0;
-  for (int lvl = top; lvl >= lowest; --lvl) {
+  for (int lvl = top; lvl >= 1; --lvl) {
     const size_t cnt = level_nodes_[lvl].size();
     if (cnt == 0) continue;
     g.levels.emplace_back(lvl, total);
@@ -486,15 +441,11 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     st.tokens_scored += ncand;
     rank = g.scores.data();
   }
-  // With leaf ranking every count of cells is leaf_rank_cells times wider (their leaves are
-  // ranked, not all scored).
-  const double cell_units = leaf_rank_on() ? params_.leaf_rank_cells : 1.0;
-  const int64_t wide = static_cast<int64_t>(std::ceil(cell_units * static_cast<double>(fov)));
   if (params_.group_fov <= 0) {
     for (int j = 0; j < nq; ++j) {
       g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
-      ChooseCells(g.cand.data(), cand_nodes, ncand, wide, &g.query, &g.head_cells);
+      ChooseCells(g.cand.data(), cand_nodes, ncand, fov, &g.query, &g.head_cells);
       for (int32_t c : g.head_cells) {
         if (!g.cell_mark[c]) {
           g.cell_mark[c] = 1;
@@ -505,14 +456,14 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   } else {
     // Group field of view: each head ranks its own best fov cells; the group takes them rank by
     // rank until the union holds the cap.
-    const int64_t cap = static_cast<int64_t>(std::ceil(params_.group_fov * cell_units * static_cast<double>(fov)));
+    const int64_t cap = static_cast<int64_t>(std::ceil(params_.group_fov * static_cast<double>(fov)));
     g.ranked.resize(nq);
     size_t longest = 0;
     for (int j = 0; j < nq; ++j) {
       g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
       g.head_scores.clear();
-      ChooseCells(g.cand.data(), cand_nodes, ncand, std::min(wide, cap), &g.query, &g.head_cells, &g.head_scores);
+      ChooseCells(g.cand.data(), cand_nodes, ncand, std::min(fov, cap), &g.query, &g.head_cells, &g.head_scores);
       auto& r = g.ranked[j];
       r.clear();
       for (size_t i = 0; i < g.head_cells.size(); ++i) r.emplace_back(g.head_scores[i], g.head_cells[i]);
@@ -535,42 +486,8 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   for (int32_t c : g.cells) g.cell_mark[c] = 0;
   Scratch* qs_plan = &g.query;
   qs_plan->Begin();
-  if (leaf_rank_on()) {
-    // Every head ranks the leaves of the group's cells; the group scores exactly the union of the
-    // heads' best leaves, rank by rank up to the cap (each head's best `budget` without a cap).
-    ScoreLeafSummaries(g.cells, qs, nq, &qs_plan->ranked, &qs_plan->rank_score);
-    const size_t n = qs_plan->ranked.size();
-    st.cells_expanded += static_cast<int64_t>(g.cells.size());
-    st.leaves_ranked += static_cast<int64_t>(n) * nq;
-    st.tokens_scored += static_cast<int64_t>(n);
-    const size_t budget = std::min(n, LeafBudget(fov, 1.0));
-    const size_t cap = params_.group_fov > 0 ? LeafBudget(fov, params_.group_fov) : n * nq;
-    g.ranked.resize(nq);
-    for (int j = 0; j < nq; ++j) {
-      auto& r = g.ranked[j];
-      r.resize(n);
-      for (size_t i = 0; i < n; ++i) r[i] = {qs_plan->rank_score[j * n + i], qs_plan->ranked[i]};
-      if (budget < n) std::nth_element(r.begin(), r.begin() + budget, r.end(), Better{});
-      r.resize(budget);
-      std::sort(r.begin(), r.end(), Better{});
-    }
-    auto& order = qs_plan->order;
-    order.clear();
-    for (size_t rk = 0; rk < budget && order.size() < cap; ++rk) {
-      for (int j = 0; j < nq && order.size() < cap; ++j) {
-        const int32_t leaf = g.ranked[j][rk].second;
-        if (!g.leaf_mark[leaf]) {
-          g.leaf_mark[leaf] = 1;
-          order.push_back(leaf);
-        }
-      }
-    }
-    for (int32_t leaf : order) g.leaf_mark[leaf] = 0;
-    PlanLeaves(qs_plan);
-  } else {
-    PlanCells(g.cells, 0.f, 1.0, qs_plan);
-    st.cells_expanded += qs_plan->stats.cells_expanded;
-  }
+  PlanCells(g.cells, 0.f, 1.0, qs_plan);
+  st.cells_expanded += qs_plan->stats.cells_expanded;
   const size_t n_order = qs_plan->order.size(), rb = pool_->row_bytes();
   for (size_t i = 0; i < n_order; ++i) {
     if (i + kPrefetchLeaves < n_order) qs_plan->PrefetchLeaf(i + kPrefetchLeaves, rb);
