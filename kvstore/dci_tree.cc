@@ -331,12 +331,6 @@ void DciTree::AppendUpperI8(int level, const void* row) {
   b.Append(v.data());
 }
 
-const void* DciTree::UpperRow(int32_t node) const {
-  const auto& nodes = level_nodes_[level_[node]];
-  const size_t i = static_cast<size_t>(std::lower_bound(nodes.begin(), nodes.end(), node) - nodes.begin());
-  return level_rows_[level_[node]].data() + i * pool_->row_bytes();
-}
-
 void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream) {
   NoteWritten(leaf);
   auto write = stream ? StreamRowFromF32 : RowFromF32;

@@ -208,15 +208,17 @@ class DciTree {
   // device page cache, must refresh).
   Status Insert(const TokenBlock& block, std::vector<int32_t>* written_pages = nullptr);
 
-  // The min(k, num_leaves()) best leaves for query q [head_dim] (approximate; see above), best
-  // first. Thread-safe w.r.t. other const calls.
-  void Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats = nullptr) const;
-  // The query heads of one GQA group: out[j] as Query(qs + j * head_dim) would give, except that
-  // with exhaustive_upper and cell_score_fraction = 1 the heads share one traversal: every cell
+  // The query heads of one GQA group, qs [nq, head_dim]: out[j] (resized to nq) is the
+  // min(k, num_leaves()) best leaves for head j (approximate; see above), best first, ties by leaf
+  // id. With exhaustive_upper and cell_score_fraction = 1 the heads share one traversal: every cell
   // any head picks is scored once for all heads (each page read once), so each head's list is
-  // ranked over a superset of the leaves its own Query scores. qs: [nq, head_dim].
+  // ranked over a superset of the leaves it would score alone; group_fov caps the cells of a group
+  // of two or more heads. Otherwise each head is searched alone. stats (if given): the work of
+  // all heads. Thread-safe w.r.t. other const calls.
   void QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
                   QueryStats* stats = nullptr) const;
+  // One head, q [head_dim]: QueryGroup's answer for a group of one, into *out.
+  void Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats = nullptr) const;
   // The field of view at the current size: max(fov_min, ceil(fov_fraction * n), ceil(fov_sqrt * sqrt(n))).
   int64_t FieldOfView() const;
   // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
@@ -332,11 +334,12 @@ class DciTree {
   // Query helpers (dci_tree_query.cc).
   void ScoreLeaves(const float* q, Scratch* s, bool collect) const;
   void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;
-  // The k best distinct leaves of the scored leaves and the upper nodes' leaves; upper nodes
-  // carry ScoreRowsI8 scores and are rescored exactly (for q) where they can reach the answer.
-  void SelectLeaves(const float* q, Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
-  // The row of upper node `node` in level_rows_ (pool dtype).
-  const void* UpperRow(int32_t node) const;
+  // The k best of the scored leaves (s->entries, distinct leaves), best first.
+  void SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
+  // Query and QueryGroup: the answers of nq heads qs ([nq, head_dim]) into out[0, nq).
+  void QueryHeads(const float* qs, int nq, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const;
+  // One head without exhaustive_upper (or a one-level tree): the greedy descent from the root cell.
+  void Descend(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const;
   // Appends to `cells` the cells of the best `fov` of n nodes (scores[i], nodes[i]) that own a
   // non-empty cell (ties: lower index first), and their owners' scores to `cell_scores` if given.
   // scores is overwritten.

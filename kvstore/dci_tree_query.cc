@@ -46,20 +46,15 @@ class DciTree::Scratch {
   using Entry = std::pair<float, int32_t>;
   void Begin() {
     entries.clear();
-    upper.clear();
-    upper_eps = 0.f;
     next_s.clear();
     next_n.clear();
     cells.clear();
     stats = QueryStats{};
   }
   std::vector<Entry> entries;  // (best scored token, leaf) of each leaf scored from its page
-  std::vector<Entry> upper;    // (score, node) of upper nodes scored from the level rows
   std::vector<float> cand_s, next_s;      // greedy descent: scores and nodes of the next level
   std::vector<int32_t> cand_n, next_n;
-  std::vector<float> level1;             // exhaustive: level-1 scores (overwritten by ChooseCells)
   std::vector<int32_t> keys;
-  std::vector<Entry> merged;
   std::vector<int32_t> cells;  // cells to expand
   std::vector<Entry> picked;   // ChooseCells: (score, node, then its cell) of the nodes taken
   std::vector<int32_t> order;  // leaves to score, in scoring order
@@ -71,9 +66,6 @@ class DciTree::Scratch {
     for (size_t off = 0; off < valid[i] * row_bytes; off += 64) __builtin_prefetch(k + off, 0, 1);
   }
   std::vector<float> scores;
-  std::vector<uint8_t> mark;   // per leaf, 1 while it is in the output
-  I8Heads q8;               // the query in int8 for the upper levels' first pass
-  float upper_eps = 0.f;    // how far an `upper` score may lie from exact
   QueryStats stats;
 };
 
@@ -263,47 +255,16 @@ void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
   }
 }
 
-void DciTree::SelectLeaves(const float* q, Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
-  // The k best distinct leaves of (scored leaves) U (upper nodes' leaves), by best score. The
-  // scored leaves are distinct, so the k-th best of them bounds the answer from below: only the
-  // upper nodes scoring at least that much are mapped to their leaves. Upper scores are int8
-  // (within upper_eps of exact): a node that might reach the floor is rescored exactly first.
+void DciTree::SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
+  // The scored leaves are distinct: the k best of them, best first.
   out->clear();
   std::vector<Scratch::Entry>& e = s->entries;
-  float floor = -INFINITY;
-  if (!s->upper.empty() && e.size() >= static_cast<size_t>(k)) {
-    std::nth_element(e.begin(), e.begin() + (k - 1), e.end(), Better{});
-    floor = e[k - 1].first;
-  }
-  std::vector<Scratch::Entry>& mg = s->merged;
-  mg.clear();
-  float exact = 0.f;
-  for (const auto& [score, node] : s->upper) {
-    if (!(score + s->upper_eps >= floor)) continue;
-    ScoreRows(pool_->dtype(), UpperRow(node), 1, dim_, q, &exact);
-    if (exact >= floor) mg.emplace_back(exact, tok_leaf_[node]);
-  }
-  const size_t from_upper = mg.size();
-  mg.insert(mg.end(), e.begin(), e.end());
-  // At most from_upper entries repeat a leaf: the best k + from_upper hold the k best leaves.
-  const size_t prefix = std::min(mg.size(), static_cast<size_t>(k) + from_upper);
-  std::partial_sort(mg.begin(), mg.begin() + prefix, mg.end(), Better{});
-  if (from_upper == 0) {
-    for (size_t i = 0; i < prefix; ++i) out->push_back(ScoredLeaf{mg[i].second, mg[i].first});
-    return;
-  }
-  if (static_cast<int32_t>(s->mark.size()) < num_leaves()) s->mark.resize(num_leaves(), 0);
-  for (size_t i = 0; i < prefix && static_cast<int>(out->size()) < k; ++i) {
-    if (s->mark[mg[i].second]) continue;
-    s->mark[mg[i].second] = 1;
-    out->push_back(ScoredLeaf{mg[i].second, mg[i].first});
-  }
-  for (const ScoredLeaf& l : *out) s->mark[l.leaf] = 0;
+  const size_t kk = std::min(e.size(), static_cast<size_t>(k));
+  std::partial_sort(e.begin(), e.begin() + kk, e.end(), Better{});
+  for (size_t i = 0; i < kk; ++i) out->push_back(ScoredLeaf{e[i].second, e[i].first});
 }
 
-void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
-  out->clear();
-  if (size() == 0 || k <= 0 || cells_.empty()) return;
+void DciTree::Descend(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
   thread_local Scratch scratch;
   Scratch* s = &scratch;
   s->Begin();
@@ -312,67 +273,58 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   const float qproj = qn > 0 ? DotF32(directions_.data(), q, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
   const int64_t fov = FieldOfView();
   const int top = num_levels() - 1;
-  if (params_.exhaustive_upper && top >= 1) {
-    // Level 1 first: its scores pick the cells, whose pages are then prefetched while the small
-    // levels above are scored. Upper nodes are scored from their int8 rows; SelectLeaves
-    // rescores exactly the few that can reach the answer.
-    s->q8.Set(q, 1, dim_);
-    auto score_level = [&](int lvl) {
-      const auto& nodes = level_nodes_[lvl];
-      const int cnt = static_cast<int>(nodes.size());
-      if (cnt == 0) return;
-      if (s->scores.size() < static_cast<size_t>(cnt)) s->scores.resize(cnt);
-      s->q8.Score(level_rows_i8_[lvl], s->scores.data());
-      s->upper_eps = std::max(s->upper_eps, s->q8.Slack(level_rows_i8_[lvl], 0));
-      s->stats.tokens_scored += cnt;
-      for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
-    };
-    score_level(1);
-    if (params_.centroid_cells) {
-      RefreshSummaries();
-      s->level1.resize(level_nodes_[1].size());
-      ScoreCentroids(q, 1, s->level1.data());
-      s->stats.tokens_scored += static_cast<int64_t>(level_nodes_[1].size());
-    } else {
-      s->level1.assign(s->scores.begin(), s->scores.begin() + level_nodes_[1].size());
-    }
-    ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), fov, s, &s->cells);
+  s->cells.assign(1, 0);
+  PlanCells(s->cells, qproj, 1.0, s);
+  ScoreLeaves(q, s, top >= 1);
+  for (int lvl = top; lvl >= 1; --lvl) {
+    std::swap(s->cand_s, s->next_s);
+    std::swap(s->cand_n, s->next_n);
+    s->next_s.clear();
+    s->next_n.clear();
+    s->cells.clear();
+    ChooseCells(s->cand_s.data(), s->cand_n.data(), static_cast<int>(s->cand_s.size()), fov, s, &s->cells);
     PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
-    for (int lvl = 2; lvl <= top; ++lvl) score_level(lvl);
-    ScoreLeaves(q, s, false);
-  } else {
-    s->cells.assign(1, 0);
-    PlanCells(s->cells, qproj, 1.0, s);
-    ScoreLeaves(q, s, top >= 1);
-    for (int lvl = top; lvl >= 1; --lvl) {
-      std::swap(s->cand_s, s->next_s);
-      std::swap(s->cand_n, s->next_n);
-      s->next_s.clear();
-      s->next_n.clear();
-      s->cells.clear();
-      ChooseCells(s->cand_s.data(), s->cand_n.data(), static_cast<int>(s->cand_s.size()), fov, s, &s->cells);
-      PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
-      ScoreLeaves(q, s, lvl - 1 >= 1);
-    }
+    ScoreLeaves(q, s, lvl - 1 >= 1);
   }
-  SelectLeaves(q, s, k, out);
-  if (stats != nullptr) *stats = s->stats;
+  SelectLeaves(s, k, out);
+  *stats = s->stats;
+}
+
+void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
+  QueryHeads(q, 1, k, out, stats);
 }
 
 void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
                          QueryStats* stats) const {
-  out->assign(std::max(nq, 0), {});
-  if (nq <= 0) return;
-  const bool shared = params_.exhaustive_upper && params_.cell_score_fraction >= 1.0 && nq > 1;
-  if (!shared || size() == 0 || k <= 0 || cells_.empty() || num_levels() < 2) {
-    QueryStats total, one;
+  out->resize(std::max(nq, 0));
+  QueryHeads(qs, std::max(nq, 0), k, out->data(), stats);
+}
+
+void DciTree::QueryHeads(const float* qs, int nq, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
+  for (int j = 0; j < nq; ++j) out[j].clear();
+  QueryStats st;
+  if (nq <= 0 || size() == 0 || k <= 0 || cells_.empty()) {
+    if (stats != nullptr) *stats = st;
+    return;
+  }
+  const int top = num_levels() - 1;
+  const bool whole_cells = params_.cell_score_fraction >= 1.0;
+  if (!params_.exhaustive_upper || top < 1 || (!whole_cells && nq > 1)) {
+    // One head at a time: the greedy descent, or a partial scan of each cell (which follows the
+    // head's own projection) as a group of one.
+    QueryStats one;
     for (int j = 0; j < nq; ++j) {
-      Query(qs + static_cast<size_t>(j) * dim_, k, &(*out)[j], &one);
-      total.tokens_scored += one.tokens_scored;
-      total.leaves_scored += one.leaves_scored;
-      total.cells_expanded += one.cells_expanded;
+      const float* q = qs + static_cast<size_t>(j) * dim_;
+      if (params_.exhaustive_upper && top >= 1) {
+        QueryHeads(q, 1, k, &out[j], &one);
+      } else {
+        Descend(q, k, &out[j], &one);
+      }
+      st.tokens_scored += one.tokens_scored;
+      st.leaves_scored += one.leaves_scored;
+      st.cells_expanded += one.cells_expanded;
     }
-    if (stats != nullptr) *stats = total;
+    if (stats != nullptr) *stats = st;
     return;
   }
   struct GroupScratch {
@@ -399,7 +351,6 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   if (g.cell_mark.size() < cells_.size()) g.cell_mark.resize(cells_.size(), 0);
   g.touched.clear();
   g.cells.clear();
-  QueryStats st;
   if (g.leaf_mark.size() < nl) g.leaf_mark.resize(nl, 0);
   auto mark = [&](int32_t leaf) {
     if (!g.leaf_mark[leaf]) {
@@ -408,7 +359,6 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     }
   };
   const int64_t fov = FieldOfView();
-  const int top = num_levels() - 1;
   if (params_.centroid_cells) RefreshSummaries();
   // Upper levels: every head's score of every node ([nq, cnt] per level, kept in g.upper); they
   // are mapped to their leaves after the leaves are scored, and only above each head's floor.
@@ -441,7 +391,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     st.tokens_scored += ncand;
     rank = g.scores.data();
   }
-  if (params_.group_fov <= 0) {
+  if (params_.group_fov <= 0 || nq == 1) {
     for (int j = 0; j < nq; ++j) {
       g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
@@ -486,7 +436,13 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   for (int32_t c : g.cells) g.cell_mark[c] = 0;
   Scratch* qs_plan = &g.query;
   qs_plan->Begin();
-  PlanCells(g.cells, 0.f, 1.0, qs_plan);
+  if (whole_cells) {
+    PlanCells(g.cells, 0.f, 1.0, qs_plan);
+  } else {  // one head (above): the leaves of each cell nearest its projection
+    const float qn = std::sqrt(DotF32(qs, qs, dim_));
+    const float qproj = qn > 0 ? DotF32(directions_.data(), qs, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
+    PlanCells(g.cells, qproj, params_.cell_score_fraction, qs_plan);
+  }
   st.cells_expanded += qs_plan->stats.cells_expanded;
   const size_t n_order = qs_plan->order.size(), rb = pool_->row_bytes();
   for (size_t i = 0; i < n_order; ++i) {
@@ -539,7 +495,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   if (col.size() < nl) col.resize(nl, -INFINITY);
   for (int j = 0; j < nq; ++j) {
     for (int32_t leaf : g.touched) col[leaf] = g.best[static_cast<size_t>(leaf) * nq + j];
-    TopLeaves(g.touched, col, k, &(*out)[j]);
+    TopLeaves(g.touched, col, k, &out[j]);
   }
   for (int32_t leaf : g.touched) {
     std::fill_n(g.best.data() + static_cast<size_t>(leaf) * nq, nq, -INFINITY);
@@ -556,7 +512,7 @@ void DciTree::Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const 
   s->Begin();
   s->scores.resize(std::max<size_t>(page_size_, s->scores.size()));
   for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) ScoreLeaf(leaf, q, s);
-  SelectLeaves(q, s, k, out);
+  SelectLeaves(s, k, out);
 }
 
 }  // namespace icecache::kvstore
