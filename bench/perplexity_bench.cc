@@ -34,10 +34,7 @@ constexpr const char* kUsage =
     "         [--methods full,icecache,quest,window,oracle] [--budget-pages 16 (pages of 16 tokens, sink and window\n"
     "         included; a list runs each)] [--sink-pages 2] [--window-pages 2] [--dense-layers 2] [--kv-dtype bf16]\n"
     "         [--page-size 16 (tokens a page; sink, window and budget count pages of this size)]\n"
-    "         [--dci reference|tuned|flat (default: the serving preset)] [--cell-spread isotropic|directional\n"
-    "         (DciParams::cell_spread, set on the preset; default: the preset's)] [--leaf-rank off|centroid|box\n"
-    "         (DciParams::leaf_rank, likewise; its other fields the preset's)] [--refine-passes N (DciParams::refine_passes,\n"
-    "         likewise)] [--dci-seed S[,S..] (DciParams::seed:\n"
+    "         [--dci reference|tuned|flat (default: the serving preset)] [--dci-seed S[,S..] (DciParams::seed:\n"
     "         the trees' random level sampling; icecache and oracle run once per seed, and the seeds' mean,\n"
     "         min and max ratio are reported, since one tree's ratio moves by 0.01-0.02 with its seed)]\n"
     "         [--group-merge rank|mass[,..] (kvstore::GroupMerge: how a GQA group's lists become one page set;\n"
@@ -64,11 +61,11 @@ double Nll(const std::vector<float>& logits, int vocab, int32_t target) {
 int RunPerplexity(int argc, char** argv) {
   std::string dir, text_path, methods_s = "full,icecache,quest,window", budgets_s = "16", kv_dtype = "bf16";
   model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
-  int context = 8192, eval_tokens = 512, ice_group = 1, refine_passes = -1;  // refine_passes -1: the preset's
+  int context = 8192, eval_tokens = 512, ice_group = 1;
   bool json = false;
   KvLayout layout;
   auto dci = kvstore::DciParamsPreset(kvstore::kServingDciPreset);
-  std::string spread_s, seed_s, rank_s, merge_s, rest_s, rest_cells_s;
+  std::string seed_s, merge_s, rest_s, rest_cells_s;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool has = i + 1 < argc;
@@ -92,10 +89,7 @@ int RunPerplexity(int argc, char** argv) {
     else if (f == "--page-size" && has) layout.page_size = std::atoi(argv[++i]);
     else if (f == "--kv-dtype" && has) kv_dtype = argv[++i];
     else if (f == "--dci" && has) dci = kvstore::DciParamsPreset(argv[++i]);
-    else if (f == "--cell-spread" && has) spread_s = argv[++i];
     else if (f == "--dci-seed" && has) seed_s = argv[++i];
-    else if (f == "--leaf-rank" && has) rank_s = argv[++i];
-    else if (f == "--refine-passes" && has) refine_passes = std::atoi(argv[++i]);
     else if (f == "--group-merge" && has) merge_s = argv[++i];
     else if (f == "--rest-estimate" && has) rest_s = argv[++i];
     else if (f == "--rest-cells" && has) rest_cells_s = argv[++i];
@@ -114,18 +108,6 @@ int RunPerplexity(int argc, char** argv) {
     std::fprintf(stderr, "perplexity: --dci: %s\n", dci.status().message().c_str());
     return 2;
   }
-  // A named DciParams field set on the preset when its flag was given; false (after saying why) on a bad name.
-  auto set_named = [](const char* flag, const std::string& name, auto named, auto* field) {
-    if (name.empty()) return true;
-    auto v = named(name);
-    if (!v.ok()) std::fprintf(stderr, "perplexity: %s: %s\n", flag, v.status().message().c_str());
-    else *field = *v;
-    return v.ok();
-  };
-  if (!set_named("--cell-spread", spread_s, kvstore::CellSpreadNamed, &dci->cell_spread) ||
-      !set_named("--leaf-rank", rank_s, kvstore::LeafRankNamed, &dci->leaf_rank))
-    return 2;
-  if (refine_passes >= 0) dci->refine_passes = refine_passes;
   std::vector<uint64_t> seeds;  // empty: the preset's seed, one run per tree method
   for (const std::string& v : Split(seed_s)) {
     char* end = nullptr;

@@ -127,11 +127,8 @@ void Usage() {
                "  [--exact-parent-max 3000] [--simple 1] [--composite 1] [--exhaustive-upper]\n"
                "  [--tuned | --flat | --reference (DciParams::Tuned() / Flat() / DciParams{}; default: the serving\n"
                "   preset, kvstore::kServingDciPreset; give it before other tree options)]\n"
-               "  [--centroid-cells 0|1] [--centroid-bonus B] [--cell-spread isotropic|directional (DciParams::cell_spread)]\n"
-               "  [--level1-keys 0|1] [--norm-headroom 1.0] [--dci-candidates 64]\n"
+               "  [--centroid-cells 0|1] [--centroid-bonus B] [--norm-headroom 1.0] [--dci-candidates 64]\n"
                "  [--bf16-parents 0|1] [--int8-parents 0|1] [--leaf-layout projection|position (DciParams::leaf_layout)]\n"
-               "  [--sticky-margin M (DciParams::sticky_margin)] [--refine-passes N (DciParams::refine_passes)]\n"
-               "  [--leaf-rank off|centroid|box] [--leaf-rank-cells 1.5] [--leaf-rank-leaves 3] [--leaf-bonus 1] (DciParams::leaf_rank; off in every preset)\n"
                "  [--insert-tokens 4096] [--no-faiss] [--profile-loops N (only sparse selections, N passes; per --group)] [--profile-evict-mb M]\n"
                "  [--profile-builds N (only rebuilds, N times; median build cpu)]\n"
                "  [--profile-parent-search N (only the build's int8 parent search kernel, N times; median cpu)]\n"
@@ -236,7 +233,6 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--group-fov") a->dci.group_fov = std::atof(v);
     else if (k == "--centroid-cells") a->dci.centroid_cells = std::atoi(v) != 0;
     else if (k == "--centroid-bonus") a->dci.centroid_bonus = std::atof(v);
-    else if (k == "--level1-keys") a->dci.score_level1_keys = std::atoi(v) != 0;
     else if (k == "--cell-fraction") a->dci.cell_score_fraction = std::atof(v);
     else if (k == "--p1") a->dci.p1 = std::atof(v);
     else if (k == "--p2") a->dci.p2 = std::atof(v);
@@ -246,27 +242,12 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--dci-candidates") a->dci.dci_parent_candidates = std::atoi(v);
     else if (k == "--norm-headroom") a->dci.norm_headroom = std::atof(v);
     else if (k == "--bf16-parents") a->dci.bf16_parent_search = std::atoi(v) != 0;
-    else if (k == "--sticky-margin") a->dci.sticky_margin = std::atof(v);
-    else if (k == "--refine-passes") a->dci.refine_passes = std::atoi(v);
-    else if (k == "--leaf-rank-cells") a->dci.leaf_rank_cells = std::atof(v);
-    else if (k == "--leaf-rank-leaves") a->dci.leaf_rank_leaves = std::atof(v);
-    else if (k == "--leaf-bonus") a->dci.leaf_bonus = std::atof(v);
     else if (k == "--group-merge") {
       auto merge = kvstore::GroupMergeNamed(v);
       if (!merge.ok()) { std::fprintf(stderr, "retrieval: --group-merge: %s\n", merge.status().message().c_str()); return false; }
       a->merge = *merge;
     }
-    else if (k == "--leaf-rank") {
-      auto rank = kvstore::LeafRankNamed(v);
-      if (!rank.ok()) { std::fprintf(stderr, "retrieval: --leaf-rank: %s\n", rank.status().message().c_str()); return false; }
-      a->dci.leaf_rank = *rank;
-    }
     else if (k == "--int8-parents") a->dci.int8_parent_search = std::atoi(v) != 0;
-    else if (k == "--cell-spread") {
-      auto spread = kvstore::CellSpreadNamed(v);
-      if (!spread.ok()) { std::fprintf(stderr, "retrieval: --cell-spread: %s\n", spread.status().message().c_str()); return false; }
-      a->dci.cell_spread = *spread;
-    }
     else if (k == "--leaf-layout") {
       const std::string l = v;
       if (l == "projection") a->dci.leaf_layout = kvstore::LeafLayout::kProjection;
@@ -642,16 +623,10 @@ int RunRetrieval(int argc, char** argv) {
       {"insert_cpu_us_per_token", insert_cpu_us},
       {"params", {{"fov_min", a.dci.fov_min}, {"fov_fraction", a.dci.fov_fraction}, {"fov_sqrt", a.dci.fov_sqrt}, {"group_fov", a.dci.group_fov},
                   {"centroid_cells", a.dci.centroid_cells}, {"centroid_bonus", a.dci.centroid_bonus},
-                  {"score_level1_keys", a.dci.score_level1_keys},
                   {"cell_score_fraction", a.dci.cell_score_fraction}, {"p1", a.dci.p1}, {"p2", a.dci.p2},
                   {"exact_parent_max_nodes", a.dci.exact_parent_max_nodes}, {"m", a.dci.num_simple},
                   {"exhaustive_upper", a.dci.exhaustive_upper}, {"norm_headroom", a.dci.norm_headroom},
                   {"L", a.dci.num_composite}, {"bf16_parent_search", a.dci.bf16_parent_search}, {"int8_parent_search", a.dci.int8_parent_search},
-                  {"sticky_margin", a.dci.sticky_margin},
-                  {"refine_passes", a.dci.refine_passes},
-                  {"leaf_rank", static_cast<int>(a.dci.leaf_rank)}, {"leaf_rank_cells", a.dci.leaf_rank_cells},
-                  {"leaf_rank_leaves", a.dci.leaf_rank_leaves}, {"leaf_bonus", a.dci.leaf_bonus},
-                  {"cell_spread", a.dci.cell_spread == kvstore::CellSpread::kDirectional ? "directional" : "isotropic"},
                   {"leaf_layout", a.dci.leaf_layout == kvstore::LeafLayout::kPosition ? "position" : "projection"}}}};
   if (!topic_pages.empty()) out["kept_mass"]["topic_pages"] = kept_topic_bound;
 

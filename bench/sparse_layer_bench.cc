@@ -62,7 +62,7 @@ void Timed(Sample* s, F&& f) {
 }
 
 // A named DciParams: Tuned() (Flat() when the name starts with "flat") with "key=value,..."
-// overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus, p1, owners).
+// overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid, bonus, p1).
 struct Variant {
   std::string name;
   kvstore::DciParams dci;
@@ -86,11 +86,6 @@ bool ParseVariant(const std::string& spec, Variant* v) {
     else if (key == "centroid") v->dci.centroid_cells = val != 0;
     else if (key == "bonus") v->dci.centroid_bonus = val;
     else if (key == "p1") v->dci.p1 = val;
-    else if (key == "owners") v->dci.score_level1_keys = val != 0;
-    else if (key == "leaf_rank") v->dci.leaf_rank = static_cast<kvstore::LeafRank>(static_cast<int>(val));  // 0 off, 1 centroid, 2 box
-    else if (key == "leaf_cells") v->dci.leaf_rank_cells = val;
-    else if (key == "leaf_leaves") v->dci.leaf_rank_leaves = val;
-    else if (key == "leaf_bonus") v->dci.leaf_bonus = val;
     else return false;
   }
   return !v->name.empty();
@@ -136,8 +131,7 @@ int Run(int argc, char** argv) {
       if (!ParseVariant(next(), &v)) {
         std::fprintf(stderr,
                      "sparse-layer: bad --variant (NAME[:key=value,...], keys fov_min, fov_fraction, fov_sqrt,"
-                     " group_fov, centroid, bonus, p1, owners, leaf_rank (0 off, 1 centroid, 2 box), leaf_cells,"
-                     " leaf_leaves, leaf_bonus)\n");
+                     " group_fov, centroid, bonus, p1)\n");
         return 2;
       }
       variants.push_back(v);
@@ -150,8 +144,8 @@ int Run(int argc, char** argv) {
                    "  (--rest-estimate: kvstore::RetrievalPolicy::estimate_rest of the IceCache selection, merged into\n"
                    "   its attention by kernels::MergeStates; default: the serving one)\n"
                    "  (trees use DciParams::Tuned(); --fov-*/--group-fov override it; each --variant is Tuned() with\n"
-                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus, p1,\n"
-                   "   owners 0|1), Flat() for names\n"
+                   "   its own overrides (fov_min, fov_fraction, fov_sqrt, group_fov, centroid 0|1, bonus, p1),\n"
+                   "   Flat() for names\n"
                    "   starting with \"flat\"; all variants are measured in this run)\n");
       return 2;
     }

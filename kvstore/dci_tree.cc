@@ -37,38 +37,17 @@ Status ValidateDciParams(const DciParams& p) {
     return InvalidArgumentError("DciParams.group_fov must be in [0, 64], got " + Num(p.group_fov));
   if (!(p.centroid_bonus >= 0 && p.centroid_bonus <= 100))
     return InvalidArgumentError("DciParams.centroid_bonus must be in [0, 100], got " + Num(p.centroid_bonus));
-  if (static_cast<uint8_t>(p.cell_spread) > 1)
-    return InvalidArgumentError("DciParams.cell_spread must be kIsotropic (0) or kDirectional (1), got " +
-                                std::to_string(static_cast<int>(p.cell_spread)));
   if (!(p.cell_score_fraction > 0 && p.cell_score_fraction <= 1))
     return InvalidArgumentError("DciParams.cell_score_fraction must be in (0, 1], got " + Num(p.cell_score_fraction));
   if (!(p.promote_fraction >= 0 && p.promote_fraction < 1))
     return InvalidArgumentError("DciParams.promote_fraction must be in [0, 1), got " + Num(p.promote_fraction));
   if (!(p.norm_headroom >= 1)) return InvalidArgumentError("DciParams.norm_headroom must be >= 1, got " + Num(p.norm_headroom));
-  if (!(p.sticky_margin >= 0 && p.sticky_margin <= 100))
-    return InvalidArgumentError("DciParams.sticky_margin must be in [0, 100], got " + Num(p.sticky_margin));
-  if (p.refine_passes < 0 || p.refine_passes > 100)
-    return InvalidArgumentError("DciParams.refine_passes must be in [0, 100], got " + std::to_string(p.refine_passes));
-  if (p.refine_candidates < 1)
-    return InvalidArgumentError("DciParams.refine_candidates must be >= 1, got " + std::to_string(p.refine_candidates));
   if (static_cast<uint8_t>(p.leaf_layout) > 1)
     return InvalidArgumentError("DciParams.leaf_layout must be kProjection (0) or kPosition (1), got " +
                                 std::to_string(static_cast<int>(p.leaf_layout)));
   if (PositionLayout(p.leaf_layout) && p.cell_score_fraction != 1)
     return InvalidArgumentError("DciParams.leaf_layout kPosition needs cell_score_fraction = 1 (a partial cell scan walks "
                                 "leaves in projection order), got cell_score_fraction " + Num(p.cell_score_fraction));
-  if (static_cast<uint8_t>(p.leaf_rank) > 2)
-    return InvalidArgumentError("DciParams.leaf_rank must be kOff (0), kCentroid (1) or kBox (2), got " +
-                                std::to_string(static_cast<int>(p.leaf_rank)));
-  if (!(p.leaf_rank_cells > 0 && p.leaf_rank_cells <= 1e3))
-    return InvalidArgumentError("DciParams.leaf_rank_cells must be in (0, 1000], got " + Num(p.leaf_rank_cells));
-  if (!(p.leaf_rank_leaves > 0 && p.leaf_rank_leaves <= 1e4))
-    return InvalidArgumentError("DciParams.leaf_rank_leaves must be in (0, 10000], got " + Num(p.leaf_rank_leaves));
-  if (!(p.leaf_bonus >= 0 && p.leaf_bonus <= 100))
-    return InvalidArgumentError("DciParams.leaf_bonus must be in [0, 100], got " + Num(p.leaf_bonus));
-  if (p.leaf_rank != LeafRank::kOff && (!p.exhaustive_upper || p.cell_score_fraction != 1))
-    return InvalidArgumentError("DciParams.leaf_rank needs exhaustive_upper and cell_score_fraction = 1 (it ranks the "
-                                "leaves of whole level-1 cells)");
   return Status::Ok();
 }
 
@@ -77,19 +56,6 @@ StatusOr<DciParams> DciParamsPreset(const std::string& name) {
   if (name == "tuned") return DciParams::Tuned();
   if (name == "flat") return DciParams::Flat();
   return InvalidArgumentError("DCI preset must be reference, tuned or flat, got '" + name + "'");
-}
-
-StatusOr<LeafRank> LeafRankNamed(const std::string& name) {
-  if (name == "off") return LeafRank::kOff;
-  if (name == "centroid") return LeafRank::kCentroid;
-  if (name == "box") return LeafRank::kBox;
-  return InvalidArgumentError("leaf rank must be off, centroid or box, got '" + name + "'");
-}
-
-StatusOr<CellSpread> CellSpreadNamed(const std::string& name) {
-  if (name == "isotropic") return CellSpread::kIsotropic;
-  if (name == "directional") return CellSpread::kDirectional;
-  return InvalidArgumentError("cell spread must be isotropic or directional, got '" + name + "'");
 }
 
 DciTree::DciTree(const DciParams& params, PagePool* pool, int num_payloads)
@@ -199,7 +165,6 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   std::vector<std::vector<int32_t>> by_level(top + 1);
   for (int t = 0; t < n; ++t) by_level[level_[t]].push_back(t);
   for (int l = num_levels() - 2; l >= 0; --l) AttachLevel(l, by_level[l], keys, stride);
-  RefineCells(by_level[0], keys, stride);
 
   // Cells: the root cell holds the top level; every node with children owns one.
   cells_.clear();
@@ -271,7 +236,6 @@ Status DciTree::BuildFrom(const TokenBlock& block) {
   for (int t = 0; t < n; ++t) WriteToken(tok_leaf_[t], tok_slot_[t], block, t, /*stream=*/true);
   StoreFence();
   if (params_.centroid_cells) FoldSummaries(keys, stride, false);
-  if (leaf_rank_on()) SummarizeAllLeaves();
   MeanAllLeaves();
   return Status::Ok();
 }
@@ -285,8 +249,6 @@ void DciTree::ResetSummaries() {
   m.count.clear();
   m.rows.clear();
   m.bonus.clear();
-  m.sumsq_ch.clear();
-  m.var_rows.clear();
 }
 
 void DciTree::RefreshSummaries() const {
@@ -309,11 +271,6 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
   m.count.resize(n1, 0);
   m.rows.resize(n1 * rb);
   m.bonus.resize(n1, 0.f);
-  const bool directional = params_.cell_spread == CellSpread::kDirectional;
-  if (directional) {
-    m.sumsq_ch.resize(n1 * d, 0.f);
-    m.var_rows.resize(n1 * rb);
-  }
   std::vector<uint8_t> dirty(n1, 0);
   for (size_t i = old_n1; i < n1; ++i) dirty[i] = 1;
   std::vector<float> key(d);
@@ -331,14 +288,10 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
     float* acc = m.sum.data() + i * d;
     for (size_t e = 0; e < d; ++e) acc[e] += key[e];
     m.sumsq[i] += DotF32(key.data(), key.data(), dim_);
-    if (directional) {
-      float* sq = m.sumsq_ch.data() + i * d;
-      for (size_t e = 0; e < d; ++e) sq[e] += key[e] * key[e];
-    }
     ++m.count[i];
     dirty[i] = 1;
   }
-  std::vector<float> mean(d), var_ch(directional ? d : 0);
+  std::vector<float> mean(d);
   for (size_t i = 0; i < n1; ++i) {
     if (!dirty[i]) continue;
     uint8_t* row = m.rows.data() + i * rb;
@@ -346,22 +299,14 @@ void DciTree::FoldSummaries(const float* keys, size_t stride, bool all_rows) con
     if (c == 0) {
       std::copy_n(level_rows_[1].data() + i * rb, rb, row);
       m.bonus[i] = 0.f;
-      if (directional) std::fill_n(m.var_rows.data() + i * rb, rb, uint8_t{0});  // zero in every dtype
       continue;
     }
     const float inv = 1.f / static_cast<float>(c);
     for (size_t e = 0; e < d; ++e) mean[e] = m.sum[i * d + e] * inv;
     RowFromF32(pool_->dtype(), mean.data(), row, dim_);
     const double log_term = 2.0 * std::log(static_cast<double>(c));
-    if (directional) {
-      const float* sq = m.sumsq_ch.data() + i * d;
-      for (size_t e = 0; e < d; ++e) var_ch[e] = std::max(0.f, sq[e] * inv - mean[e] * mean[e]);
-      RowFromF32(pool_->dtype(), var_ch.data(), m.var_rows.data() + i * rb, dim_);
-      m.bonus[i] = static_cast<float>(std::sqrt(log_term));
-    } else {
-      const double var = std::max(0.0, m.sumsq[i] / c - static_cast<double>(DotF32(mean.data(), mean.data(), dim_)));
-      m.bonus[i] = static_cast<float>(std::sqrt(var) * std::sqrt(log_term / dim_));
-    }
+    const double var = std::max(0.0, m.sumsq[i] / c - static_cast<double>(DotF32(mean.data(), mean.data(), dim_)));
+    m.bonus[i] = static_cast<float>(std::sqrt(var) * std::sqrt(log_term / dim_));
   }
   m.upto.store(n, std::memory_order_release);
 }
@@ -384,12 +329,6 @@ void DciTree::AppendUpperI8(int level, const void* row) {
   std::vector<float> v(dim_);
   RowToF32(pool_->dtype(), row, v.data(), dim_);  // the values the exact rescoring scores
   b.Append(v.data());
-}
-
-const void* DciTree::UpperRow(int32_t node) const {
-  const auto& nodes = level_nodes_[level_[node]];
-  const size_t i = static_cast<size_t>(std::lower_bound(nodes.begin(), nodes.end(), node) - nodes.begin());
-  return level_rows_[level_[node]].data() + i * pool_->row_bytes();
 }
 
 void DciTree::WriteToken(int32_t leaf, int slot, const TokenBlock& block, int i, bool stream) {
@@ -508,7 +447,6 @@ void DciTree::Release() {
   level_index_.clear();
   level1_matrix_ = LevelMatrix{};
   ResetSummaries();
-  leaf_sums_ = LeafSummaries{};
   means_ = LeafMeans{};
 }
 

@@ -31,7 +31,7 @@
 //    field of view (near-duplicate keys make many childless nodes tie with the one that collected
 //    their children). Options for a flatter cost (DciParams::Flat()): a sub-linear field of view
 //    (fov_sqrt), a cap on the cells a GQA group expands (group_fov), and level-1 cells ranked by
-//    the mean of their children's keys (centroid_cells, centroid_bonus, cell_spread) instead of by their owner.
+//    the mean of their children's keys (centroid_cells, centroid_bonus) instead of by their owner.
 //
 // Payloads (ICE(r) reuse): a tree may carry num_payloads parallel page sets with the same layout
 // (payload 0 is the indexed layer; payloads 1.. are follower layers whose K/V simply move with
@@ -78,34 +78,6 @@ enum class LeafLayout : uint8_t {
   kPosition = 1,
 };
 
-// Which leaves of the chosen level-1 cells a query scores exactly; docs/kvstore.md, "Leaf ranking".
-enum class LeafRank : uint8_t {
-  // Every leaf of the fov best cells (the reference).
-  kOff = 0,
-  // The leaves of the ceil(leaf_rank_cells * fov) best cells are ranked by a per-leaf summary,
-  // q . c + leaf_bonus * |q| * b (c the mean of the leaf's keys as stored in its page,
-  // b = spread * sqrt(2 ln v / head_dim), spread the RMS distance of its v keys to c), and the best
-  // ceil(leaf_rank_leaves * fov) of them are scored exactly.
-  kCentroid = 1,
-  // As kCentroid, ranked by the leaf's per-channel bounding box instead: sum_i max(q_i lo_i, q_i hi_i)
-  // (lo/hi the channel's min/max over the leaf's keys, an upper bound on the leaf's best q.k up to
-  // the rounding of lo/hi to the pool dtype).
-  kBox = 2,
-};
-
-// How the spread bonus of a level-1 cell's ranking score is measured (centroid_cells);
-// docs/kvstore.md (centroid_cells) and docs/BENCHMARKS.md, "Cell spread".
-enum class CellSpread : uint8_t {
-  // b = |q| * spread * sqrt(2 ln c / head_dim): spread the RMS distance of the c children to their
-  // mean, as if they scattered alike in every direction (the reference).
-  kIsotropic = 0,
-  // b = sqrt(2 ln c) * sqrt(sum_e q_e^2 var_e): var_e the children's variance in channel e, so
-  // sqrt(...) is their standard deviation along q (channel covariances left out). A cell that
-  // spreads along the query (e.g. one mixing a topic the query asks about with others) ranks above
-  // one of the same total spread in channels the query does not weigh.
-  kDirectional = 1,
-};
-
 struct DciParams {
   int num_simple = 1;                  // m: simple indices per composite index
   int num_composite = 1;               // L: composite indices
@@ -125,55 +97,25 @@ struct DciParams {
   // reference); true by q . c + centroid_bonus * |q| * b, where c is the mean of the cell's
   // children's keys (as stored in the pages) and b = spread * sqrt(2 ln(children) / head_dim), spread the
   // RMS distance of the children to c (an estimate of how far the best child lies above c).
+  // The level-1 nodes' own keys are scored either way (their tokens are candidates).
   bool centroid_cells = false;
   double centroid_bonus = 0;           // >= 0
-  CellSpread cell_spread = CellSpread::kIsotropic;  // how centroid_bonus's spread is measured (above)
-  // With centroid_cells, false skips scoring the level-1 nodes' own keys: their tokens (which sit
-  // in level-2 cells' pages) are then never candidates, and a query scores half the level-1 rows.
-  bool score_level1_keys = true;
   double cell_score_fraction = 0.8;    // fraction of an expanded cell scored exactly, (0, 1]
   bool exhaustive_upper = false;       // score all nodes of levels >= 1 (fov: level-1 cells expanded)
-  bool bf16_parent_search = false;     // build's exact parent search on bf16-rounded keys (2x faster)
-  bool int8_parent_search = false;     // build's parent search on 8-bit rows, 6-bit keys, exact int32 compare (over bf16; build only)
+  // Exact parent search on bf16-rounded keys: at insertion, and at build where int8_parent_search
+  // does not apply (off, or head_dim > 4 * (kI8MaxQuads - kI8ExtraQuads) = 1020).
+  bool bf16_parent_search = false;
+  // The build's exact parent search on 8-bit rows and 6-bit keys with an exact int32 compare
+  // (over bf16_parent_search; build only, head_dim <= 1020).
+  bool int8_parent_search = false;
   double promote_fraction = 0.01;      // inserted tokens promoted to level 1 (new cells), [0, 1)
   double norm_headroom = 1.0;          // M = norm_headroom * max |k|^2, >= 1
   uint64_t seed = 0x1cecace;           // directions and level sampling
   LeafLayout leaf_layout = LeafLayout::kProjection;  // how cells are cut into leaves (above)
-  // Sticky cells (keeps runs of consecutive similar keys in one cell): > 0 lets a level-0 key join
-  // the cell its predecessor (the previous position) is in -- the predecessor's parent, or the
-  // predecessor itself when it is a level-1 node -- instead of its nearest level-1 node, when that
-  // node is nearly as near: |k' - c'|^2 <= (1 + sticky_margin) |k' - b'|^2 in the augmented space,
-  // b the nearest node found by the parent search, c the predecessor's. The same rule at build and
-  // at insertion (DciTree::StickyParent). 0: every key joins its nearest node (the reference).
-  double sticky_margin = 0;            // >= 0
-  // Cell refinement at build (k-means steps on level 0, DciTree::RefineCells): after the parent
-  // search, each of `refine_passes` passes computes every level-1 cell's mean key (its level-0
-  // children's keys as given to the build, fp32; an empty cell's mean is its owner's key) and moves
-  // every level-0 token to the cell of the nearest mean (Euclidean) among the
-  // `refine_candidates` means nearest to its current cell's mean (that mean included, so a pass
-  // never raises the sum of squared distances to the means it used). A cell is then grouped
-  // around its mean instead of around one sampled owner key. Not with sticky_margin > 0 (the two
-  // rules place the same tokens) nor above exact_parent_max_nodes level-1 nodes (the candidate
-  // lists cost (level-1 nodes)^2 * head_dim). Insertion still attaches new tokens by the parent
-  // search. 0: off (the reference).
-  int refine_passes = 0;               // >= 0
-  int refine_candidates = 16;          // >= 1
-  // Leaf ranking (LeafRank above). REQUIRES exhaustive_upper and cell_score_fraction = 1 when on.
-  // A GQA group (QueryGroup) ranks the leaves of its cells (at most ceil(group_fov *
-  // leaf_rank_cells * fov) with group_fov > 0) for every head and scores exactly the union of the
-  // heads' best leaves, taken rank by rank up to ceil(group_fov * leaf_rank_leaves * fov) (each
-  // head's best ceil(leaf_rank_leaves * fov) with group_fov = 0).
-  LeafRank leaf_rank = LeafRank::kOff;
-  double leaf_rank_cells = 1.5;        // > 0: cells whose leaves are ranked, in units of fov
-  double leaf_rank_leaves = 3;         // > 0: leaves scored exactly, in units of fov
-  double leaf_bonus = 1;               // >= 0: kCentroid's spread bonus weight
 
-  // The setting chosen by measurement (docs/BENCHMARKS.md, kvstore section): smaller cells (p1 = 0.02), whole
-  // cells scored, all upper nodes scored, fov max(32, 1e-3 n), parent search on bf16 keys (int8
-  // at build: the build 1.44x faster than with bf16, mass recall +0.0004; docs/BENCHMARKS.md, "int8 parent
-  // search" and "fifth round"). At
-  // 32k tokens it reaches 0.96 attention-mass recall where the reference defaults reach 0.87,
-  // scoring ~half the tokens; fov_min 32 (not 16) finds the 8k passkey 15/15 (13/15 at 16).
+  // The reference with smaller cells (p1 = 0.02), whole cells scored, every upper node scored,
+  // fov = max(32, 1e-3 n), and the quantised parent searches (int8 at build, bf16 at insertion).
+  // Why these values: docs/BENCHMARKS.md, kvstore section.
   static DciParams Tuned() {
     DciParams p;
     p.p1 = 0.02;
@@ -185,36 +127,11 @@ struct DciParams {
     p.fov_fraction = 1e-3;
     return p;
   }
-  // Tuned() with a selection cost that grows sub-linearly in the context (docs/BENCHMARKS.md,
-  // "Flat-cost query options"):
-  // level-1 cells ranked by their children's mean key plus a spread bonus, fov = max(32,
-  // 0.182 sqrt(n)) (33 at 32k, 66 at 128k), and a GQA group expands at most fov cells in all.
-  // Against Tuned() on the sparse-layer workload: 1.4-2.0x less selection CPU up to 32k, 2.3-2.7x
-  // from 64k up, attention mass 97-99 % of the exact oracle's (Tuned(): 98.4-99.8 %).
-  // Leaves in token order (LeafLayout::kPosition, since the leaf-layout round of issue 16): more
-  // attention mass kept than the projection layout on all six synthetic families at 8k, 32k and
-  // 128k and on SmolLM2's real keys (mean and worst layer), build and query times equal within
-  // noise, insertion moves no token (docs/BENCHMARKS.md, "The leaf layout").
-  // Cells are not sticky (sticky_margin 0): margin 0.1 kept more attention mass on average over
-  // the six synthetic families and the same on SmolLM2's real keys, but raised the perplexity
-  // ratio to full KV of SmolLM2 on an 8k real text from 1.133 to 1.160 at 16 pages
-  // (docs/BENCHMARKS.md, "Cell assignment"), so it is an option, not the default.
-  // Leaves are not ranked (leaf_rank kOff): LeafRank::kCentroid over 1.5 fov cells with 3 fov
-  // leaves scored exactly kept more of the own oracle's mass on the six synthetic families (0.884 ->
-  // 0.909 at 32k, 0.960 -> 0.970 at 8k; held-out seed 23: 0.896 -> 0.910, 0.956 -> 0.962) and the
-  // same on SmolLM2's real keys, but gave SmolLM2's perplexity on three 8k texts no gain (+0.001
-  // on average over 3 tree seeds; its single-seed 1.133 -> 1.144 was within the seeds' spread), at
-  // 1.05-1.17x the query CPU and ~5 % more tree memory (docs/BENCHMARKS.md, "Leaf ranking" and
-  // "Cell spread"), so it is an option, not the default.
-  // The cell spread is isotropic: CellSpread::kDirectional kept more of the oracle's mass on all six
-  // synthetic families at 8k-128k (32k: 0.884 -> 0.901) and as much on SmolLM2's real keys, but
-  // its perplexity ratio on three 8k texts was no better (+0.004 on average over 3-4 tree seeds,
-  // whose own spread is 0.01-0.02) and its query CPU is 23-36 % higher at 128k on avx512 (~22 % on avx2)
-  // (docs/BENCHMARKS.md, "Cell spread"), so it is an option.
-  // Cells are not refined (refine_passes 0): one k-means pass kept more attention mass on SmolLM2's
-  // real keys (mean 0.750 -> 0.759, worst layer 0.499 -> 0.511) and on the synthetic families, but
-  // SmolLM2's perplexity on three 8k texts moved within the tree seeds' spread (1.011 -> 1.009 on
-  // average), for 25-33 % more build CPU (docs/BENCHMARKS.md, "Cell refinement").
+  // Tuned() with a selection cost that grows sub-linearly in the context: level-1 cells ranked
+  // by their children's mean key plus a spread bonus (centroid_cells), fov = max(32, 0.182 sqrt(n)),
+  // a GQA group expands at most fov cells in all (group_fov 1), and leaves in token order
+  // (LeafLayout::kPosition). Why: docs/BENCHMARKS.md, "Flat-cost query options" and "The leaf
+  // layout"; options measured and not served: docs/kvstore.md, "Tried and not served".
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -233,19 +150,8 @@ Status ValidateDciParams(const DciParams& p);
 // The preset of a config's cache.dci_preset: "reference" (DciParams{}), "tuned" or "flat";
 // INVALID_ARGUMENT naming the accepted names otherwise.
 StatusOr<DciParams> DciParamsPreset(const std::string& name);
-// DciParams::leaf_rank by name: "off", "centroid" or "box"; INVALID_ARGUMENT otherwise.
-StatusOr<LeafRank> LeafRankNamed(const std::string& name);
-// DciParams::cell_spread by name: "isotropic" or "directional"; INVALID_ARGUMENT otherwise.
-StatusOr<CellSpread> CellSpreadNamed(const std::string& name);
 // The preset that serves by default (cache.dci_preset's default; benchmarks default to it too).
-// Flat() since issue 16: on SmolLM2's real keys (28 sparse layers, 8k tokens, 16 pages) it keeps
-// 0.998 of the tree's best pages' attention mass on average, min 0.992 over layers (Tuned():
-// 0.995, min 0.964), and more than Tuned() on each of six harder synthetic families at 8k and 32k
-// (docs/BENCHMARKS.md, "Fidelity on SmolLM2"); its leaves are in token order since the
-// leaf-layout round ("The leaf layout"); sticky cells were tried and not made the default
-// ("Cell assignment"), nor leaf ranking ("Leaf ranking": more synthetic-family mass, the same on
-// real keys, a higher perplexity on real text), nor cell refinement ("Cell refinement": more mass,
-// the same perplexity, a costlier build).
+// Why Flat(): docs/BENCHMARKS.md, "Fidelity on SmolLM2" and "The serving preset".
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when
@@ -273,7 +179,6 @@ struct QueryStats {
   int64_t tokens_scored = 0;
   int64_t leaves_scored = 0;
   int64_t cells_expanded = 0;
-  int64_t leaves_ranked = 0;  // leaf summaries scored (leaf_rank), per head
 };
 
 struct TokenLocation {
@@ -303,15 +208,17 @@ class DciTree {
   // device page cache, must refresh).
   Status Insert(const TokenBlock& block, std::vector<int32_t>* written_pages = nullptr);
 
-  // The min(k, num_leaves()) best leaves for query q [head_dim] (approximate; see above), best
-  // first. Thread-safe w.r.t. other const calls.
-  void Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats = nullptr) const;
-  // The query heads of one GQA group: out[j] as Query(qs + j * head_dim) would give, except that
-  // with exhaustive_upper and cell_score_fraction = 1 the heads share one traversal: every cell
+  // The query heads of one GQA group, qs [nq, head_dim]: out[j] (resized to nq) is the
+  // min(k, num_leaves()) best leaves for head j (approximate; see above), best first, ties by leaf
+  // id. With exhaustive_upper and cell_score_fraction = 1 the heads share one traversal: every cell
   // any head picks is scored once for all heads (each page read once), so each head's list is
-  // ranked over a superset of the leaves its own Query scores. qs: [nq, head_dim].
+  // ranked over a superset of the leaves it would score alone; group_fov caps the cells of a group
+  // of two or more heads. Otherwise each head is searched alone. stats (if given): the work of
+  // all heads. Thread-safe w.r.t. other const calls.
   void QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
                   QueryStats* stats = nullptr) const;
+  // One head, q [head_dim]: QueryGroup's answer for a group of one, into *out.
+  void Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats = nullptr) const;
   // The field of view at the current size: max(fov_min, ceil(fov_fraction * n), ceil(fov_sqrt * sqrt(n))).
   int64_t FieldOfView() const;
   // Exact: scores every token; the k leaves with the best token score, best first (ties by leaf id).
@@ -395,8 +302,6 @@ class DciTree {
   // Sets parent_ of every member (nodes of level l, keys[t * stride]) to its nearest node of
   // level l + 1 (dci_tree_parents.cc).
   void AttachLevel(int l, const std::vector<int32_t>& members, const float* keys, size_t stride);
-  // DciParams::refine_passes over the level-0 members (their parents set by AttachLevel).
-  void RefineCells(const std::vector<int32_t>& members, const float* keys, size_t stride);
   Status InsertBlock(const TokenBlock& block);  // Insert without collecting written pages
   Status InsertOne(const TokenBlock& block, int i, int level = -1, int32_t parent = -2);
   void RefreshLevelMatrix(int level, LevelMatrix* m, bool bf16 = false) const;
@@ -407,11 +312,6 @@ class DciTree {
   void Rekey(float new_max_norm2);
   void UpperAug(int32_t t, float* out) const;  // [head_dim + 1] augmented key of an upper node
   int32_t FindParent(int level, const float* aug);  // node on `level` nearest to aug
-  // The parent of a level-0 token at tree-local index t (augmented key aug [head_dim + 1]) whose
-  // parent search found `best` (a level-1 node): the sticky_margin rule above. REQUIRES tokens
-  // [0, t) placed (their levels and parents set), level_keys_[1] holding best.
-  int32_t StickyParent(int32_t t, const float* aug, int32_t best) const;
-  float AugScore(int32_t node, const float* aug) const;  // aug . (node's augmented key), fp32
   DciIndex* LevelIndex(int level);                   // prioritized DCI over a level, kept current
   int32_t CellOf(int32_t node);                            // creates an empty cell if needed
   void ResortCell(int32_t cell);
@@ -434,11 +334,12 @@ class DciTree {
   // Query helpers (dci_tree_query.cc).
   void ScoreLeaves(const float* q, Scratch* s, bool collect) const;
   void PlanCells(const std::vector<int32_t>& cells, float qproj, double fraction, Scratch* s) const;
-  // The k best distinct leaves of the scored leaves and the upper nodes' leaves; upper nodes
-  // carry ScoreRowsI8 scores and are rescored exactly (for q) where they can reach the answer.
-  void SelectLeaves(const float* q, Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
-  // The row of upper node `node` in level_rows_ (pool dtype).
-  const void* UpperRow(int32_t node) const;
+  // The k best of the scored leaves (s->entries, distinct leaves), best first.
+  void SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const;
+  // Query and QueryGroup: the answers of nq heads qs ([nq, head_dim]) into out[0, nq).
+  void QueryHeads(const float* qs, int nq, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const;
+  // One head without exhaustive_upper (or a one-level tree): the greedy descent from the root cell.
+  void Descend(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const;
   // Appends to `cells` the cells of the best `fov` of n nodes (scores[i], nodes[i]) that own a
   // non-empty cell (ties: lower index first), and their owners' scores to `cell_scores` if given.
   // scores is overwritten.
@@ -488,11 +389,7 @@ class DciTree {
     std::vector<double> sumsq;     // [n1] sum of squared norms
     std::vector<int32_t> count;    // [n1]
     std::vector<uint8_t> rows;     // [n1, head_dim] pool dtype: the mean (the node's own key while childless)
-    std::vector<float> bonus;      // [n1] kIsotropic: spread * sqrt(2 ln count / head_dim); kDirectional: sqrt(2 ln count)
-    // kDirectional only (empty otherwise): per channel, the children's sum of squares ([n1,
-    // head_dim], folded with sum) and variance in the pool dtype ([n1, head_dim]).
-    std::vector<float> sumsq_ch;
-    std::vector<uint8_t> var_rows;
+    std::vector<float> bonus;      // [n1] spread * sqrt(2 ln count / head_dim)
   };
   mutable CellSummaries summaries_;
   // out[j * n1 + i]: query head j's ranking score of level-1 cell i (REQUIRES summaries current).
@@ -503,25 +400,6 @@ class DciTree {
   // the nodes touched, or of all nodes with all_rows.
   void FoldSummaries(const float* keys, size_t stride, bool all_rows) const;
   void ResetSummaries();
-  // Leaf summaries (leaf_rank != kOff): a function of each leaf's page contents only, so they are
-  // not on the wire (Deserialize recomputes them from the shipped pages). Written by BuildFrom and
-  // Deserialize for every leaf, and by Insert for the leaves it changed (NoteWritten and MoveSlot
-  // list them in dirty; Insert recomputes them before it returns, also after an error).
-  struct LeafSummaries {
-    int dim = 0;                  // summary row length: head_dim (kCentroid) or 2 head_dim (kBox: hi, then lo)
-    size_t row_bytes = 0;         // of one summary row in the pool dtype
-    std::vector<uint8_t> rows;    // [num_leaves, row_bytes]
-    std::vector<float> bonus;     // [num_leaves] kCentroid: spread * sqrt(2 ln v / head_dim); kBox: 0
-    std::vector<int32_t> dirty;   // leaves changed since the last refresh (may repeat)
-    // kCentroid with kPosition leaves: per cell, the running fold of its open (last) leaf, whose
-    // slots only ever grow at the end, so an insertion folds in just the new slots (the same
-    // additions in the same order as a fold from scratch: bit-equal summaries).
-    std::vector<int32_t> open_leaf;   // [cells] the leaf folded, -1 none
-    std::vector<int32_t> open_count;  // [cells] its slots folded
-    std::vector<float> open_sum;      // [cells, head_dim]
-    std::vector<double> open_sumsq;   // [cells]
-  };
-  LeafSummaries leaf_sums_;
   // Leaf means (EstimateRest): per payload, each leaf's mean key and mean value over its valid
   // slots, in the pool dtype ([num_leaves, head_dim] each; zeros for an empty leaf). A function of
   // the leaf's pages alone, so not on the wire: BuildFrom and Deserialize compute every leaf's,
@@ -539,21 +417,6 @@ class DciTree {
   void MeanCell(int32_t cell);  // means_' cell rows of `cell` from its leaves' rows
   void MeanAllLeaves();
   void RefreshDirtyMeans();     // MeanLeaf for each dirty leaf, MeanCell for their cells (rows sized), then clears the list
-  bool leaf_rank_on() const { return params_.leaf_rank != LeafRank::kOff; }
-  void SummarizeLeaf(int32_t leaf);       // leaf_sums_' row and bonus of `leaf` from its page
-  // kCentroid: folds slots [from, leaf_valid) of `leaf` into sum [head_dim] / sumsq, then writes
-  // the leaf's row and bonus from them.
-  void FoldLeaf(int32_t leaf, int from, float* sum, double* sumsq);
-  void SummarizeAllLeaves();
-  void RefreshDirtyLeaves();              // SummarizeLeaf for each dirty leaf, then clears the list
-  // Ranks the leaves of `cells` for the nq query heads qs ([nq, head_dim]) by their summaries
-  // (score[j * leaves.size() + i] for leaf leaves[i]; empty leaves skipped).
-  void ScoreLeafSummaries(const std::vector<int32_t>& cells, const float* qs, int nq, std::vector<int32_t>* leaves,
-                          std::vector<float>* score) const;
-  // Leaves scored exactly under leaf ranking: ceil(leaf_rank_leaves * units * fov).
-  size_t LeafBudget(int64_t fov, double units) const {
-    return static_cast<size_t>(std::ceil(params_.leaf_rank_leaves * units * static_cast<double>(fov)));
-  }
   // s->order = the leaves to score (set by the caller); fills s->rows / s->valid and prefetches.
   void PlanLeaves(Scratch* s) const;
   std::vector<int64_t> level_counts_;  // nodes per level (level 0 first)

@@ -23,14 +23,12 @@ uint64_t SplitMix64(uint64_t* state) {
 Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pages) {
   if (written_pages == nullptr) {
     Status s = InsertBlock(block);
-    RefreshDirtyLeaves();
     RefreshDirtyMeans();
     return s;
   }
   written_pages->clear();
   written_ = written_pages;
   Status s = InsertBlock(block);
-  RefreshDirtyLeaves();
   RefreshDirtyMeans();
   written_ = nullptr;
   std::sort(written_pages->begin(), written_pages->end());
@@ -39,7 +37,6 @@ Status DciTree::Insert(const TokenBlock& block, std::vector<int32_t>* written_pa
 }
 
 void DciTree::NoteWritten(int32_t leaf) {
-  if (leaf_rank_on()) leaf_sums_.dirty.push_back(leaf);
   means_.dirty.push_back(leaf);
   if (written_ == nullptr) return;
   for (int p = 0; p < num_payloads_; ++p) written_->push_back(leaf_page(leaf, p));
@@ -158,7 +155,7 @@ Status DciTree::InsertOne(const TokenBlock& block, int i, int forced_level, int3
     if (u < params_.promote_fraction) level = 1;
   }
   if (level == 0) {
-    parent = StickyParent(static_cast<int32_t>(size()), aug.data(), known_parent >= 0 ? known_parent : FindParent(1, aug.data()));
+    parent = known_parent >= 0 ? known_parent : FindParent(1, aug.data());
   } else if (num_levels() > 2) {
     parent = FindParent(2, aug.data());
   }
@@ -209,8 +206,7 @@ void DciTree::MoveSlot(int32_t from_leaf, int from_slot, int32_t to_leaf, int to
     std::memmove(pool_->VRow(tp, to_slot), pool_->VRow(fp, from_slot), rb);
   }
   NoteWritten(to_leaf);
-  if (leaf_rank_on()) leaf_sums_.dirty.push_back(from_leaf);  // its page is unchanged, its contents not
-  means_.dirty.push_back(from_leaf);
+  means_.dirty.push_back(from_leaf);  // its page is unchanged, its contents not
   const int32_t t = leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot];
   leaf_tokens_[static_cast<size_t>(to_leaf) * page_size_ + to_slot] = t;
   leaf_tokens_[static_cast<size_t>(from_leaf) * page_size_ + from_slot] = -1;

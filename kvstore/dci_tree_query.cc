@@ -46,26 +46,18 @@ class DciTree::Scratch {
   using Entry = std::pair<float, int32_t>;
   void Begin() {
     entries.clear();
-    upper.clear();
-    upper_eps = 0.f;
     next_s.clear();
     next_n.clear();
     cells.clear();
     stats = QueryStats{};
   }
   std::vector<Entry> entries;  // (best scored token, leaf) of each leaf scored from its page
-  std::vector<Entry> upper;    // (score, node) of upper nodes scored from the level rows
   std::vector<float> cand_s, next_s;      // greedy descent: scores and nodes of the next level
   std::vector<int32_t> cand_n, next_n;
-  std::vector<float> level1;             // exhaustive: level-1 scores (overwritten by ChooseCells)
   std::vector<int32_t> keys;
-  std::vector<Entry> merged;
   std::vector<int32_t> cells;  // cells to expand
   std::vector<Entry> picked;   // ChooseCells: (score, node, then its cell) of the nodes taken
   std::vector<int32_t> order;  // leaves to score, in scoring order
-  std::vector<int32_t> ranked;    // leaf_rank: the leaves of the chosen cells ...
-  std::vector<float> rank_score;  // ... and their summary scores ([nq, ranked.size()])
-  std::vector<Entry> rank_top;    // (summary score, leaf) of one head's leaves
   std::vector<const void*> rows;  // K block of each leaf of `order`
   std::vector<int> valid;
   // Prefetches (into L2) the K rows of planned leaf i.
@@ -74,9 +66,6 @@ class DciTree::Scratch {
     for (size_t off = 0; off < valid[i] * row_bytes; off += 64) __builtin_prefetch(k + off, 0, 1);
   }
   std::vector<float> scores;
-  std::vector<uint8_t> mark;   // per leaf, 1 while it is in the output
-  I8Heads q8;               // the query in int8 for the upper levels' first pass
-  float upper_eps = 0.f;    // how far an `upper` score may lie from exact
   QueryStats stats;
 };
 
@@ -136,20 +125,6 @@ void DciTree::ScoreCentroids(const float* qs, int nq, float* out) const {
   ScoreRowsMulti(pool_->dtype(), m.rows.data(), cnt, dim_, qs, nq, out);
   if (params_.centroid_bonus <= 0) return;
   const float w = static_cast<float>(params_.centroid_bonus);
-  if (params_.cell_spread == CellSpread::kDirectional) {
-    // The children's standard deviation along q: sqrt(q^2 . var), var per channel.
-    thread_local std::vector<float> q2, along;
-    q2.resize(static_cast<size_t>(nq) * dim_);
-    for (size_t e = 0; e < q2.size(); ++e) q2[e] = qs[e] * qs[e];
-    along.resize(static_cast<size_t>(nq) * cnt);
-    ScoreRowsMulti(pool_->dtype(), m.var_rows.data(), cnt, dim_, q2.data(), nq, along.data());
-    for (int j = 0; j < nq; ++j) {
-      float* oj = out + static_cast<size_t>(j) * cnt;
-      const float* aj = along.data() + static_cast<size_t>(j) * cnt;
-      for (int i = 0; i < cnt; ++i) oj[i] += w * m.bonus[i] * std::sqrt(std::max(0.f, aj[i]));
-    }
-    return;
-  }
   for (int j = 0; j < nq; ++j) {
     const float* qj = qs + static_cast<size_t>(j) * dim_;
     const float wq = w * std::sqrt(DotF32(qj, qj, dim_));
@@ -280,47 +255,16 @@ void DciTree::ScoreLeaves(const float* q, Scratch* s, bool collect) const {
   }
 }
 
-void DciTree::SelectLeaves(const float* q, Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
-  // The k best distinct leaves of (scored leaves) U (upper nodes' leaves), by best score. The
-  // scored leaves are distinct, so the k-th best of them bounds the answer from below: only the
-  // upper nodes scoring at least that much are mapped to their leaves. Upper scores are int8
-  // (within upper_eps of exact): a node that might reach the floor is rescored exactly first.
+void DciTree::SelectLeaves(Scratch* s, int k, std::vector<ScoredLeaf>* out) const {
+  // The scored leaves are distinct: the k best of them, best first.
   out->clear();
   std::vector<Scratch::Entry>& e = s->entries;
-  float floor = -INFINITY;
-  if (!s->upper.empty() && e.size() >= static_cast<size_t>(k)) {
-    std::nth_element(e.begin(), e.begin() + (k - 1), e.end(), Better{});
-    floor = e[k - 1].first;
-  }
-  std::vector<Scratch::Entry>& mg = s->merged;
-  mg.clear();
-  float exact = 0.f;
-  for (const auto& [score, node] : s->upper) {
-    if (!(score + s->upper_eps >= floor)) continue;
-    ScoreRows(pool_->dtype(), UpperRow(node), 1, dim_, q, &exact);
-    if (exact >= floor) mg.emplace_back(exact, tok_leaf_[node]);
-  }
-  const size_t from_upper = mg.size();
-  mg.insert(mg.end(), e.begin(), e.end());
-  // At most from_upper entries repeat a leaf: the best k + from_upper hold the k best leaves.
-  const size_t prefix = std::min(mg.size(), static_cast<size_t>(k) + from_upper);
-  std::partial_sort(mg.begin(), mg.begin() + prefix, mg.end(), Better{});
-  if (from_upper == 0) {
-    for (size_t i = 0; i < prefix; ++i) out->push_back(ScoredLeaf{mg[i].second, mg[i].first});
-    return;
-  }
-  if (static_cast<int32_t>(s->mark.size()) < num_leaves()) s->mark.resize(num_leaves(), 0);
-  for (size_t i = 0; i < prefix && static_cast<int>(out->size()) < k; ++i) {
-    if (s->mark[mg[i].second]) continue;
-    s->mark[mg[i].second] = 1;
-    out->push_back(ScoredLeaf{mg[i].second, mg[i].first});
-  }
-  for (const ScoredLeaf& l : *out) s->mark[l.leaf] = 0;
+  const size_t kk = std::min(e.size(), static_cast<size_t>(k));
+  std::partial_sort(e.begin(), e.begin() + kk, e.end(), Better{});
+  for (size_t i = 0; i < kk; ++i) out->push_back(ScoredLeaf{e[i].second, e[i].first});
 }
 
-void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
-  out->clear();
-  if (size() == 0 || k <= 0 || cells_.empty()) return;
+void DciTree::Descend(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
   thread_local Scratch scratch;
   Scratch* s = &scratch;
   s->Begin();
@@ -329,94 +273,58 @@ void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QuerySt
   const float qproj = qn > 0 ? DotF32(directions_.data(), q, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
   const int64_t fov = FieldOfView();
   const int top = num_levels() - 1;
-  if (params_.exhaustive_upper && top >= 1) {
-    // Level 1 first: its scores pick the cells, whose pages are then prefetched while the small
-    // levels above are scored. Upper nodes are scored from their int8 rows; SelectLeaves
-    // rescores exactly the few that can reach the answer.
-    s->q8.Set(q, 1, dim_);
-    auto score_level = [&](int lvl) {
-      const auto& nodes = level_nodes_[lvl];
-      const int cnt = static_cast<int>(nodes.size());
-      if (cnt == 0) return;
-      if (s->scores.size() < static_cast<size_t>(cnt)) s->scores.resize(cnt);
-      s->q8.Score(level_rows_i8_[lvl], s->scores.data());
-      s->upper_eps = std::max(s->upper_eps, s->q8.Slack(level_rows_i8_[lvl], 0));
-      s->stats.tokens_scored += cnt;
-      for (int i = 0; i < cnt; ++i) s->upper.emplace_back(s->scores[i], nodes[i]);
-    };
-    const bool owners = !params_.centroid_cells || params_.score_level1_keys;
-    if (owners) score_level(1);
-    if (params_.centroid_cells) {
-      RefreshSummaries();
-      s->level1.resize(level_nodes_[1].size());
-      ScoreCentroids(q, 1, s->level1.data());
-      s->stats.tokens_scored += static_cast<int64_t>(level_nodes_[1].size());
-    } else {
-      s->level1.assign(s->scores.begin(), s->scores.begin() + level_nodes_[1].size());
-    }
-    if (leaf_rank_on()) {
-      // Leaf ranking: the leaves of a wider set of cells, ranked by their summaries; the best
-      // `budget` are scored exactly.
-      const int64_t wide = static_cast<int64_t>(std::ceil(params_.leaf_rank_cells * static_cast<double>(fov)));
-      ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), wide, s, &s->cells);
-      ScoreLeafSummaries(s->cells, q, 1, &s->ranked, &s->rank_score);
-      const size_t n = s->ranked.size();
-      s->stats.cells_expanded += static_cast<int64_t>(s->cells.size());
-      s->stats.leaves_ranked += static_cast<int64_t>(n);
-      s->stats.tokens_scored += static_cast<int64_t>(n);
-      const size_t budget = std::min(n, LeafBudget(fov, 1.0));
-      // The best `budget` summary scores (ties: first in ranked order), in ranked order.
-      s->order.clear();
-      if (budget == n) {
-        s->order = s->ranked;
-      } else if (budget > 0) {
-        s->keys.resize(n);
-        const float thr = KthLargest(s->rank_score.data(), static_cast<int>(n), static_cast<int>(budget), s->keys.data());
-        size_t ties = budget;
-        for (size_t i = 0; i < n; ++i) ties -= s->rank_score[i] > thr;
-        for (size_t i = 0; i < n; ++i)
-          if (s->rank_score[i] > thr || (s->rank_score[i] == thr && ties > 0 && ties--)) s->order.push_back(s->ranked[i]);
-      }
-      PlanLeaves(s);
-    } else {
-      ChooseCells(s->level1.data(), level_nodes_[1].data(), static_cast<int>(level_nodes_[1].size()), fov, s, &s->cells);
-      PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
-    }
-    for (int lvl = 2; lvl <= top; ++lvl) score_level(lvl);
-    ScoreLeaves(q, s, false);
-  } else {
-    s->cells.assign(1, 0);
-    PlanCells(s->cells, qproj, 1.0, s);
-    ScoreLeaves(q, s, top >= 1);
-    for (int lvl = top; lvl >= 1; --lvl) {
-      std::swap(s->cand_s, s->next_s);
-      std::swap(s->cand_n, s->next_n);
-      s->next_s.clear();
-      s->next_n.clear();
-      s->cells.clear();
-      ChooseCells(s->cand_s.data(), s->cand_n.data(), static_cast<int>(s->cand_s.size()), fov, s, &s->cells);
-      PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
-      ScoreLeaves(q, s, lvl - 1 >= 1);
-    }
+  s->cells.assign(1, 0);
+  PlanCells(s->cells, qproj, 1.0, s);
+  ScoreLeaves(q, s, top >= 1);
+  for (int lvl = top; lvl >= 1; --lvl) {
+    std::swap(s->cand_s, s->next_s);
+    std::swap(s->cand_n, s->next_n);
+    s->next_s.clear();
+    s->next_n.clear();
+    s->cells.clear();
+    ChooseCells(s->cand_s.data(), s->cand_n.data(), static_cast<int>(s->cand_s.size()), fov, s, &s->cells);
+    PlanCells(s->cells, qproj, params_.cell_score_fraction, s);
+    ScoreLeaves(q, s, lvl - 1 >= 1);
   }
-  SelectLeaves(q, s, k, out);
-  if (stats != nullptr) *stats = s->stats;
+  SelectLeaves(s, k, out);
+  *stats = s->stats;
+}
+
+void DciTree::Query(const float* q, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
+  QueryHeads(q, 1, k, out, stats);
 }
 
 void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector<ScoredLeaf>>* out,
                          QueryStats* stats) const {
-  out->assign(std::max(nq, 0), {});
-  if (nq <= 0) return;
-  const bool shared = params_.exhaustive_upper && params_.cell_score_fraction >= 1.0 && nq > 1;
-  if (!shared || size() == 0 || k <= 0 || cells_.empty() || num_levels() < 2) {
-    QueryStats total, one;
+  out->resize(std::max(nq, 0));
+  QueryHeads(qs, std::max(nq, 0), k, out->data(), stats);
+}
+
+void DciTree::QueryHeads(const float* qs, int nq, int k, std::vector<ScoredLeaf>* out, QueryStats* stats) const {
+  for (int j = 0; j < nq; ++j) out[j].clear();
+  QueryStats st;
+  if (nq <= 0 || size() == 0 || k <= 0 || cells_.empty()) {
+    if (stats != nullptr) *stats = st;
+    return;
+  }
+  const int top = num_levels() - 1;
+  const bool whole_cells = params_.cell_score_fraction >= 1.0;
+  if (!params_.exhaustive_upper || top < 1 || (!whole_cells && nq > 1)) {
+    // One head at a time: the greedy descent, or a partial scan of each cell (which follows the
+    // head's own projection) as a group of one.
+    QueryStats one;
     for (int j = 0; j < nq; ++j) {
-      Query(qs + static_cast<size_t>(j) * dim_, k, &(*out)[j], &one);
-      total.tokens_scored += one.tokens_scored;
-      total.leaves_scored += one.leaves_scored;
-      total.cells_expanded += one.cells_expanded;
+      const float* q = qs + static_cast<size_t>(j) * dim_;
+      if (params_.exhaustive_upper && top >= 1) {
+        QueryHeads(q, 1, k, &out[j], &one);
+      } else {
+        Descend(q, k, &out[j], &one);
+      }
+      st.tokens_scored += one.tokens_scored;
+      st.leaves_scored += one.leaves_scored;
+      st.cells_expanded += one.cells_expanded;
     }
-    if (stats != nullptr) *stats = total;
+    if (stats != nullptr) *stats = st;
     return;
   }
   struct GroupScratch {
@@ -443,7 +351,6 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   if (g.cell_mark.size() < cells_.size()) g.cell_mark.resize(cells_.size(), 0);
   g.touched.clear();
   g.cells.clear();
-  QueryStats st;
   if (g.leaf_mark.size() < nl) g.leaf_mark.resize(nl, 0);
   auto mark = [&](int32_t leaf) {
     if (!g.leaf_mark[leaf]) {
@@ -452,14 +359,12 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     }
   };
   const int64_t fov = FieldOfView();
-  const int top = num_levels() - 1;
   if (params_.centroid_cells) RefreshSummaries();
   // Upper levels: every head's score of every node ([nq, cnt] per level, kept in g.upper); they
   // are mapped to their leaves after the leaves are scored, and only above each head's floor.
-  const int lowest = params_.centroid_cells && !params_.score_level1_keys ? 2 : 1;
   g.levels.clear();
   size_t total = 0;
-  for (int lvl = top; lvl >= lowest; --lvl) {
+  for (int lvl = top; lvl >= 1; --lvl) {
     const size_t cnt = level_nodes_[lvl].size();
     if (cnt == 0) continue;
     g.levels.emplace_back(lvl, total);
@@ -486,15 +391,11 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
     st.tokens_scored += ncand;
     rank = g.scores.data();
   }
-  // With leaf ranking every count of cells is leaf_rank_cells times wider (their leaves are
-  // ranked, not all scored).
-  const double cell_units = leaf_rank_on() ? params_.leaf_rank_cells : 1.0;
-  const int64_t wide = static_cast<int64_t>(std::ceil(cell_units * static_cast<double>(fov)));
-  if (params_.group_fov <= 0) {
+  if (params_.group_fov <= 0 || nq == 1) {
     for (int j = 0; j < nq; ++j) {
       g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
-      ChooseCells(g.cand.data(), cand_nodes, ncand, wide, &g.query, &g.head_cells);
+      ChooseCells(g.cand.data(), cand_nodes, ncand, fov, &g.query, &g.head_cells);
       for (int32_t c : g.head_cells) {
         if (!g.cell_mark[c]) {
           g.cell_mark[c] = 1;
@@ -505,14 +406,14 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   } else {
     // Group field of view: each head ranks its own best fov cells; the group takes them rank by
     // rank until the union holds the cap.
-    const int64_t cap = static_cast<int64_t>(std::ceil(params_.group_fov * cell_units * static_cast<double>(fov)));
+    const int64_t cap = static_cast<int64_t>(std::ceil(params_.group_fov * static_cast<double>(fov)));
     g.ranked.resize(nq);
     size_t longest = 0;
     for (int j = 0; j < nq; ++j) {
       g.cand.assign(rank + static_cast<size_t>(j) * ncand, rank + static_cast<size_t>(j + 1) * ncand);
       g.head_cells.clear();
       g.head_scores.clear();
-      ChooseCells(g.cand.data(), cand_nodes, ncand, std::min(wide, cap), &g.query, &g.head_cells, &g.head_scores);
+      ChooseCells(g.cand.data(), cand_nodes, ncand, std::min(fov, cap), &g.query, &g.head_cells, &g.head_scores);
       auto& r = g.ranked[j];
       r.clear();
       for (size_t i = 0; i < g.head_cells.size(); ++i) r.emplace_back(g.head_scores[i], g.head_cells[i]);
@@ -535,42 +436,14 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   for (int32_t c : g.cells) g.cell_mark[c] = 0;
   Scratch* qs_plan = &g.query;
   qs_plan->Begin();
-  if (leaf_rank_on()) {
-    // Every head ranks the leaves of the group's cells; the group scores exactly the union of the
-    // heads' best leaves, rank by rank up to the cap (each head's best `budget` without a cap).
-    ScoreLeafSummaries(g.cells, qs, nq, &qs_plan->ranked, &qs_plan->rank_score);
-    const size_t n = qs_plan->ranked.size();
-    st.cells_expanded += static_cast<int64_t>(g.cells.size());
-    st.leaves_ranked += static_cast<int64_t>(n) * nq;
-    st.tokens_scored += static_cast<int64_t>(n);
-    const size_t budget = std::min(n, LeafBudget(fov, 1.0));
-    const size_t cap = params_.group_fov > 0 ? LeafBudget(fov, params_.group_fov) : n * nq;
-    g.ranked.resize(nq);
-    for (int j = 0; j < nq; ++j) {
-      auto& r = g.ranked[j];
-      r.resize(n);
-      for (size_t i = 0; i < n; ++i) r[i] = {qs_plan->rank_score[j * n + i], qs_plan->ranked[i]};
-      if (budget < n) std::nth_element(r.begin(), r.begin() + budget, r.end(), Better{});
-      r.resize(budget);
-      std::sort(r.begin(), r.end(), Better{});
-    }
-    auto& order = qs_plan->order;
-    order.clear();
-    for (size_t rk = 0; rk < budget && order.size() < cap; ++rk) {
-      for (int j = 0; j < nq && order.size() < cap; ++j) {
-        const int32_t leaf = g.ranked[j][rk].second;
-        if (!g.leaf_mark[leaf]) {
-          g.leaf_mark[leaf] = 1;
-          order.push_back(leaf);
-        }
-      }
-    }
-    for (int32_t leaf : order) g.leaf_mark[leaf] = 0;
-    PlanLeaves(qs_plan);
-  } else {
+  if (whole_cells) {
     PlanCells(g.cells, 0.f, 1.0, qs_plan);
-    st.cells_expanded += qs_plan->stats.cells_expanded;
+  } else {  // one head (above): the leaves of each cell nearest its projection
+    const float qn = std::sqrt(DotF32(qs, qs, dim_));
+    const float qproj = qn > 0 ? DotF32(directions_.data(), qs, dim_) * std::sqrt(max_norm2_) / qn : 0.f;
+    PlanCells(g.cells, qproj, params_.cell_score_fraction, qs_plan);
   }
+  st.cells_expanded += qs_plan->stats.cells_expanded;
   const size_t n_order = qs_plan->order.size(), rb = pool_->row_bytes();
   for (size_t i = 0; i < n_order; ++i) {
     if (i + kPrefetchLeaves < n_order) qs_plan->PrefetchLeaf(i + kPrefetchLeaves, rb);
@@ -622,7 +495,7 @@ void DciTree::QueryGroup(const float* qs, int nq, int k, std::vector<std::vector
   if (col.size() < nl) col.resize(nl, -INFINITY);
   for (int j = 0; j < nq; ++j) {
     for (int32_t leaf : g.touched) col[leaf] = g.best[static_cast<size_t>(leaf) * nq + j];
-    TopLeaves(g.touched, col, k, &(*out)[j]);
+    TopLeaves(g.touched, col, k, &out[j]);
   }
   for (int32_t leaf : g.touched) {
     std::fill_n(g.best.data() + static_cast<size_t>(leaf) * nq, nq, -INFINITY);
@@ -639,7 +512,7 @@ void DciTree::Oracle(const float* q, int k, std::vector<ScoredLeaf>* out) const 
   s->Begin();
   s->scores.resize(std::max<size_t>(page_size_, s->scores.size()));
   for (int32_t leaf = 0; leaf < num_leaves(); ++leaf) ScoreLeaf(leaf, q, s);
-  SelectLeaves(q, s, k, out);
+  SelectLeaves(s, k, out);
 }
 
 }  // namespace icecache::kvstore

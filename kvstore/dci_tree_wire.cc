@@ -25,7 +25,6 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.group_fov);
   w->Put<uint8_t>(p.centroid_cells ? 1 : 0);
   w->Put(p.centroid_bonus);
-  w->Put<uint8_t>(p.score_level1_keys ? 1 : 0);
   w->Put(p.cell_score_fraction);
   w->Put<uint8_t>(p.exhaustive_upper ? 1 : 0);
   w->Put<uint8_t>(p.bf16_parent_search ? 1 : 0);
@@ -34,19 +33,11 @@ void SerializeDciParams(const DciParams& p, WireWriter* w) {
   w->Put(p.norm_headroom);
   w->Put<uint64_t>(p.seed);
   w->Put<uint8_t>(static_cast<uint8_t>(p.leaf_layout));
-  w->Put(p.sticky_margin);
-  w->Put<uint8_t>(static_cast<uint8_t>(p.leaf_rank));
-  w->Put(p.leaf_rank_cells);
-  w->Put(p.leaf_rank_leaves);
-  w->Put(p.leaf_bonus);
-  w->Put<uint8_t>(static_cast<uint8_t>(p.cell_spread));
-  w->Put<int32_t>(p.refine_passes);
-  w->Put<int32_t>(p.refine_candidates);
 }
 
 Status DeserializeDciParams(WireReader* r, DciParams* p) {
   int32_t i32[6] = {};
-  uint8_t flags[5] = {};
+  uint8_t flags[4] = {};
   ICE_RETURN_IF_ERROR(r->Get(&i32[0], "tree params num_simple"));
   ICE_RETURN_IF_ERROR(r->Get(&i32[1], "tree params num_composite"));
   ICE_RETURN_IF_ERROR(r->Get(&p->p1, "tree params p1"));
@@ -60,11 +51,10 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&p->group_fov, "tree params group_fov"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[2], "tree params centroid_cells"));
   ICE_RETURN_IF_ERROR(r->Get(&p->centroid_bonus, "tree params centroid_bonus"));
-  ICE_RETURN_IF_ERROR(r->Get(&flags[3], "tree params score_level1_keys"));
   ICE_RETURN_IF_ERROR(r->Get(&p->cell_score_fraction, "tree params cell_score_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[0], "tree params exhaustive_upper"));
   ICE_RETURN_IF_ERROR(r->Get(&flags[1], "tree params bf16_parent_search"));
-  ICE_RETURN_IF_ERROR(r->Get(&flags[4], "tree params int8_parent_search"));
+  ICE_RETURN_IF_ERROR(r->Get(&flags[3], "tree params int8_parent_search"));
   ICE_RETURN_IF_ERROR(r->Get(&p->promote_fraction, "tree params promote_fraction"));
   ICE_RETURN_IF_ERROR(r->Get(&p->norm_headroom, "tree params norm_headroom"));
   ICE_RETURN_IF_ERROR(r->Get(&p->seed, "tree params seed"));
@@ -72,21 +62,7 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   ICE_RETURN_IF_ERROR(r->Get(&layout, "tree params leaf_layout"));
   if (layout > 1) return DataLossError("sequence wire form: tree params leaf_layout " + std::to_string(layout) + " is unknown");
   p->leaf_layout = static_cast<LeafLayout>(layout);
-  ICE_RETURN_IF_ERROR(r->Get(&p->sticky_margin, "tree params sticky_margin"));
-  uint8_t rank = 0;
-  ICE_RETURN_IF_ERROR(r->Get(&rank, "tree params leaf_rank"));
-  if (rank > 2) return DataLossError("sequence wire form: tree params leaf_rank " + std::to_string(rank) + " is unknown");
-  p->leaf_rank = static_cast<LeafRank>(rank);
-  ICE_RETURN_IF_ERROR(r->Get(&p->leaf_rank_cells, "tree params leaf_rank_cells"));
-  ICE_RETURN_IF_ERROR(r->Get(&p->leaf_rank_leaves, "tree params leaf_rank_leaves"));
-  ICE_RETURN_IF_ERROR(r->Get(&p->leaf_bonus, "tree params leaf_bonus"));
-  uint8_t spread = 0;
-  ICE_RETURN_IF_ERROR(r->Get(&spread, "tree params cell_spread"));
-  if (spread > 1) return DataLossError("sequence wire form: tree params cell_spread " + std::to_string(spread) + " is unknown");
-  p->cell_spread = static_cast<CellSpread>(spread);
-  ICE_RETURN_IF_ERROR(r->Get(&p->refine_passes, "tree params refine_passes"));
-  ICE_RETURN_IF_ERROR(r->Get(&p->refine_candidates, "tree params refine_candidates"));
-  if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1 || flags[4] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
+  if (flags[0] > 1 || flags[1] > 1 || flags[2] > 1 || flags[3] > 1) return DataLossError("sequence wire form: tree params flag is not 0/1");
   p->num_simple = i32[0];
   p->num_composite = i32[1];
   p->top_level_max_nodes = i32[2];
@@ -96,8 +72,7 @@ Status DeserializeDciParams(WireReader* r, DciParams* p) {
   p->exhaustive_upper = flags[0] != 0;
   p->bf16_parent_search = flags[1] != 0;
   p->centroid_cells = flags[2] != 0;
-  p->score_level1_keys = flags[3] != 0;
-  p->int8_parent_search = flags[4] != 0;
+  p->int8_parent_search = flags[3] != 0;
   return Status::Ok();
 }
 
@@ -143,7 +118,6 @@ void DciTree::Serialize(WireWriter* w) const {
     w->PutVector(summaries_.sum);
     w->PutVector(summaries_.sumsq);
     w->PutVector(summaries_.count);
-    if (params_.cell_spread == CellSpread::kDirectional) w->PutVector(summaries_.sumsq_ch);
   }
 }
 
@@ -157,7 +131,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
   if (version != kKvWireVersion)
     return InvalidArgumentError("sequence wire form: tree version " + std::to_string(version) +
                                 " not supported (this build reads " + std::to_string(kKvWireVersion) +
-                                "; forms before version 3 carry no tree version, version 3 lacks DciParams.leaf_layout, version 4 DciParams.sticky_margin, version 5 DciParams.leaf_rank, version 6 DciParams.cell_spread)");
+                                "; forms before version 3 carry no tree version; what each version changed: docs/kvstore.md)");
   DciParams params;
   int32_t num_payloads = 0, dim = 0, page_size = 0;
   ICE_RETURN_IF_ERROR(DeserializeDciParams(r, &params));
@@ -226,11 +200,9 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     ICE_RETURN_IF_ERROR(r->GetVector(&m.sum, "tree summaries sums", kMaxElems));
     ICE_RETURN_IF_ERROR(r->GetVector(&m.sumsq, "tree summaries squared norms", kMaxElems));
     ICE_RETURN_IF_ERROR(r->GetVector(&m.count, "tree summaries counts", kMaxElems));
-    const bool directional = params.cell_spread == CellSpread::kDirectional;
-    if (directional) ICE_RETURN_IF_ERROR(r->GetVector(&m.sumsq_ch, "tree summaries per-channel squares", kMaxElems));
     const size_t n1 = nlev > 1 ? t->level_nodes_[1].size() : 0;
     if (upto < 0 || static_cast<uint64_t>(upto) > n || m.count.size() > n1 || m.sumsq.size() != m.count.size() ||
-        m.sum.size() != m.count.size() * static_cast<size_t>(dim) || m.sumsq_ch.size() != (directional ? m.sum.size() : 0))
+        m.sum.size() != m.count.size() * static_cast<size_t>(dim))
       return DataLossError("sequence wire form: tree summaries have the wrong shape");
     int64_t total = 0;
     for (int32_t c : m.count) {
@@ -273,8 +245,7 @@ StatusOr<std::unique_ptr<DciTree>> DciTree::Deserialize(WireReader* r, PagePool*
     return DataLossError("sequence wire form: tree fails its invariants: " + inv.message());
   }
   if (params.centroid_cells) t->FoldSummaries(nullptr, 0, true);  // rows from the shipped sums, then catch up
-  if (t->leaf_rank_on()) t->SummarizeAllLeaves();                  // from the shipped pages
-  t->MeanAllLeaves();                                               // likewise
+  t->MeanAllLeaves();                                               // from the shipped pages
   return t;
 }
 

@@ -13,13 +13,10 @@
 namespace icecache::kvstore {
 
 // Version of the kvstore wire forms (SequenceCache metadata and the DciTree form inside it).
-// 2: DciParams field by field, with bf16_parent_search; 3: DciParams gains fov_sqrt, group_fov,
-// centroid_cells, centroid_bonus, score_level1_keys and int8_parent_search, and the tree form carries this version after its
-// magic; 4: DciParams gains leaf_layout; 5: DciParams gains sticky_margin; 6: DciParams gains leaf_rank,
-// leaf_rank_cells, leaf_rank_leaves and leaf_bonus; 7: DciParams gains cell_spread (last), and a tree
-// with CellSpread::kDirectional ships its cell summaries' per-channel sums of squares; 8: DciParams
-// gains refine_passes and refine_candidates (last). Readers accept only their own version.
-inline constexpr uint32_t kKvWireVersion = 8;
+// Readers accept only their own version. Bumped whenever a form changes; what each version added
+// or dropped: docs/kvstore.md, "Known gaps", the wire-version item (9: the DciParams fields of the
+// options in "Tried and not served" dropped).
+inline constexpr uint32_t kKvWireVersion = 9;
 
 class WireWriter {
  public:

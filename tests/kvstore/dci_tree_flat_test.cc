@@ -1,7 +1,6 @@
 // The flat-cost query options of DciTree (DciParams::fov_sqrt, group_fov, centroid_cells,
-// centroid_bonus, cell_spread, score_level1_keys; the Flat() preset): field of view, the group cap, cell
-// ranking by children's mean key and spread, its upkeep through insertions and the wire form, against the
-// exact oracle.
+// centroid_bonus; the Flat() preset): field of view, the group cap, cell ranking by children's mean
+// key and spread, its upkeep through insertions and the wire form, against the exact oracle.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -100,40 +99,6 @@ TEST(DciTreeFlatTest, GroupPathWithFullFieldOfViewReturnsTheOraclesPages) {
   }
 }
 
-TEST(DciTreeFlatTest, SkippingLevel1KeysSkipsExactlyThoseRows) {
-  // score_level1_keys = false: the same cells are expanded (the ranking uses the summaries either
-  // way) and exactly the level-1 rows are not scored; lists are ranked over a subset, so no
-  // head's k-th score can rise.
-  const int dim = 64, n = 12000, nq = 4, k = 12;
-  auto pool = MakePool(dim, 4000, kernels::DType::kBF16);
-  auto data = MakeSyntheticData(n, dim, 2 * nq);
-  const float *kp, *vp;
-  DciParams on = DciParams::Flat(), off = on;
-  off.score_level1_keys = false;
-  auto a = DciTree::Build(on, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
-  auto b = DciTree::Build(off, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
-  const int64_t n1 = a->level_counts()[1];
-  ASSERT_GT(n1, 0);
-  for (int grp = 0; grp < 2; ++grp) {
-    const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
-    std::vector<std::vector<ScoredLeaf>> ga, gb;
-    QueryStats sa, sb;
-    a->QueryGroup(qs, nq, k, &ga, &sa);
-    b->QueryGroup(qs, nq, k, &gb, &sb);
-    EXPECT_EQ(sa.cells_expanded, sb.cells_expanded);
-    EXPECT_EQ(sa.tokens_scored - sb.tokens_scored, n1);
-    for (int j = 0; j < nq; ++j) {
-      ASSERT_EQ(ga[j].size(), gb[j].size());
-      EXPECT_LE(gb[j].back().score, ga[j].back().score);
-    }
-    std::vector<ScoredLeaf> x, y;
-    QueryStats s1, s2;
-    a->Query(qs, k, &x, &s1);
-    b->Query(qs, k, &y, &s2);
-    EXPECT_EQ(s1.tokens_scored - s2.tokens_scored, n1);
-  }
-}
-
 TEST(DciTreeFlatTest, GroupCapBoundsTheExpandedCells) {
   const int dim = 64, n = 20000, nq = 4, k = 12, fov = 10;
   auto pool = MakePool(dim, 6000, kernels::DType::kBF16);
@@ -194,13 +159,11 @@ TEST(DciTreeFlatTest, CentroidRankingFindsTheOraclesPagesWithFewerCells) {
     *cells /= groups;
     return recall / groups;
   };
-  // The cell ranking alone (every leaf of the fov cells scored, no leaf ranking).
+  // The cell ranking alone (every leaf of the fov cells scored).
   DciParams owner = DciParams::Flat();
-  owner.leaf_rank = LeafRank::kOff;
   owner.centroid_cells = false;
   owner.centroid_bonus = 0;
   DciParams centroid = DciParams::Flat();
-  centroid.leaf_rank = LeafRank::kOff;
   centroid.centroid_bonus = 0;
   double c_owner = 0, c_centroid = 0, c_flat = 0, c_tuned = 0;
   const double r_owner = recall_of(owner, &c_owner);
@@ -215,82 +178,49 @@ TEST(DciTreeFlatTest, CentroidRankingFindsTheOraclesPagesWithFewerCells) {
   EXPECT_LE(c_flat, 0.3 * c_tuned);
 }
 
-TEST(DciTreeFlatTest, DirectionalSpreadFindsMoreOfTheOraclesPages) {
-  // CellSpread::kDirectional against kIsotropic (Flat()), the same tree and field of view, one
-  // query head at a time, on the synthetic families where cells mix topics most (many short runs;
-  // large outlier channels): page recall against the exact oracle of the same k.
-  const int dim = 64, n = 16384, k = 12, queries = 48;
-  for (const char* family : {"scattered", "outliers"}) {
-    auto pool = MakePool(dim, n / 16 + 256, kernels::DType::kBF16);
-    auto data = MakeSyntheticData(n, dim, queries, SyntheticFamily(family).value());
-    const float *kp, *vp;
-    auto recall_of = [&](CellSpread spread) {
-      DciParams p = DciParams::Flat();
-      p.cell_spread = spread;
-      auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
-      double recall = 0;
-      std::vector<std::vector<ScoredLeaf>> got(1);
-      for (int j = 0; j < queries; ++j) {
-        const float* q = data.queries.data() + static_cast<size_t>(j) * dim;
-        tree->Query(q, k, &got[0]);
-        recall += PageRecall(*tree, q, 1, k, got);
-      }
-      return recall / queries;
-    };
-    const double iso = recall_of(CellSpread::kIsotropic), dir = recall_of(CellSpread::kDirectional);
-    std::printf("%s: page recall isotropic %.3f, directional %.3f\n", family, iso, dir);
-    EXPECT_GE(dir, iso + 0.01) << family;
-  }
-}
-
 TEST(DciTreeFlatTest, SummariesFollowInsertionsExactly) {
   // Summaries are folded in token order: a tree grown by insertions (caught up by queries between
   // some blocks, not after the last ones) and its wire copy (shipped sums, rows recomputed, the
   // rest folded from the shipped pages) rank cells identically, so their answers are bit-equal.
-  // New level-1 nodes appear (promote_fraction). Both spread measures (kDirectional's per-channel
-  // sums travel on the wire too).
-  for (CellSpread spread : {CellSpread::kIsotropic, CellSpread::kDirectional}) {
-    SCOPED_TRACE(static_cast<int>(spread));
-    const int dim = 64, n0 = 3000, added = 1600, nq = 4, k = 12;
-    auto pool = MakePool(dim, 3000, kernels::DType::kBF16);
-    auto data = MakeSyntheticData(n0 + added, dim, 3 * nq);
-    const float *kp, *vp;
-    DciParams p = DciParams::Flat();
-    p.cell_spread = spread;
-    p.promote_fraction = 0.05;
-    p.fov_min = 8;
-    auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n0, &kp, &vp)).value();
-    std::vector<std::vector<ScoredLeaf>> a, b;
-    const int64_t level1_before = tree->level_counts()[1];
-    for (int off = n0; off < n0 + added; off += 16) {
-      ASSERT_TRUE(tree->Insert(Block(data, off, 16, &kp, &vp)).ok());
-      if (off % 256 == 0 && off < n0 + added - 300) tree->QueryGroup(data.queries.data(), nq, k, &a);  // catch up part of the way
-    }
-    ASSERT_TRUE(tree->CheckInvariants().ok());
-    EXPECT_GT(tree->level_counts()[1], level1_before);
-    auto dst = MakePool(dim, 3000, kernels::DType::kBF16);
-    auto copy = testing::ShipTree(*tree, dst.get());
-    ASSERT_TRUE(copy.ok()) << copy.status().ToString();
-    for (int grp = 0; grp < 3; ++grp) {
-      const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
-      QueryStats sa, sb;
-      tree->QueryGroup(qs, nq, k, &a, &sa);
-      (*copy)->QueryGroup(qs, nq, k, &b, &sb);
-      EXPECT_EQ(sa.cells_expanded, sb.cells_expanded);
-      for (int j = 0; j < nq; ++j) {
-        ASSERT_EQ(a[j].size(), b[j].size());
-        for (size_t i = 0; i < a[j].size(); ++i) {
-          EXPECT_EQ(a[j][i].leaf, b[j][i].leaf);
-          EXPECT_EQ(a[j][i].score, b[j][i].score);
-        }
+  // New level-1 nodes appear (promote_fraction).
+  const int dim = 64, n0 = 3000, added = 1600, nq = 4, k = 12;
+  auto pool = MakePool(dim, 3000, kernels::DType::kBF16);
+  auto data = MakeSyntheticData(n0 + added, dim, 3 * nq);
+  const float *kp, *vp;
+  DciParams p = DciParams::Flat();
+  p.promote_fraction = 0.05;
+  p.fov_min = 8;
+  auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n0, &kp, &vp)).value();
+  std::vector<std::vector<ScoredLeaf>> a, b;
+  const int64_t level1_before = tree->level_counts()[1];
+  for (int off = n0; off < n0 + added; off += 16) {
+    ASSERT_TRUE(tree->Insert(Block(data, off, 16, &kp, &vp)).ok());
+    if (off % 256 == 0 && off < n0 + added - 300) tree->QueryGroup(data.queries.data(), nq, k, &a);  // catch up part of the way
+  }
+  ASSERT_TRUE(tree->CheckInvariants().ok());
+  EXPECT_GT(tree->level_counts()[1], level1_before);
+  auto dst = MakePool(dim, 3000, kernels::DType::kBF16);
+  auto copy = testing::ShipTree(*tree, dst.get());
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  for (int grp = 0; grp < 3; ++grp) {
+    const float* qs = data.queries.data() + static_cast<size_t>(grp) * nq * dim;
+    QueryStats sa, sb;
+    tree->QueryGroup(qs, nq, k, &a, &sa);
+    (*copy)->QueryGroup(qs, nq, k, &b, &sb);
+    EXPECT_EQ(sa.cells_expanded, sb.cells_expanded);
+    for (int j = 0; j < nq; ++j) {
+      ASSERT_EQ(a[j].size(), b[j].size());
+      for (size_t i = 0; i < a[j].size(); ++i) {
+        EXPECT_EQ(a[j][i].leaf, b[j][i].leaf);
+        EXPECT_EQ(a[j][i].score, b[j][i].score);
       }
-      // One head alone (Query) ranks cells the same way.
-      std::vector<ScoredLeaf> x, y;
-      tree->Query(qs, k, &x);
-      (*copy)->Query(qs, k, &y);
-      ASSERT_EQ(x.size(), y.size());
-      for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i].leaf, y[i].leaf);
     }
+    // One head alone (Query) ranks cells the same way.
+    std::vector<ScoredLeaf> x, y;
+    tree->Query(qs, k, &x);
+    (*copy)->Query(qs, k, &y);
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i].leaf, y[i].leaf);
   }
 }
 
@@ -330,8 +260,6 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   p.fov_sqrt = 0.25;
   p.group_fov = 1.5;
   p.centroid_bonus = 0.75;
-  p.score_level1_keys = false;
-  p.cell_spread = CellSpread::kDirectional;
   auto tree = DciTree::Build(p, pool.get(), 1, Block(data, 0, n, &kp, &vp)).value();
   WireWriter w;
   tree->Serialize(&w);
@@ -346,8 +274,6 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
     EXPECT_EQ(q.group_fov, 1.5);
     EXPECT_TRUE(q.centroid_cells);
     EXPECT_EQ(q.centroid_bonus, 0.75);
-    EXPECT_FALSE(q.score_level1_keys);
-    EXPECT_EQ(q.cell_spread, CellSpread::kDirectional);
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
   // Truncated anywhere (the summaries at the end included): an error, never a crash.
@@ -369,6 +295,9 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   // A corrupt flag byte (centroid_cells) is DATA_LOSS.
   WireWriter only;
   SerializeDciParams(p, &only);
+  // 2 int32, 2 doubles, 4 int32, 3 doubles, a flag and a double (centroid), a double, 3 flags,
+  // 2 doubles, the seed and the leaf_layout byte.
+  EXPECT_EQ(only.buffer().size(), 4u * 2 + 8 * 2 + 4 * 4 + 8 * 3 + 1 + 8 + 8 + 3 + 8 * 2 + 8 + 1);
   std::vector<uint8_t> bad = only.buffer();
   const size_t flag_at = 4 * 2 + 8 * 2 + 4 * 4 + 8 * 3;  // num_simple..fov_min, fov_fraction, fov_sqrt, group_fov
   ASSERT_EQ(bad[flag_at], 1);
@@ -376,15 +305,6 @@ TEST(DciTreeFlatTest, WireCarriesTheNewFieldsAndRefusesVersion2) {
   WireReader br(bad.data(), bad.size());
   DciParams back;
   EXPECT_EQ(DeserializeDciParams(&br, &back).code(), StatusCode::kDataLoss);
-  // An unknown cell_spread (the last byte of the params) is DATA_LOSS too.
-  std::vector<uint8_t> spread = only.buffer();
-  const size_t spread_at = spread.size() - 1 - 2 * 4;  // before refine_passes, refine_candidates
-  ASSERT_EQ(spread[spread_at], static_cast<uint8_t>(CellSpread::kDirectional));
-  spread[spread_at] = 2;
-  WireReader sr(spread.data(), spread.size());
-  Status s = DeserializeDciParams(&sr, &back);
-  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
-  EXPECT_NE(s.message().find("cell_spread 2 is unknown"), std::string::npos) << s.ToString();
 }
 
 TEST(DciTreeFlatTest, SequenceWireVersion2IsRefused) {
@@ -402,7 +322,7 @@ TEST(DciTreeFlatTest, SequenceWireVersion2IsRefused) {
   uint32_t version = 0;
   std::memcpy(&version, wire.metadata.data() + 4, 4);
   EXPECT_EQ(version, kKvWireVersion);
-  EXPECT_EQ(kKvWireVersion, 8u);  // 8: DciParams.refine_passes, refine_candidates (kvstore/wire.h)
+  EXPECT_EQ(kKvWireVersion, 9u);  // 9: DciParams without the options no preset served (kvstore/wire.h)
   const uint32_t v2 = 2;
   std::memcpy(wire.metadata.data() + 4, &v2, 4);
   auto r = SequenceCache::Deserialize(wire.metadata.data(), wire.metadata.size(), wire.pages.data(), wire.pages.size(), pool.get());
@@ -415,14 +335,12 @@ TEST(DciTreeFlatTest, ValidateNamesTheNewFields) {
     const char* field;
     DciParams p;
   };
-  DciParams a = DciParams::Flat(), b = a, c = a, d = a, e = a;
+  DciParams a = DciParams::Flat(), b = a, c = a, d = a;
   a.fov_sqrt = -1;
   b.group_fov = -0.5;
   c.group_fov = 1000;
   d.centroid_bonus = NAN;
-  e.cell_spread = static_cast<CellSpread>(5);
-  for (const Case& x : {Case{"fov_sqrt", a}, Case{"group_fov", b}, Case{"group_fov", c}, Case{"centroid_bonus", d},
-                        Case{"cell_spread", e}}) {
+  for (const Case& x : {Case{"fov_sqrt", a}, Case{"group_fov", b}, Case{"group_fov", c}, Case{"centroid_bonus", d}}) {
     Status s = ValidateDciParams(x.p);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << x.field;
     EXPECT_NE(s.message().find(std::string("DciParams.") + x.field), std::string::npos) << s.ToString();
@@ -443,19 +361,6 @@ TEST(DciParamsPresetTest, NamesMapToPresetsAndUnknownIsInvalidArgument) {
   ASSERT_TRUE(flat.ok());
   EXPECT_EQ(flat.value().fov_sqrt, DciParams::Flat().fov_sqrt);
   EXPECT_TRUE(flat.value().centroid_cells);
-  EXPECT_EQ(flat.value().cell_spread, CellSpread::kIsotropic);  // kDirectional: an option (kvstore.md)
-  EXPECT_EQ(DciParams::Tuned().cell_spread, CellSpread::kIsotropic);
-  EXPECT_EQ(DciParams{}.cell_spread, CellSpread::kIsotropic);
-  EXPECT_EQ(CellSpreadNamed("directional").value(), CellSpread::kDirectional);
-  EXPECT_EQ(CellSpreadNamed("isotropic").value(), CellSpread::kIsotropic);
-  EXPECT_EQ(LeafRankNamed("centroid").value(), LeafRank::kCentroid);
-  EXPECT_EQ(LeafRankNamed("off").value(), LeafRank::kOff);
-  EXPECT_EQ(LeafRankNamed("box").value(), LeafRank::kBox);
-  EXPECT_EQ(LeafRankNamed("leaf").status().code(), StatusCode::kInvalidArgument);
-  auto spread = CellSpreadNamed("radial");
-  ASSERT_FALSE(spread.ok());
-  EXPECT_EQ(spread.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(spread.status().message().find("isotropic or directional, got 'radial'"), std::string::npos);
   auto bad = DciParamsPreset("fast");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);

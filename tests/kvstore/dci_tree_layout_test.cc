@@ -208,7 +208,6 @@ TEST(DciTreeLayoutTest, ValidateRefusesAPartialCellScanAndUnknownLayouts) {
   EXPECT_NE(s.message().find("DciParams.leaf_layout"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("cell_score_fraction"), std::string::npos) << s.ToString();
   p.leaf_layout = LeafLayout::kProjection;
-  p.leaf_rank = LeafRank::kOff;  // leaf ranking also needs whole cells
   EXPECT_TRUE(ValidateDciParams(p).ok());
   p = DciParams::Flat();
   p.leaf_layout = static_cast<LeafLayout>(9);
@@ -238,13 +237,11 @@ TEST(DciTreeLayoutTest, WireCarriesTheLayoutAndRefusesAnUnknownOne) {
     }
     (*copy)->DetachPages();  // the pages stay with `tree`
   }
-  // The layout is the byte before sticky_margin (a double, then the leaf_rank byte, three
-  // doubles, the cell_spread byte and the two refine int32s, last) in the params' wire form: an
-  // unknown value is DATA_LOSS.
+  // The layout is the last byte of the params' wire form: an unknown value is DATA_LOSS.
   WireWriter only;
   SerializeDciParams(DciParams::Flat(), &only);
   std::vector<uint8_t> bad = only.buffer();
-  const size_t layout_at = bad.size() - 1 - sizeof(double) - (1 + 3 * sizeof(double)) - 1 - 2 * sizeof(int32_t);
+  const size_t layout_at = bad.size() - 1;
   ASSERT_EQ(bad[layout_at], 1);
   bad[layout_at] = 2;
   WireReader br(bad.data(), bad.size());

@@ -43,30 +43,6 @@ inline std::unique_ptr<PagePool> MakePool(int dim, int64_t pages, kernels::DType
   return PagePool::Create(o).value();
 }
 
-// Keys and values of n tokens of head_dim `dim` (rows of fp32, k and v [n, dim]), handed to
-// DciTree::Build / Insert as one-payload TokenBlocks.
-struct KeyRows {
-  int n = 0, dim = 0;
-  std::vector<float> k, v;
-  const float* kp = nullptr;
-  const float* vp = nullptr;
-  TokenBlock Block(int first, int count) {
-    kp = k.data() + static_cast<size_t>(first) * dim;
-    vp = v.data() + static_cast<size_t>(first) * dim;
-    return TokenBlock{first, count, &kp, &vp, static_cast<size_t>(dim)};
-  }
-};
-
-// p through SerializeDciParams and back through DeserializeDciParams (its error, if any).
-inline StatusOr<DciParams> ParamsOverTheWire(const DciParams& p) {
-  WireWriter w;
-  SerializeDciParams(p, &w);
-  WireReader r(w.buffer().data(), w.buffer().size());
-  DciParams back;
-  ICE_RETURN_IF_ERROR(DeserializeDciParams(&r, &back));
-  return back;
-}
-
 // `tree` as another worker receives it: its pages' bytes copied into new pages of `dst` (same
 // geometry) and its wire form deserialized over them. INTERNAL when the form is not read to its
 // end or leaves pages unused. The new pages are not freed on an error (a test's pool dies with it).
