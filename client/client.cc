@@ -50,6 +50,7 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
   for (const auto& s : o.stop) req.add_stop(s);
   req.mutable_stop_token_ids()->Add(o.stop_ids.begin(), o.stop_ids.end());
   req.set_ignore_eos(o.ignore_eos);
+  if (!o.cache_salt.empty()) req.set_cache_salt(o.cache_salt);
   if (o.budget_pages == 0) {
     req.mutable_cache()->set_full(true);
   } else if (o.budget_pages > 0) {
@@ -79,6 +80,7 @@ Status RunRemoteGenerate(const RemoteGenerateOptions& o, const std::function<boo
       }
       c.prompt_tokens = r.usage().prompt_tokens();
       c.completion_tokens = r.usage().completion_tokens();
+      c.cached_tokens = r.usage().cached_tokens();
       c.ttft_seconds = r.timing().ttft_seconds();
       c.tpot_seconds = r.timing().tpot_seconds();
       c.e2e_seconds = r.timing().e2e_seconds();
@@ -123,10 +125,10 @@ int PrintRemoteGeneration(const RemoteGenerateOptions& options, bool print_ids) 
   }
   std::printf("\n");
   std::fprintf(stderr,
-               "[%d prompt tokens, %d generated, finish: %s; TTFT %.3f s (prefill %.3f, tree %.3f, transfer %.3f), "
+               "[%d prompt tokens (%d cached), %d generated, finish: %s; TTFT %.3f s (prefill %.3f, tree %.3f, transfer %.3f), "
                "TPOT %.2f ms, %lld pages fetched; KV %.2f MiB shipped to the decode worker's host store; "
                "decode worker %s]\n",
-               last.prompt_tokens, last.completion_tokens, last.finish_reason.c_str(), last.ttft_seconds,
+               last.prompt_tokens, last.cached_tokens, last.completion_tokens, last.finish_reason.c_str(), last.ttft_seconds,
                last.prefill_compute_seconds, last.tree_build_seconds, last.transfer_seconds, last.tpot_seconds * 1e3,
                static_cast<long long>(last.pages_fetched), static_cast<double>(last.transfer_bytes) / (1 << 20),
                worker.c_str());

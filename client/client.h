@@ -31,6 +31,7 @@ struct RemoteGenerateOptions {
   std::string api_key;                  // sent as metadata "authorization: Bearer KEY"; empty = none
   std::string tls_ca_file;              // TLS to the router, its certificate verified against this
                                         // PEM CA (router.tls_cert_file); empty = plaintext
+  std::string cache_salt;               // KV reuse isolation (GenerateRequest.cache_salt)
   bool chat = false;                    // send `prompt` as one user message: the router applies
                                         // the model's chat template (FAILED_PRECONDITION without one)
 };
@@ -43,6 +44,7 @@ struct RemoteChunk {
   std::string finish_reason;     // "length", "eos", "stop"
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;         // prompt tokens whose KV was reused (usage.cached_tokens)
   double ttft_seconds = 0, tpot_seconds = 0, e2e_seconds = 0;
   double prefill_compute_seconds = 0, tree_build_seconds = 0, transfer_seconds = 0;
   int64_t pages_fetched = 0;

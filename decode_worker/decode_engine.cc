@@ -63,8 +63,15 @@ struct DecodeEngine::Reservation {
   Clock::time_point created;
   std::chrono::duration<double> prefill_wait{0};  // how long to wait for the prefill's start notice
   bool started = false;
-  // Filled by the transport's sink on its progress thread; read after Wait() returns.
+  // Filled by the transport's sink on its progress thread; read after Wait() returns (null for a
+  // reused prefix: nothing is shipped).
   std::unique_ptr<transport::KvReceiver> kv;
+  // The prefix cache (PrefixRequest): the sequence's tokens and salt, and the retained entry it
+  // reuses (pinned until Start takes or copies it, or the reservation is dropped).
+  std::vector<int32_t> tokens;
+  std::string salt;
+  RetainedPrefix* reuse = nullptr;  // guarded by mu_
+  int64_t reuse_tokens = 0;
 };
 
 struct DecodeEngine::Running {
@@ -80,6 +87,14 @@ struct DecodeEngine::Running {
   size_t prior = 0;                // how many of them are prior_tokens (not counted by max_tokens)
   int32_t last = -1;               // next input token
   std::shared_ptr<TokenStream> stream;
+  // The prefix cache: the tokens whose KV the sequence holds (empty: not retained when it ends),
+  // its salt and whether it has trees; the uncached tokens of a reused prefix still to feed
+  // (feed[fed] is the next input while fed < feed.size()), and the mode to go back to after them.
+  std::vector<int32_t> kv_tokens;
+  std::string salt;
+  bool indexed = false;
+  std::vector<int32_t> feed;
+  size_t fed = 0;
 };
 
 DecodeEngine::DecodeEngine(model::LanguageModel* lm, model::Model* model, model::TpGroup* group,
@@ -144,6 +159,7 @@ StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Init(std::unique_ptr<Decod
     ICE_RETURN_IF_ERROR(kernels::UseDevice(device));
     ICE_ASSIGN_OR_RETURN(e->backend_, e->group_->WrapBackends(std::move(ranks)));
   }
+  e->prefixes_ = std::make_unique<PrefixCache>(options.page_size);
   e->device_cache_stats_ = e->CacheStats();
   e->heartbeat_ns_ = Clock::now().time_since_epoch().count();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
@@ -191,7 +207,7 @@ int64_t DecodeEngine::PagesNeeded(int prompt_tokens, int max_tokens, int budget_
 }
 
 StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int budget_pages,
-                                          double prefill_wait_seconds) {
+                                          double prefill_wait_seconds, const PrefixRequest* prefix) {
   if (prompt_tokens < 1 || max_tokens < 1) return InvalidArgumentError("prompt_tokens and max_tokens must be >= 1");
   const int64_t tokens = static_cast<int64_t>(prompt_tokens) + max_tokens;
   const int64_t need = PagesNeeded(prompt_tokens, max_tokens, budget_pages);
@@ -206,7 +222,12 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
     return ResourceExhaustedError("decode worker is at its limit of " + std::to_string(options_.max_sequences) +
                                   " sequences");
   }
-  if (committed_pages_ + need > pool_->capacity_pages()) {
+  // Retained prefixes give their pages back before anyone is refused.
+  const int64_t retained = prefixes_->stats().pages;
+  if (committed_pages_ + need + retained > pool_->capacity_pages()) {
+    prefixes_->Evict(committed_pages_ + need + retained - pool_->capacity_pages());
+  }
+  if (committed_pages_ + need + prefixes_->stats().pages > pool_->capacity_pages()) {
     return ResourceExhaustedError("decode worker KV pool cannot hold " + std::to_string(tokens) + " tokens (" +
                                   std::to_string(need) + " pages needed, " +
                                   std::to_string(pool_->capacity_pages() - committed_pages_) + " uncommitted of " +
@@ -224,16 +245,33 @@ StatusOr<Admission> DecodeEngine::Reserve(int prompt_tokens, int max_tokens, int
   r->created = Clock::now();
   r->prefill_wait = std::chrono::duration<double>(
       prefill_wait_seconds > 0 ? prefill_wait_seconds : options_.reservation_timeout_seconds);
-  // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
-  // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
-  r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
-  Status expect = transport_->ExpectScatter(r->id, token, r->kv->Sink());
-  if (!expect.ok()) return expect;
+  if (prefix != nullptr && !prefix->tokens.empty() && options_.prefix_cache && ranks_.size() == 1 &&
+      static_cast<int>(prefix->tokens.size()) == prompt_tokens) {
+    r->tokens = prefix->tokens;
+    r->salt = prefix->salt;
+    ++prefix_lookups_;
+    // At least the last token is computed here: its logits give output token 1.
+    const std::span<const int32_t> lookup(prefix->tokens.data(), prefix->tokens.size() - 1);
+    const PrefixMatch m = prefixes_->Find(r->salt, lookup, /*indexed=*/budget_pages != 0);
+    const int64_t uncached = static_cast<int64_t>(prefix->tokens.size()) - m.tokens;
+    if (m.entry != nullptr && m.tokens >= options_.page_size && uncached <= prefix->local_max_tokens) {
+      prefixes_->Pin(m.entry);
+      r->reuse = m.entry;
+      r->reuse_tokens = m.tokens;
+    }
+  }
+  if (r->reuse == nullptr) {
+    // The sink runs on the transport's progress thread; `r` stays alive until Drop, which happens
+    // only after the transfer has ended (Wait returned), so no lock is needed for its buffers.
+    r->kv = std::make_unique<transport::KvReceiver>(pool_.get(), token);
+    Status expect = transport_->ExpectScatter(r->id, token, r->kv->Sink());
+    if (!expect.ok()) return expect;
+  }
   committed_pages_ += need;
   ++reservations_;
   reserved_[r->id] = r;
   tokens_[r->id] = token;
-  return Admission{r->id, std::move(token)};
+  return Admission{r->id, std::move(token), r->reuse_tokens};
 }
 
 void DecodeEngine::Drop(uint64_t id) {
@@ -246,14 +284,22 @@ void DecodeEngine::Drop(uint64_t id) {
     reserved_.erase(it);
     tokens_.erase(id);
     committed_pages_ -= r->committed_pages;
+    if (r->reuse != nullptr) prefixes_->Unpin(r->reuse);
+    r->reuse = nullptr;
   }
-  r->kv->Release();
+  if (r->kv) r->kv->Release();
 }
 
 Status DecodeEngine::CheckParams(const Reservation& r, const DecodeParams& params) const {
   ICE_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
   const int vocab = lm_->config().vocab_size;
-  if (params.first_token < 0 || params.first_token >= vocab) {
+  if (r.reuse != nullptr) {
+    if (params.first_token != -1 || !params.prior_tokens.empty() || params.sampler_draws_done != 0) {
+      return InvalidArgumentError("sequence " + std::to_string(r.id) +
+                                  " reuses a retained prefix: its first token is computed here (first_token -1, "
+                                  "no prior tokens)");
+    }
+  } else if (params.first_token < 0 || params.first_token >= vocab) {
     return InvalidArgumentError("first_token " + std::to_string(params.first_token) + " is outside the vocabulary [0, " +
                                 std::to_string(vocab) + ")");
   }
@@ -299,17 +345,35 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
     DropClaimed(id);
     return bad_params;
   }
-  Status arrived = transport_->Wait(id, kv_deadline);
-  if (!arrived.ok()) {
-    Drop(id);
-    return arrived.WithContext("waiting for the prefilled KV cache");
-  }
-  auto cache = r->kv->Import();
-  if (!cache.ok()) {
-    Drop(id);
-    return cache.status().WithContext("shipped KV cache");
+  StatusOr<std::unique_ptr<kvstore::SequenceCache>> cache{std::unique_ptr<kvstore::SequenceCache>()};
+  if (r->reuse != nullptr) {
+    cache = ReusedCache(*r);
+    if (!cache.ok()) {
+      Drop(id);
+      return cache.status().WithContext("reused prefix");
+    }
+  } else {
+    Status arrived = transport_->Wait(id, kv_deadline);
+    if (!arrived.ok()) {
+      Drop(id);
+      return arrived.WithContext("waiting for the prefilled KV cache");
+    }
+    cache = r->kv->Import();
+    if (!cache.ok()) {
+      Drop(id);
+      return cache.status().WithContext("shipped KV cache");
+    }
   }
   auto run = std::make_unique<Running>();
+  if (!r->tokens.empty()) {
+    run->kv_tokens = r->tokens;
+    run->salt = r->salt;
+    run->indexed = r->budget_pages != 0;
+    if (r->reuse_tokens > 0) {
+      run->kv_tokens.resize(static_cast<size_t>(r->reuse_tokens));
+      run->feed.assign(r->tokens.begin() + r->reuse_tokens, r->tokens.end());
+    }
+  }
   run->id = id;
   run->cache = std::move(*cache);
   run->budget_pages = r->budget_pages;
@@ -326,8 +390,13 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
                      lm_->config().max_position);
   run->generated = params.prior_tokens;
   run->prior = params.prior_tokens.size();
-  run->generated.push_back(params.first_token);
-  run->last = params.first_token;
+  if (run->feed.empty()) {
+    run->generated.push_back(params.first_token);
+    run->last = params.first_token;
+  } else {
+    run->last = run->feed[0];
+    run->fed = 1;
+  }
   run->stream = std::make_shared<TokenStream>();
   auto stream = run->stream;
   {
@@ -340,6 +409,44 @@ StatusOr<std::shared_ptr<TokenStream>> DecodeEngine::Start(uint64_t id, std::str
   }
   cv_.notify_all();
   return stream;
+}
+
+StatusOr<std::unique_ptr<kvstore::SequenceCache>> DecodeEngine::ReusedCache(Reservation& r) {
+  RetainedPrefix* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    e = r.reuse;
+    // The whole retained sequence, held by no other reservation: it becomes this one's.
+    if (e->pins == 1 && r.reuse_tokens == static_cast<int64_t>(e->tokens.size())) {
+      r.reuse = nullptr;
+      ++prefix_hits_;
+      prefix_reused_tokens_ += r.reuse_tokens;
+      return prefixes_->Take(e);
+    }
+  }
+  // Shared with others, or longer than what this request shares: a copy of the shared prefix
+  // (the entry is pinned, so it stays while it is read; const reads of a cache may run
+  // concurrently with the engine thread's).
+  auto copy = e->cache->ClonePrefix(r.reuse_tokens);
+  std::lock_guard<std::mutex> lock(mu_);
+  prefixes_->Unpin(e);
+  r.reuse = nullptr;
+  if (copy.ok()) {
+    ++prefix_hits_;
+    prefix_reused_tokens_ += r.reuse_tokens;
+  }
+  return copy;
+}
+
+bool DecodeEngine::Retain(Running& r) {
+  if (r.kv_tokens.empty() || !options_.prefix_cache || ranks_.size() != 1 || !backend_->HasSequence(r.id)) return false;
+  auto len = backend_->SequenceLength(r.id);
+  if (!len.ok() || *len != static_cast<int64_t>(r.kv_tokens.size()) || *len < options_.page_size) return false;
+  auto cache = ranks_[0]->ReleaseSequence(r.id);
+  if (!cache.ok()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  prefixes_->Add(std::move(r.salt), std::move(r.kv_tokens), std::move(*cache), r.indexed);
+  return true;
 }
 
 void DecodeEngine::DropClaimed(uint64_t id) {
@@ -425,6 +532,14 @@ DecodeEngineStats DecodeEngine::stats() const {
   s.pages_fetched = pages_fetched_;
   s.retrieval_seconds = retrieval_seconds_;
   s.device_cache = device_cache_stats_;
+  const PrefixCacheStats p = prefixes_->stats();
+  s.retained_pages = p.pages;
+  s.retained_entries = p.entries;
+  s.prefix_evictions = p.evictions;
+  s.prefix_lookups = prefix_lookups_;
+  s.prefix_hits = prefix_hits_;
+  s.prefix_reused_tokens = prefix_reused_tokens_;
+  s.prefix_computed_tokens = prefix_computed_tokens_;
   if (group_ != nullptr) {
     for (int r = 0; r < group_->size(); ++r) s.device_weight_bytes += group_->rank(r).device_weight_bytes();
   } else {
@@ -476,7 +591,16 @@ void DecodeEngine::Finish(Running& r, model::FinishReason reason, const Status& 
       last.pages_fetched = st->pages_fetched;
       last.retrieval_seconds = st->retrieval_seconds;
     }
-    backend_->RemoveSequence(r.id).IgnoreError();
+    // A sequence that finished, or that its client cancelled, holds valid KV for its tokens;
+    // one that failed, or that a drain or shutdown ends, does not stay.
+    const bool intact = (status.ok() && reason != model::FinishReason::kNone && r.feed.size() <= r.fed) ||
+                        status.code() == StatusCode::kCancelled;
+    bool keep = false;
+    if (intact) {
+      std::lock_guard<std::mutex> lock(mu_);
+      keep = !stop_ && !draining_ && !fail_all_;
+    }
+    if (!(keep && Retain(r))) backend_->RemoveSequence(r.id).IgnoreError();
   }
   r.cache.reset();
   {
@@ -522,6 +646,14 @@ void DecodeEngine::Loop() {
       }
       running_[id] = std::move(r);
       Running& run = *running_[id];
+      if (!run.feed.empty()) {
+        // The uncached tokens of a reused prefix attend exactly (kFull) until the last is fed.
+        if (Status full = ranks_[0]->SetMode(id, kvstore::RetrievalMode::kFull); !full.ok()) {
+          Finish(run, model::FinishReason::kNone, full);
+          running_.erase(id);
+        }
+        continue;
+      }
       // The first token came from prefill: it may already end the sequence.
       auto len = backend_->SequenceLength(id);
       const model::FinishReason first = run.stops->After(run.last, 1, len.ok() ? *len + 1 : 0);
@@ -583,6 +715,7 @@ void DecodeEngine::Step() {
   std::vector<uint64_t> finished;
   const size_t vocab = static_cast<size_t>(lm_->config().vocab_size);
   int64_t produced = 0;
+  int64_t computed = 0;  // uncached tokens of reused prefixes fed this step
   for (size_t i = 0; i < order.size(); ++i) {
     Running& r = *order[i];
     Status seq_status = st.ok() ? SeqError(r.id) : st;
@@ -590,6 +723,20 @@ void DecodeEngine::Step() {
       Finish(r, model::FinishReason::kNone, seq_status);
       finished.push_back(r.id);
       continue;
+    }
+    if (!r.kv_tokens.empty()) r.kv_tokens.push_back(r.last);  // its KV is in the cache now
+    if (r.fed > 0 && r.fed <= r.feed.size()) {
+      ++computed;
+      if (r.fed < r.feed.size()) {
+        r.last = r.feed[r.fed++];  // no token is sampled until the last one is fed
+        continue;
+      }
+      r.fed = r.feed.size() + 1;  // fed: output token 1 is sampled from these logits
+      if (Status back = ranks_[0]->SetMode(r.id, kvstore::RetrievalMode::kSparse); !back.ok()) {
+        Finish(r, model::FinishReason::kNone, back);
+        finished.push_back(r.id);
+        continue;
+      }
     }
     // The decode worker's context is the generated tokens (a migrated stream's earlier ones,
     // then first_token onwards): the penalties all count over those.
@@ -618,6 +765,7 @@ void DecodeEngine::Step() {
   for (uint64_t id : finished) running_.erase(id);
   std::lock_guard<std::mutex> lock(mu_);
   tokens_generated_ += produced;
+  prefix_computed_tokens_ += computed;
   device_cache_stats_ = CacheStats();
 }
 

@@ -5,13 +5,25 @@
 //
 // Life of a sequence: Reserve -> (prefill worker ships KV: transfer id = sequence id) ->
 // Start (waits for the KV, imports it, joins the batch) -> tokens ... -> finished, cancelled or
-// failed; its pages are freed at that moment. Release() drops a reservation that will not be
+// failed; its pages are freed at that moment, or, with a prefix cache (options.prefix_cache and a
+// Reserve that gave the sequence's tokens), a sequence that finished or was cancelled is kept as
+// a retained prefix (decode_worker/prefix_cache.h: its pages, trees and tokens).
+//
+// KV reuse: a Reserve whose tokens start with a retained prefix of at least one page, leaving at
+// most `local_max_tokens` uncached, reuses it (Admission::cached_tokens > 0) and needs no prefill
+// worker: Start takes the retained sequence (or copies the shared prefix, the copy-on-write rule
+// of prefix_cache.h) and the engine feeds the uncached tokens through decode steps, one per step
+// and with full attention (so they attend exactly over the prefix while their keys join the
+// trees by insertion), then samples output token 1 from the last one's logits. At least the last
+// token is always computed: a request whose tokens are all cached reuses all but the last. Release() drops a reservation that will not be
 // started; reservations not started within reservation_timeout_seconds are dropped too. A Start()
 // whose parameters are refused frees the reservation at once.
 //
 // Page accounting: each reservation commits an estimate of the pages the sequence can need
-// (prompt + max_tokens in every (layer, kv head), plus tree slack); admission fails with
-// RESOURCE_EXHAUSTED when the estimate does not fit the uncommitted pages.
+// (prompt + max_tokens in every (layer, kv head), plus tree slack); retained prefixes hold pages
+// outside any commitment, and admission evicts them (least recently used first, never one a
+// reservation holds) before it fails with RESOURCE_EXHAUSTED because the estimate does not fit
+// the uncommitted pages.
 //
 // Isolation: an error of one sequence (bad input token, no context left, a failure in its KV
 // backend) ends that sequence's stream alone; the rest of the batch keeps decoding.
@@ -47,6 +59,7 @@
 #include <vector>
 
 #include "decode_worker/icecache_backend.h"
+#include "decode_worker/prefix_cache.h"
 #include "kvstore/page_pool.h"
 #include "model/generator.h"
 #include "model/model.h"
@@ -67,6 +80,9 @@ struct DecodeEngineOptions {
   // Merge the estimate of the tree leaves a step leaves out (kvstore::RetrievalPolicy::estimate_rest).
   bool rest_estimate = kvstore::RetrievalPolicy{}.estimate_rest;
   int rest_cells = kvstore::RetrievalPolicy{}.rest_cells;  // its resolution (RetrievalPolicy::rest_cells)
+  // Keep finished sequences as retained prefixes for KV reuse (decode.prefix_cache). With more
+  // than one tensor-parallel rank nothing is retained (not supported yet).
+  bool prefix_cache = true;
   // Called on the engine thread after each decode step with every rank's seconds in it: its
   // whole Forward and its collectives (only with a TpGroup of more than one rank).
   std::function<void(const model::RankStepTimes&)> rank_times_observer;
@@ -77,10 +93,23 @@ struct DecodeEngineOptions {
 struct Admission {
   uint64_t id = 0;
   std::string token;
+  // > 0: the sequence reuses a retained prefix of this many tokens; no KV is shipped to it, and
+  // Start needs DecodeParams::first_token = -1 (the engine computes the rest and samples it).
+  int64_t cached_tokens = 0;
+};
+
+// What a reservation tells the prefix cache: the sequence's tokens (the prompt: every token whose
+// KV the prefill would compute), the isolation salt (requests of different salts never share),
+// and how many uncached tokens the decode worker may compute itself (more: no reuse, the prefill
+// worker computes the prompt). Empty tokens: the sequence is neither reused nor retained.
+struct PrefixRequest {
+  std::vector<int32_t> tokens;
+  std::string salt;
+  int local_max_tokens = 0;
 };
 
 struct DecodeParams {
-  int32_t first_token = -1;        // from prefill; output token 1
+  int32_t first_token = -1;        // from prefill; output token 1 (-1 with a reused prefix: sampled here)
   model::SamplingParams sampling;  // temperature/top_k/top_p/seed, max_tokens, stop_ids, ignore_eos
   // Random draws the sampler skips before its first (Sampler::SkipDraws): for a sequence migrated
   // here, the tokens sampled on the decode workers before. >= 0.
@@ -127,6 +156,16 @@ struct DecodeEngineStats {
   int64_t pages_fetched = 0;         // cumulative, sparse layers
   double retrieval_seconds = 0.0;    // cumulative
   DevicePageCacheStats device_cache;  // cumulative counters; slots/bytes of the cache
+  // The prefix cache: retained entries and their pages (counted in used_pages too), evictions,
+  // and cumulative lookups (reservations that gave tokens), hits (reused a prefix), reused tokens
+  // and tokens computed here for reused prefixes.
+  int64_t retained_pages = 0;
+  int64_t retained_entries = 0;
+  int64_t prefix_evictions = 0;
+  int64_t prefix_lookups = 0;
+  int64_t prefix_hits = 0;
+  int64_t prefix_reused_tokens = 0;
+  int64_t prefix_computed_tokens = 0;
   int64_t device_weight_bytes = 0;    // the model's weights in device memory
 };
 
@@ -149,7 +188,9 @@ class DecodeEngine {
   // prefill started (the prefill worker's start notice, transport/kv_shipping.h), so time spent
   // in a prefill queue does not count; before the notice, after prefill_wait_seconds from now
   // (<= 0: reservation_timeout_seconds from now).
-  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages, double prefill_wait_seconds = 0);
+  // `prefix` (optional): the KV reuse above.
+  StatusOr<Admission> Reserve(int prompt_tokens, int max_tokens, int budget_pages, double prefill_wait_seconds = 0,
+                              const PrefixRequest* prefix = nullptr);
   // The admission estimate Reserve commits for such a sequence; more than pool().capacity_pages()
   // means it can never be admitted here.
   int64_t PagesNeeded(int prompt_tokens, int max_tokens, int budget_pages) const;
@@ -208,6 +249,11 @@ class DecodeEngine {
   // to end and drops it.
   void DropClaimed(uint64_t id);
   Status CheckParams(const Reservation& r, const DecodeParams& params) const;  // REQUIRES: mu_ held
+  // Keeps a sequence that ended as a retained prefix when it can (engine thread, before Finish
+  // frees it); returns whether it did.
+  bool Retain(Running& r);
+  // The cache of a reused prefix for reservation `r` (taken or copied); unpins the entry.
+  StatusOr<std::unique_ptr<kvstore::SequenceCache>> ReusedCache(Reservation& r);
   // Per-sequence preconditions of the next forward pass (input token, context room).
   Status CheckStepInput(const Running& r) const;
   void ExpireReservations();
@@ -234,6 +280,9 @@ class DecodeEngine {
   std::vector<uint64_t> cancel_requests_;                      // guarded by mu_
   std::optional<Status> fail_all_;                             // guarded by mu_ (FailAll)
   int64_t committed_pages_ = 0;                                // guarded by mu_
+  std::unique_ptr<PrefixCache> prefixes_;                      // guarded by mu_
+  int64_t prefix_lookups_ = 0, prefix_hits_ = 0;               // guarded by mu_
+  int64_t prefix_reused_tokens_ = 0, prefix_computed_tokens_ = 0;  // guarded by mu_
   int decoding_ = 0;                                           // guarded by mu_
   int64_t reservations_ = 0;                                   // guarded by mu_
   int64_t tokens_generated_ = 0;                               // guarded by mu_

@@ -69,7 +69,18 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     int budget = BudgetOf(req->cache(), config_.cache.default_budget_pages);
     // Bounded: a reservation waits for its prefill at most a day, whatever the router asks.
     const double wait = std::isfinite(req->prefill_wait_seconds()) ? std::min(req->prefill_wait_seconds(), 86400.0) : 0.0;
-    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget, wait);
+    PrefixRequest prefix;
+    if (req->prompt_token_ids_size() > 0) {
+      if (req->prompt_token_ids_size() != req->prompt_tokens()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "prompt_token_ids has " + std::to_string(req->prompt_token_ids_size()) +
+                                " ids for prompt_tokens " + std::to_string(req->prompt_tokens()));
+      }
+      prefix.tokens.assign(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
+      prefix.salt = req->cache_salt();
+      prefix.local_max_tokens = req->local_prefill_max_tokens();
+    }
+    auto admitted = engine_->Reserve(req->prompt_tokens(), req->max_tokens(), budget, wait, &prefix);
     if (!admitted.ok()) {
       // Tells the router not to queue a request that no amount of waiting lets in here.
       if (admitted.status().code() == StatusCode::kResourceExhausted &&
@@ -82,6 +93,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     resp->set_reservation_token(admitted->token);
     resp->set_transport_address(engine_->transport_address());
     resp->set_kv_protocol_version(transport::KvProtocolVersion());
+    resp->set_cached_tokens(static_cast<int32_t>(admitted->cached_tokens));
     return grpc::Status::OK;
   }
 
@@ -210,8 +222,19 @@ struct DecodeServer::Impl {
 
   void UpdateMetrics(DecodeEngineStats& last, transport::TransportStats& last_transport) {
     DecodeEngineStats s = engine->stats();
-    metrics->kv_host_bytes.Set(static_cast<double>(s.used_pages * s.page_bytes));
-    metrics->kv_usage.Set(s.total_pages ? static_cast<double>(s.used_pages) / s.total_pages : 0.0);
+    // In use by sequences; retained prefixes are evictable, so they count as free (as vLLM's
+    // cache usage counts cached free blocks) and have their own gauge.
+    const int64_t live = s.used_pages - s.retained_pages;
+    metrics->kv_host_bytes.Set(static_cast<double>(live * s.page_bytes));
+    metrics->kv_usage.Set(s.total_pages ? static_cast<double>(live) / s.total_pages : 0.0);
+    metrics->kv_retained_bytes.Set(static_cast<double>(s.retained_pages * s.page_bytes));
+    metrics->prefix_entries.Set(static_cast<double>(s.retained_entries));
+    metrics->prefix_evictions.Increment(static_cast<double>(s.prefix_evictions - last.prefix_evictions));
+    metrics->prefix_lookups.Increment(static_cast<double>(s.prefix_lookups - last.prefix_lookups));
+    metrics->prefix_hits.Increment(static_cast<double>(s.prefix_hits - last.prefix_hits));
+    metrics->prefix_reused_tokens.Increment(static_cast<double>(s.prefix_reused_tokens - last.prefix_reused_tokens));
+    metrics->prefix_computed_tokens.Increment(
+        static_cast<double>(s.prefix_computed_tokens - last.prefix_computed_tokens));
     metrics->running.Set(s.active_sequences);
     metrics->generation_tokens.Increment(static_cast<double>(s.tokens_generated - last.tokens_generated));
     metrics->pages_fetched.Increment(static_cast<double>(s.pages_fetched - last.pages_fetched));
@@ -255,6 +278,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const cluster::Clust
   eo.device_cache_pages = static_cast<int>(config.cache.device_cache_pages);
   eo.rest_estimate = config.cache.rest_estimate;
   eo.rest_cells = config.cache.rest_cells;
+  eo.prefix_cache = config.decode.prefix_cache;
   if (eo.device_cache_pages == 0 && !kernels::MemoryIsHost(impl->lm->device().backend)) {
     eo.device_cache_pages = static_cast<int>(std::min<int64_t>(config.decode.pool_pages, 65536));
   }

@@ -102,6 +102,29 @@ Status IceCacheBackend::RemoveSequence(SequenceId id) {
   return Status::Ok();
 }
 
+StatusOr<std::unique_ptr<kvstore::SequenceCache>> IceCacheBackend::ReleaseSequence(SequenceId id) {
+  if (in_step_) return FailedPreconditionError("ReleaseSequence during a step");
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return NotFoundError("sequence " + std::to_string(id) + " not found");
+  if (!it->second.error.ok()) return FailedPreconditionError("sequence " + std::to_string(id) + " is broken");
+  InvalidateAll(it->second);  // the device copies are not kept with a retained sequence
+  std::unique_ptr<kvstore::SequenceCache> cache = std::move(it->second.cache);
+  seqs_.erase(it);
+  return cache;
+}
+
+Status IceCacheBackend::SetMode(SequenceId id, kvstore::RetrievalMode mode) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return NotFoundError("sequence " + std::to_string(id) + " not found");
+  const kvstore::SequenceCache& c = *it->second.cache;
+  const bool sparse = c.options().dense_layers < c.options().num_layers;
+  if (sparse && mode != kvstore::RetrievalMode::kFull && c.token_order() != (mode == kvstore::RetrievalMode::kQuest)) {
+    return InvalidArgumentError("retrieval mode does not match the sequence's layout");
+  }
+  it->second.policy.mode = mode;
+  return Status::Ok();
+}
+
 StatusOr<int> IceCacheBackend::SequenceLength(SequenceId id) const {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return NotFoundError("sequence " + std::to_string(id) + " not found");

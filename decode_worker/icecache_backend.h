@@ -110,6 +110,15 @@ class IceCacheBackend final : public model::AttentionBackend {
     return Import(id, std::move(cache), p);
   }
 
+  // Removes sequence `id` and hands back its cache, pages and trees intact (a finished sequence
+  // kept as a retained prefix, decode_worker/prefix_cache.h). NOT_FOUND for an unknown id,
+  // FAILED_PRECONDITION during a step or for a sequence broken by a failed append.
+  StatusOr<std::unique_ptr<kvstore::SequenceCache>> ReleaseSequence(model::SequenceId id);
+  // Switches the retrieval mode of sequence `id` from its next step on (kFull while the decode
+  // worker computes the uncached tail of a reused prefix, so those tokens attend exactly, then
+  // back to the policy's). INVALID_ARGUMENT as Import for a mode the cache's layout cannot serve.
+  Status SetMode(model::SequenceId id, kvstore::RetrievalMode mode);
+
   // AddSequence is not supported (FAILED_PRECONDITION): sequences come from Import.
   Status AddSequence(model::SequenceId id) override;
   Status RemoveSequence(model::SequenceId id) override;

@@ -152,6 +152,13 @@ class SequenceCache {
   // FAILED_PRECONDITION as Serialize (a broken cache, the token-order layout) and in the middle
   // of a layered build.
   StatusOr<std::unique_ptr<SequenceCache>> Clone() const;
+  // An independent cache of positions [0, n) only, in the same pool: their K/V read back from
+  // the pages (exact: the pool's dtype round-trips through fp32) and built anew, trees included,
+  // as a prefill of those n tokens would build them (Build). A retained sequence's prefix shared
+  // by a request that diverges after it (decode_worker/prefix_cache.h). n == num_tokens() is
+  // Clone(). INVALID_ARGUMENT for n outside [1, num_tokens()]; RESOURCE_EXHAUSTED when the pool
+  // lacks the pages; FAILED_PRECONDITION as Clone.
+  StatusOr<std::unique_ptr<SequenceCache>> ClonePrefix(int64_t n, ThreadPool* threads = nullptr) const;
 
   // Wire form (see SequenceWire). Pages listed per (layer, head): sink, window, dense, tree.
   StatusOr<SequenceWire> Serialize() const;

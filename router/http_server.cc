@@ -102,6 +102,7 @@ class StreamSink final : public ResponseSink {
     first_[index] = false;
     if (r.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
       total_.set_prompt_tokens(r.usage().prompt_tokens());
+      total_.set_cached_tokens(std::max(total_.cached_tokens(), r.usage().cached_tokens()));
       total_.set_completion_tokens(total_.completion_tokens() + r.usage().completion_tokens());
       if (++finished_ == shape_.n && usage_) {
         out.push_back(OpenAiUsageChunkEvent(endpoint_, id_, created_, model_, total_));
@@ -151,6 +152,7 @@ class CollectSink final : public ResponseSink {
     if (r.finish_reason() != pb::FINISH_REASON_UNSPECIFIED) {
       c.finish = r.finish_reason();
       usage.set_prompt_tokens(r.usage().prompt_tokens());
+      usage.set_cached_tokens(std::max(usage.cached_tokens(), r.usage().cached_tokens()));
       usage.set_completion_tokens(usage.completion_tokens() + r.usage().completion_tokens());
     }
     return true;

@@ -220,6 +220,10 @@ StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, std::string_
     return bad("best_of", "best_of must equal n (icecache returns every sequence it generates)");
   }
   if (n > 1) r.set_n(n);
+  if (const json* v = field("cache_salt")) {
+    if (!v->is_string()) return bad("cache_salt", "cache_salt must be a string");
+    r.set_cache_salt(v->get<std::string>());
+  }
   const std::string max_top = std::to_string(kMaxTopLogprobs);
   if (chat) {
     bool want = false;
@@ -343,7 +347,8 @@ namespace {
 json UsageJson(const pb::Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens()},
           {"completion_tokens", u.completion_tokens()},
-          {"total_tokens", u.prompt_tokens() + u.completion_tokens()}};
+          {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens()}}}};
 }
 
 json FinishJson(pb::FinishReason reason) {

@@ -117,6 +117,10 @@ Status CheckRequestBeforeTokenizing(const pb::GenerateRequest& req, const cluste
                                   std::to_string(limits.max_prompt_bytes));
     }
   }
+  if (req.cache_salt().size() > 256) {
+    return InvalidArgumentError("cache_salt has " + std::to_string(req.cache_salt().size()) +
+                                " bytes, more than 256");
+  }
   if (req.stop_size() > 0 && !has_tokenizer) return InvalidArgumentError("stop strings need a model with a tokenizer");
   if (req.stop_size() > limits.max_stop_strings) {
     return InvalidArgumentError(std::to_string(req.stop_size()) + " stop strings, more than limits.max_stop_strings = " +

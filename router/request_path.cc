@@ -201,7 +201,8 @@ RequestPath::RequestPath(const cluster::ClusterConfig& config, model::ModelConfi
       decode_(decode),
       admission_(admission),
       metrics_(std::make_unique<Metrics>(
-          registry, cluster::ProcessLabels("router", cluster::ServedModelName(config.model.name, config.model.dir)))) {
+          registry, cluster::ProcessLabels("router", cluster::ServedModelName(config.model.name, config.model.dir)))),
+      prefixes_(config.cache.page_size, size_t{1} << 20) {
   for (auto [pool, role] : {std::pair{prefill_, "prefill"}, std::pair{decode_, "decode"}}) {
     if (pool == nullptr) continue;
     pool->SetUnavailableObserver([family = &metrics_->worker_unavailable, role](const std::string& a, double s) {
@@ -386,6 +387,15 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
                                                                                : config_.cache.default_budget_pages;
   pb::SamplingParams sampling = req->sampling();
   if (sampling.seed() == 0 && sampling.temperature() > 0) sampling.set_seed(std::random_device{}() | 1);
+  // KV reuse: requests share prefixes only under the same API key and cache_salt.
+  const bool prefix_routing = config_.router.prefix_routing;
+  std::string salt;
+  if (prefix_routing) {
+    std::string key = ctx.authorization();
+    if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+    salt = PrefixSalt(key, req->cache_salt());
+  }
+  int64_t cached_tokens = 0;  // of the first placement: the prompt tokens whose KV was reused
 
   // Holds one unit of a gauge (icecache_requests_waiting / _running) until Reset or scope exit.
   struct GaugeHold {
@@ -417,9 +427,25 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   bool never_fits = false;  // every worker said the request exceeds its whole pool
   // 1. Reserve on the best decode worker that has room; without room anywhere, wait in the
   // admission queue (bounded in length and time) and retry.
+  // The tokens whose KV the reservation's sequence will hold after its prefill (the prompt, or
+  // for a migration the prompt and the tokens sent but the last): the worker reuses a prefix of
+  // them and keeps them when the sequence ends. Only a first placement may reuse (a migration
+  // restarts from the shipped KV of exactly its context).
+  std::vector<int32_t> reserve_tokens = ids;
+  bool allow_reuse = true;  // false once a placement failed: its retry prefills
   auto try_reserve = [&]() -> Status {
     auto decoders = decode_->Ranked(/*claim=*/1, lost);
     if (decoders.empty()) return UnavailableError("no decode workers are configured");
+    const std::string claimed = decoders.front().address;
+    // KV-aware routing: the worker that holds the longest prefix goes first, if it is ready and
+    // not one this request lost.
+    PrefixHolder holder;
+    if (prefix_routing && allow_reuse) {
+      holder = prefixes_.Lookup(salt, reserve_tokens);
+      auto it = std::find_if(decoders.begin(), decoders.end(),
+                             [&](const WorkerInfo& w) { return w.address == holder.worker && w.healthy; });
+      if (it != decoders.end() && it != decoders.begin()) std::rotate(decoders.begin(), it, it + 1);
+    }
     grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no decode worker answered");
     size_t exhausted = 0, never = 0, tried = 0;
     bool got = false;
@@ -432,6 +458,11 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       rr.set_max_tokens(reserve_max);
       // The reservation waits for its prefill to start as long as the request may live.
       rr.set_prefill_wait_seconds(std::max(0.001, std::chrono::duration<double>(ctx.deadline() - Clock::now()).count()));
+      if (prefix_routing) {
+        rr.mutable_prompt_token_ids()->Add(reserve_tokens.begin(), reserve_tokens.end());
+        rr.set_cache_salt(salt);
+        rr.set_local_prefill_max_tokens(allow_reuse ? config_.router.local_prefill_max_tokens : 0);
+      }
       if (budget == 0) {
         rr.mutable_cache()->set_full(true);
       } else {
@@ -441,6 +472,10 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       if (s.ok()) {
         decoder = w;
         got = true;
+        // The worker the index named reuses less than it said: forget what it no longer holds.
+        if (w.address == holder.worker && reserved.cached_tokens() < holder.tokens) {
+          prefixes_.Forget(w.address, salt, reserve_tokens);
+        }
         break;
       }
       last_error = grpc::Status(s.error_code(), "reserve on " + w.address + ": " + s.error_message());
@@ -454,7 +489,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
     }
     // Move the claim Ranked() made on the first worker to the one that accepted (or drop it).
-    decode_->AddInflight(decoders.front().address, -1);
+    decode_->AddInflight(claimed, -1);
     if (got) {
       decode_->AddInflight(decoder.address, 1);
       return Status::Ok();
@@ -482,6 +517,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     }
   };
   ICE_RETURN_IF_ERROR(admit());
+  cached_tokens = reserved.cached_tokens();
   // From here on this request holds decode capacity: whoever waits may retry once it ends.
   const auto reserved_at = Clock::now();
   metrics_->queue_time.Observe(std::chrono::duration<double>(reserved_at - arrival).count());
@@ -583,7 +619,9 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     pb::PrefillResponse prefilled;
     grpc::Status s;
     bool gave_up = false;  // the retry policy ran out (wait or attempts): no migration either
-    {
+    // A reused prefix: the decode worker computes the rest of the prompt, nothing is prefilled.
+    const bool reused = reserved.cached_tokens() > 0;
+    if (!reused) {
       if (prefill_->size() == 0) {
         release(5);
         return UnavailableError("no prefill workers are configured");
@@ -606,6 +644,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       bool fresh_reservation = false;  // the last attempt failed UNAVAILABLE: reserve again first
       for (;;) {
         if (fresh_reservation) {
+          allow_reuse = false;
           if (Status again = admit(); !again.ok()) {
             if (ctx.cancelled()) return CancelledError("request cancelled by the client");
             return Status(again.code() == StatusCode::kDeadlineExceeded ? again.code() : StatusCode::kUnavailable,
@@ -679,6 +718,10 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
         return cluster::FromGrpc(s);
       }
       ds = s;
+    } else if (reused) {
+      metrics_->prompt_tokens.Increment(static_cast<double>(ids.size()));
+      waiting.Reset();
+      running.Hold(metrics_->running);
     } else {
       if (generated.empty()) {
         first_prefill = prefilled;
@@ -695,21 +738,28 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
         ICE_LOG(WARNING) << "request " << req->request_id() << ": migration re-prefill predicts token "
                          << prefilled.first_token() << " where " << generated.back() << " was sent";
       }
-      // 3. Decode stream from the last token sent.
+    }
+    if (s.ok()) {
+      // 3. Decode stream from the last token sent (or, reusing a prefix, from the prompt's end).
       const int sent = static_cast<int>(generated.size());
       auto dctx = ctx.WorkerContext();
       pb::DecodeRequest dr;
       dr.set_sequence_id(reserved.sequence_id());
       dr.set_reservation_token(reserved.reservation_token());
-      dr.set_first_token(generated.back());
       *dr.mutable_sampling() = sampling;
-      dr.set_max_tokens(req->max_tokens() - (sent - 1));
       dr.mutable_stop_token_ids()->CopyFrom(req->stop_token_ids());
       dr.set_ignore_eos(req->ignore_eos());
       dr.set_kv_wait_seconds(config_.router.kv_transfer_timeout_seconds);
-      dr.set_sampler_draws_done(sent - 1);  // tokens 2..sent were drawn on decode workers
-      // The penalties' context on the new worker: what was generated before its first token.
-      dr.mutable_prior_tokens()->Add(generated.begin(), generated.end() - 1);
+      if (reused) {
+        dr.set_first_token(-1);
+        dr.set_max_tokens(req->max_tokens());
+      } else {
+        dr.set_first_token(generated.back());
+        dr.set_max_tokens(req->max_tokens() - (sent - 1));
+        dr.set_sampler_draws_done(sent - 1);  // tokens 2..sent were drawn on decode workers
+        // The penalties' context on the new worker: what was generated before its first token.
+        dr.mutable_prior_tokens()->Add(generated.begin(), generated.end() - 1);
+      }
       auto reader = decoder.decode->Decode(dctx.get(), dr);
       pb::DecodeResponse dresp;
       bool client_gone = false;
@@ -724,7 +774,7 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
         }
         std::vector<const pb::TokenLogprob*> logprobs;
         for (const auto& l : dresp.logprobs()) logprobs.push_back(&l);
-        if (!tokens.empty() && !emit(tokens, logprobs, false)) {
+        if (!tokens.empty() && !emit(tokens, logprobs, /*first=*/generated.empty())) {
           dctx->TryCancel();
           client_gone = true;
           break;
@@ -749,8 +799,10 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
       if (ds.error_code() == grpc::StatusCode::UNAVAILABLE) decode_->MarkFailed(decoder.address);
       // The stream may have ended by a token rule before the failure reached us (the finish
       // response lost): then there is nothing to continue.
-      const model::FinishReason done = token_rules.After(generated.back(), static_cast<int>(generated.size()),
-                                                         static_cast<int64_t>(ids.size() + generated.size()));
+      const model::FinishReason done =
+          generated.empty() ? model::FinishReason::kNone
+                            : token_rules.After(generated.back(), static_cast<int>(generated.size()),
+                                                static_cast<int64_t>(ids.size() + generated.size()));
       if (done != model::FinishReason::kNone) {
         finish = done == model::FinishReason::kStop ? pb::FINISH_REASON_EOS : pb::FINISH_REASON_LENGTH;
         break;
@@ -767,8 +819,13 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
     lost.push_back(decoder.address);
     decode_->AddInflight(decode_guard.address, -decode_guard.n);
     decode_guard.n = 0;
-    reserve_prompt = static_cast<int>(ids.size() + generated.size() - 1);
-    reserve_max = req->max_tokens() - static_cast<int>(generated.size() - 1);
+    // Nothing sent yet (a reused prefix's decode failed first): the next placement prefills.
+    const size_t kept = generated.empty() ? 0 : generated.size() - 1;
+    reserve_prompt = static_cast<int>(ids.size() + kept);
+    reserve_max = req->max_tokens() - static_cast<int>(kept);
+    reserve_tokens = ids;
+    reserve_tokens.insert(reserve_tokens.end(), generated.begin(), generated.begin() + static_cast<ptrdiff_t>(kept));
+    allow_reuse = false;
     if (Status again = admit(); !again.ok()) {
       if (ctx.cancelled()) return CancelledError("request cancelled by the client");
       return UnavailableError(ds.error_message() + "; no other decode worker could continue the stream after " +
@@ -797,6 +854,14 @@ Status RequestPath::Serve(const pb::GenerateRequest& request, RequestContext& ct
   last.set_finish_reason(finish);
   last.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(ids.size()));
   last.mutable_usage()->set_completion_tokens(completion);
+  last.mutable_usage()->set_cached_tokens(static_cast<int32_t>(cached_tokens));
+  if (prefix_routing && completion > 0) {
+    // The decode worker keeps the sequence: the prompt and every token but the last (never fed).
+    std::vector<int32_t> held = ids;
+    held.insert(held.end(), generated.begin(), generated.end() - 1);
+    prefixes_.Record(decoder.address, salt, held);
+  }
+  if (cached_tokens > 0) metrics_->cached_prompt_tokens.Increment(static_cast<double>(cached_tokens));
   auto* t = last.mutable_timing();
   const double ttft = std::chrono::duration<double>(first_at - arrival).count();
   const double e2e = Since(arrival);

@@ -24,6 +24,7 @@
 #include "icecache/v1/generation.pb.h"
 #include "model/config.h"
 #include "model/tokenizer/tokenizer.h"
+#include "router/prefix_index.h"
 #include "serving/cluster_config.h"
 
 namespace prometheus {
@@ -163,6 +164,7 @@ class RequestPath {
   WorkerPool* const decode_;
   AdmissionQueue* const admission_;
   std::unique_ptr<Metrics> metrics_;
+  PrefixIndex prefixes_;  // KV-aware routing (router.prefix_routing)
   std::atomic<int> streams_{0};  // requests in progress (limit: router.max_streams)
   std::atomic<bool> draining_{false};
 };

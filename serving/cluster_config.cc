@@ -229,7 +229,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
                                          "max_streams", "http_port", "http_threads",
                                          "api_keys", "tls_cert_file", "tls_key_file", "max_migrations",
                                          "drain_seconds", "write_timeout_seconds", "retry_wait_seconds",
-                                         "retry_attempts"}));
+                                         "retry_attempts", "prefix_routing", "local_prefill_max_tokens"}));
   ICE_RETURN_IF_ERROR(ReadAddress(router, "listen", &c.router.listen, origin, "router"));
   ICE_RETURN_IF_ERROR(router.Number("metrics_port", &c.router.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(ReadDiscovery(router.Sub("prefill"), &c.router.prefill));
@@ -250,6 +250,8 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(router.Number("drain_seconds", &c.router.drain_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(router.Number("retry_wait_seconds", &c.router.retry_wait_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(router.Number("retry_attempts", &c.router.retry_attempts, 1, 1024));
+  ICE_RETURN_IF_ERROR(router.Bool("prefix_routing", &c.router.prefix_routing));
+  ICE_RETURN_IF_ERROR(router.Number("local_prefill_max_tokens", &c.router.local_prefill_max_tokens, 0, 1 << 20));
   for (const auto& k : c.router.api_keys) {
     if (k.empty() || k.find_first_of(" \t\r\n") != std::string::npos) {
       return InvalidArgumentError(origin + ": router.api_keys: a key must be non-empty and hold no whitespace");
@@ -283,12 +285,14 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
 
   MapReader decode = top.Sub("decode");
   ICE_RETURN_IF_ERROR(decode.CheckShape({"listen", "metrics_port", "threads", "pool_pages", "max_sequences",
-                                         "health_stall_seconds", "drain_seconds", "device", "devices"}));
+                                         "health_stall_seconds", "drain_seconds", "device", "devices",
+                                         "prefix_cache"}));
   ICE_RETURN_IF_ERROR(ReadAddress(decode, "listen", &c.decode.listen, origin, "decode"));
   ICE_RETURN_IF_ERROR(decode.Number("metrics_port", &c.decode.metrics_port, 0, 65535));
   ICE_RETURN_IF_ERROR(decode.Number("threads", &c.decode.threads, 0, 4096));
   ICE_RETURN_IF_ERROR(decode.Number<int64_t>("pool_pages", &c.decode.pool_pages, 1, int64_t{1} << 40));
   ICE_RETURN_IF_ERROR(decode.Number("max_sequences", &c.decode.max_sequences, 1, 1 << 20));
+  ICE_RETURN_IF_ERROR(decode.Bool("prefix_cache", &c.decode.prefix_cache));
   ICE_RETURN_IF_ERROR(decode.Number("health_stall_seconds", &c.decode.health_stall_seconds, 0.001, 86400.0));
   ICE_RETURN_IF_ERROR(decode.Number("drain_seconds", &c.decode.drain_seconds, 0.0, 86400.0));
   ICE_RETURN_IF_ERROR(decode.String("device", &c.decode.device));
@@ -465,6 +469,8 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "drain_seconds" << YAML::Value << c.router.drain_seconds;
   out << YAML::Key << "retry_wait_seconds" << YAML::Value << c.router.retry_wait_seconds;
   out << YAML::Key << "retry_attempts" << YAML::Value << c.router.retry_attempts;
+  out << YAML::Key << "prefix_routing" << YAML::Value << c.router.prefix_routing;
+  out << YAML::Key << "local_prefill_max_tokens" << YAML::Value << c.router.local_prefill_max_tokens;
   out << YAML::EndMap;
   out << YAML::Key << "prefill" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << c.prefill.listen;
@@ -483,6 +489,7 @@ std::string ClusterConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "threads" << YAML::Value << c.decode.threads;
   out << YAML::Key << "pool_pages" << YAML::Value << c.decode.pool_pages;
   out << YAML::Key << "max_sequences" << YAML::Value << c.decode.max_sequences;
+  out << YAML::Key << "prefix_cache" << YAML::Value << c.decode.prefix_cache;
   out << YAML::Key << "health_stall_seconds" << YAML::Value << c.decode.health_stall_seconds;
   out << YAML::Key << "drain_seconds" << YAML::Value << c.decode.drain_seconds;
   out << YAML::Key << "device" << YAML::Value << c.decode.device;

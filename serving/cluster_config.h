@@ -137,6 +137,13 @@ struct RouterSection {
   // ready: a prefill on one more worker with a fresh reservation, a reservation on one more decode
   // worker. Bounds the retries of a request whose workers keep failing; waits do not count.
   int retry_attempts = 8;
+  // KV reuse across requests (docs/cluster.md, "KV reuse"): the router sends each prompt's tokens
+  // and isolation salt with its reservation, remembers which decode worker holds which prefix
+  // blocks and sends a request to the worker that holds its longest prefix (prefix_routing);
+  // a worker that holds one computes the uncached rest itself when it is at most
+  // local_prefill_max_tokens tokens (otherwise the prompt is prefilled whole on a prefill worker).
+  bool prefix_routing = true;
+  int local_prefill_max_tokens = 512;
   // SIGTERM: report NOT_SERVING, refuse new requests with UNAVAILABLE and let streams in progress
   // finish for up to this long, then stop.
   double drain_seconds = 30;
@@ -176,6 +183,9 @@ struct DecodeSection {
   // Llama; reserved as virtual memory and touched only as pages fill (pinned on a GPU worker).
   int64_t pool_pages = 262144;
   int max_sequences = 64;  // sequences admitted at once: reserved, receiving or decoding
+  // Keep sequences that end as retained prefixes, reused by later requests that start with them
+  // (decode_worker/prefix_cache.h); admission evicts them, least recently used first.
+  bool prefix_cache = true;
   std::string device = "auto";  // as prefill.device
   std::vector<std::string> devices;  // as prefill.devices
   // Health: NOT_SERVING (and Stats UNAVAILABLE) when the engine loop has not come round for this

@@ -106,7 +106,9 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const prometheus::Labels& 
                              .Name("icecache_worker_unavailable_seconds_total")
                              .Help("Seconds a worker counted as not ready for requests, by role and address")
                              .Labels(p)
-                             .Register(r)) {}
+                             .Register(r)),
+      cached_prompt_tokens(Counter(r, p, "icecache_prompt_tokens_cached_total",
+                                   "Prompt tokens whose KV a decode worker reused instead of computing")) {}
 
 PrefillMetrics::PrefillMetrics(prometheus::Registry& r, const prometheus::Labels& p)
     : restarts(Restarts(r, p)),
@@ -138,7 +140,16 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r, const prometheus::Labels& 
       cache_hits(Counter(r, p, "icecache_device_page_cache_hits_total",
                          "Selected KV pages already resident on the device")),
       cache_misses(Counter(r, p, "icecache_device_page_cache_misses_total", "Selected KV pages copied host to device")),
-      h2d_bytes(Counter(r, p, "icecache_h2d_bytes_total", "KV bytes copied host to device")) {}
+      h2d_bytes(Counter(r, p, "icecache_h2d_bytes_total", "KV bytes copied host to device")),
+      kv_retained_bytes(Gauge(r, p, "icecache_kv_retained_bytes", "Host bytes of KV pages kept as reusable prefixes")),
+      prefix_entries(Gauge(r, p, "icecache_prefix_cache_entries", "Retained KV prefixes")),
+      prefix_evictions(Counter(r, p, "icecache_prefix_cache_evictions_total", "Retained KV prefixes evicted for room")),
+      prefix_lookups(Counter(r, p, "icecache_prefix_cache_queries_total", "Reservations looked up in the prefix cache")),
+      prefix_hits(Counter(r, p, "icecache_prefix_cache_hits_total", "Reservations that reused a retained prefix")),
+      prefix_reused_tokens(Counter(r, p, "icecache_prefix_cache_reused_tokens_total",
+                                   "Prompt tokens whose KV was reused instead of computed")),
+      prefix_computed_tokens(Counter(r, p, "icecache_prefix_cache_computed_tokens_total",
+                                     "Uncached prompt tokens of reused prefixes computed on this decode worker")) {}
 
 CollectiveMetrics::CollectiveMetrics(prometheus::Registry& r, const prometheus::Labels& p)
     : seconds(prometheus::BuildHistogram()

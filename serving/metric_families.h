@@ -74,6 +74,9 @@ struct RouterMetrics {
   // ready (its Stats poll failed, or a request's call to it failed UNAVAILABLE), in steps of
   // router.stats_refresh_seconds.
   prometheus::Family<prometheus::Counter>& worker_unavailable;
+  // icecache_prompt_tokens_cached_total: prompt tokens whose KV a decode worker reused (part of
+  // icecache_prompt_tokens_total; usage.cached_tokens summed).
+  prometheus::Counter& cached_prompt_tokens;
 };
 
 struct PrefillMetrics {
@@ -106,6 +109,16 @@ struct DecodeMetrics {
   prometheus::Counter& cache_hits;        // icecache_device_page_cache_hits_total
   prometheus::Counter& cache_misses;      // icecache_device_page_cache_misses_total
   prometheus::Counter& h2d_bytes;         // icecache_h2d_bytes_total
+  // KV reuse (decode_worker/prefix_cache.h). icecache_kv_host_bytes and the usage ratio count
+  // pages of sequences only; retained prefixes are evictable and counted here.
+  prometheus::Gauge& kv_retained_bytes;   // icecache_kv_retained_bytes
+  prometheus::Gauge& prefix_entries;      // icecache_prefix_cache_entries
+  prometheus::Counter& prefix_evictions;  // icecache_prefix_cache_evictions_total
+  prometheus::Counter& prefix_lookups;    // icecache_prefix_cache_queries_total: reservations that gave tokens
+  prometheus::Counter& prefix_hits;       // icecache_prefix_cache_hits_total: of those, reused a prefix
+  prometheus::Counter& prefix_reused_tokens;    // icecache_prefix_cache_reused_tokens_total
+  prometheus::Counter& prefix_computed_tokens;  // icecache_prefix_cache_computed_tokens_total: uncached
+                                                // prompt tokens computed on this decode worker
 };
 
 // Tensor parallelism (docs/parallel.md), in the prefill and the decode workers that run more than
