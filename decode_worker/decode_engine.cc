@@ -521,9 +521,9 @@ transport::Clock::time_point DecodeEngine::last_heartbeat() const {
 DecodeEngineStats DecodeEngine::stats() const {
   DecodeEngineStats s;
   s.total_pages = pool_->capacity_pages();
-  s.used_pages = pool_->used_pages();
   s.page_bytes = static_cast<int64_t>(pool_->page_bytes());
   std::lock_guard<std::mutex> lock(mu_);
+  s.used_pages = pool_->used_pages() - prefixes_->stats().pages;
   s.committed_pages = committed_pages_;
   s.decoding_sequences = decoding_;
   s.active_sequences = decoding_ + static_cast<int>(reserved_.size());
@@ -754,6 +754,12 @@ void DecodeEngine::Step() {
     update.tokens.push_back(*token);
     if (r.logprobs) update.logprobs.push_back(r.sampler->last_logprobs());
     r.stream->Push(std::move(update));
+    if (!r.feed.empty() && r.generated.size() == r.prior + 1) {
+      // Output token 1 of a reused prefix was drawn here, where a prefill worker's own sampler
+      // would have drawn it: token 2 takes the first draw of a fresh one, as after a prefill, so
+      // a seeded stream is the same whether its prefix was reused or prefilled.
+      r.sampler = std::make_unique<model::Sampler>(r.params.sampling, lm_->device());
+    }
     // The sequence holds its fed tokens plus this one, which has not been fed yet.
     auto len = backend_->SequenceLength(r.id);
     const model::FinishReason reason =

@@ -146,7 +146,7 @@ class TokenStream {
 
 struct DecodeEngineStats {
   int64_t total_pages = 0;
-  int64_t used_pages = 0;       // pages holding KV now
+  int64_t used_pages = 0;       // pages holding KV of sequences now (retained prefixes not counted)
   int64_t committed_pages = 0;  // admission estimates of live sequences
   int64_t page_bytes = 0;
   int active_sequences = 0;     // reserved, receiving or decoding
@@ -156,7 +156,7 @@ struct DecodeEngineStats {
   int64_t pages_fetched = 0;         // cumulative, sparse layers
   double retrieval_seconds = 0.0;    // cumulative
   DevicePageCacheStats device_cache;  // cumulative counters; slots/bytes of the cache
-  // The prefix cache: retained entries and their pages (counted in used_pages too), evictions,
+  // The prefix cache: retained entries and their pages (not in used_pages), evictions,
   // and cumulative lookups (reservations that gave tokens), hits (reused a prefix), reused tokens
   // and tokens computed here for reused prefixes.
   int64_t retained_pages = 0;

@@ -224,7 +224,7 @@ struct DecodeServer::Impl {
     DecodeEngineStats s = engine->stats();
     // In use by sequences; retained prefixes are evictable, so they count as free (as vLLM's
     // cache usage counts cached free blocks) and have their own gauge.
-    const int64_t live = s.used_pages - s.retained_pages;
+    const int64_t live = s.used_pages;
     metrics->kv_host_bytes.Set(static_cast<double>(live * s.page_bytes));
     metrics->kv_usage.Set(s.total_pages ? static_cast<double>(live) / s.total_pages : 0.0);
     metrics->kv_retained_bytes.Set(static_cast<double>(s.retained_pages * s.page_bytes));

@@ -426,7 +426,8 @@ TEST(ClusterRetryWait, OnlyDecodeWorkerRestartedWithinTheWaitCarriesTheStreamsOn
 // router.retry_wait_seconds: the request waits for it (a fresh reservation) and gets the greedy
 // tokens.
 TEST(ClusterRetryWait, OnlyPrefillWorkerRestartedWithinTheWaitServesTheRequest) {
-  ProcessCluster c(/*num_decode=*/1, {}, {"router.retry_wait_seconds=50"});
+  // The prefill path itself: with KV reuse the repeated prompt would not need the prefill worker.
+  ProcessCluster c(/*num_decode=*/1, {}, {"router.retry_wait_seconds=50", "router.prefix_routing=false"});
   ASSERT_TRUE(c.WaitHealthy()) << c.logs();
   const auto ref = RunStreams(c.router_address(), 1, 30);
   ASSERT_TRUE(ref[0].status.ok()) << ref[0].status.ToString();

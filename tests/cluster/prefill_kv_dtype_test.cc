@@ -95,6 +95,7 @@ TEST(ClusterKvDtype, OldScheduleGivesTheSameTokens) {
   auto slow_prefill = prefill::PrefillServer::Start(cfg);
   ASSERT_TRUE(slow_prefill.ok()) << slow_prefill.status().ToString();
   cfg.router.prefill.addresses = {(*slow_prefill)->address()};
+  cfg.router.prefix_routing = false;  // the same prompt again must be prefilled, not reused
   auto slow_router = router::RouterServer::Start(cfg);
   ASSERT_TRUE(slow_router.ok()) << slow_router.status().ToString();
   std::vector<int32_t> prompt = Prompt(200, 21);
