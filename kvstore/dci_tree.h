@@ -65,7 +65,7 @@ namespace icecache::kvstore {
 
 class DciIndex;
 
-// How the children of a cell are cut into leaves (pages); docs/kvstore.md, "Leaf layout".
+// How the children of a cell are cut into leaves (pages); docs/kvstore.md, "The tree".
 enum class LeafLayout : uint8_t {
   // In order of their projection on direction 0, spread evenly over ceil(c / page_size) leaves;
   // an insertion joins the leaf its projection falls in and a full leaf splits half/half (the
@@ -115,7 +115,8 @@ struct DciParams {
 
   // The reference with smaller cells (p1 = 0.02), whole cells scored, every upper node scored,
   // fov = max(32, 1e-3 n), and the quantised parent searches (int8 at build, bf16 at insertion).
-  // Why these values: docs/BENCHMARKS.md, kvstore section.
+  // Why these values: docs/kvstore.md, "Tunables"; current figures: docs/BENCHMARKS.md,
+  // "Build, query and insertion".
   static DciParams Tuned() {
     DciParams p;
     p.p1 = 0.02;
@@ -130,8 +131,9 @@ struct DciParams {
   // Tuned() with a selection cost that grows sub-linearly in the context: level-1 cells ranked
   // by their children's mean key plus a spread bonus (centroid_cells), fov = max(32, 0.182 sqrt(n)),
   // a GQA group expands at most fov cells in all (group_fov 1), and leaves in token order
-  // (LeafLayout::kPosition). Why: docs/BENCHMARKS.md, "Flat-cost query options" and "The leaf
-  // layout"; options measured and not served: docs/kvstore.md, "Tried and not served".
+  // (LeafLayout::kPosition). Why: docs/BENCHMARKS.md, "Flat-cost query options" and "Attention mass
+  // kept"; the leaf layout: docs/kvstore.md, "The tree"; options measured and not served:
+  // docs/kvstore.md, "Tried and not served".
   static DciParams Flat() {
     DciParams p = Tuned();
     p.fov_fraction = 0;
@@ -151,7 +153,8 @@ Status ValidateDciParams(const DciParams& p);
 // INVALID_ARGUMENT naming the accepted names otherwise.
 StatusOr<DciParams> DciParamsPreset(const std::string& name);
 // The preset that serves by default (cache.dci_preset's default; benchmarks default to it too).
-// Why Flat(): docs/BENCHMARKS.md, "Fidelity on SmolLM2" and "The serving preset".
+// Why Flat(): docs/BENCHMARKS.md, "Fidelity on SmolLM2" and "Attention mass kept"; against Tuned():
+// docs/kvstore.md, "Tunables".
 inline constexpr const char kServingDciPreset[] = "flat";
 
 // Wire form of DciParams, field by field (no padding bytes). Deserialize: DATA_LOSS when

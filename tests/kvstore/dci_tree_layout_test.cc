@@ -184,8 +184,7 @@ double OracleMass(const DciTree& tree, const SyntheticData& d, int k) {
 // The reason for the layout: synthetic topics come in runs of consecutive tokens, and keeping a
 // cell's tokens in token order keeps a run's tokens that share a cell on one page. The best 12
 // leaves keep more attention mass than the projection layout's best 12 (measured at 8k-128k on
-// 2026-12-01: git history of docs/BENCHMARKS.md, "The leaf layout"; here one fixed seed at 4k, d 64,
-// bf16 pages).
+// 2026-12-01: docs/kvstore.md, "The tree"; here one fixed seed at 4k, d 64, bf16 pages).
 TEST(DciTreeLayoutTest, PositionLeavesKeepMoreMassOnRunsOfTopics) {
   const int dim = 64, n = 4096;
   SyntheticOptions o;
