@@ -202,7 +202,7 @@ int RunAttention(int argc, char** argv) {
   int hq = 32, hkv = 8, d = 128;  // Llama-3.1-8B; --heads Q/KV --head-dim D for other models
   DType dtype = DType::kBF16;
   Backend backend = Backend::kCpu;
-  bool json = false;
+  bool json = false, check_args = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -218,6 +218,7 @@ int RunAttention(int argc, char** argv) {
     else if (a == "--batch") batch = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--json") json = true;
+    else if (a == "--check-args") check_args = true;
     else if (a == "--head-dim") d = std::atoi(next().c_str());
     else if (a == "--heads") {
       const std::string v = next();
@@ -229,7 +230,8 @@ int RunAttention(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: icecache-bench attention --context N --budget-pages B --page-size P "
-                   "[--batch 1] [--dtype bf16|f16|f32] [--heads 32/8] [--head-dim 128] [--backend cpu|cuda] [--threads T] [--json]\n");
+                   "[--batch 1] [--dtype bf16|f16|f32] [--heads 32/8] [--head-dim 128] [--backend cpu|cuda] [--threads T] [--json]\n"
+                   "  [--check-args: parse and check the options, then exit 0 without touching a device]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -241,6 +243,7 @@ int RunAttention(int argc, char** argv) {
     std::fprintf(stderr, "attention: --heads Q/KV needs Q a positive multiple of KV, --head-dim > 0\n");
     return 2;
   }
+  if (check_args) return std::printf("attention: options ok\n"), 0;
   if (threads > 0) kernels::SetCpuThreads(threads);
   backend = kernels::ResolveBackend(backend);
   if (auto probe = DeviceBuffer::Allocate(backend, 64); !probe.ok()) return Fail(probe.status());  // before GiBs of host data
@@ -397,7 +400,7 @@ int RunGemv(int argc, char** argv) {
   int n = 14336, k = 4096, m = 1, threads = 0;
   DType dtype = DType::kBF16;
   Backend backend = Backend::kCpu;
-  bool json = false;
+  bool json = false, check_args = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -412,24 +415,26 @@ int RunGemv(int argc, char** argv) {
     else if (a == "--m") m = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--json") json = true;
+    else if (a == "--check-args") check_args = true;
     else if (a == "--dtype") {
       if (auto t = kernels::ParseWeightDType(next()); t.ok()) dtype = *t; else return std::fprintf(stderr, "gemv: %s\n", t.status().message().c_str()), 2;
     } else if (a == "--backend") {
       if (!ParseBackend(next(), &backend)) return std::fprintf(stderr, "gemv: --backend cpu|cuda|auto\n"), 2;
     } else {
       std::fprintf(stderr, "usage: icecache-bench gemv [--n 14336] [--k 4096] [--m 1] "
-                           "[--dtype bf16|f16|f32|q8_0|q4_0|q4_1] [--backend cpu|cuda] [--threads T] [--json]\n");
+                           "[--dtype bf16|f16|f32|q8_0|q4_0|q4_1] [--backend cpu|cuda] [--threads T] [--json] [--check-args]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   if (n <= 0 || k <= 0 || m <= 0) return std::fprintf(stderr, "gemv: sizes must be positive\n"), 2;
+  if (kernels::IsBlockQuantized(dtype) && k % kernels::kQuantBlockValues != 0) {
+    return std::fprintf(stderr, "gemv: %s weights need k a multiple of 32\n", std::string(kernels::DTypeName(dtype)).c_str()), 2;
+  }
+  if (check_args) return std::printf("gemv: options ok\n"), 0;
   if (threads > 0) kernels::SetCpuThreads(threads);
   backend = kernels::ResolveBackend(backend);
   if (auto probe = DeviceBuffer::Allocate(backend, 64); !probe.ok()) return Fail(probe.status());
   const size_t welems = static_cast<size_t>(n) * k;
-  if (kernels::IsBlockQuantized(dtype) && k % kernels::kQuantBlockValues != 0) {
-    return std::fprintf(stderr, "gemv: %s weights need k a multiple of 32\n", std::string(kernels::DTypeName(dtype)).c_str()), 2;
-  }
   std::vector<char> w(kernels::DTypeBytes(dtype, welems));
   if (kernels::IsBlockQuantized(dtype)) {
     std::vector<float> wf(welems);

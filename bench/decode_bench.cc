@@ -256,7 +256,8 @@ constexpr const char* kUsage =
     "                             [--page-size N (DenseKvCache default)] [--json]\n"
     "                             [--budget-pages B (0 = dense; else IceCache decode, sink and window included)]\n"
     "                             [--dense-layers N (2)] [--ice-group G (1)] [--device-cache-pages P (0: the decode worker's rule)]\n"
-    "                             [--rest-estimate on|off] [--rest-cells N] (cache.rest_*; default: the serving ones)\n";
+    "                             [--rest-estimate on|off] [--rest-cells N] (cache.rest_*; default: the serving ones)\n"
+    "                             [--check-args (parse and check the options, then exit 0: no model, no device)]\n";
 
 
 int RunDecode(int argc, char** argv) {
@@ -268,6 +269,7 @@ int RunDecode(int argc, char** argv) {
   kernels::Device device;
   model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
   SparseOptions so;
+  bool check_args = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto next_int = [&](int* v) {
@@ -309,6 +311,7 @@ int RunDecode(int argc, char** argv) {
     }
     else if (f == "--page-size") ok = next_int(&page_size) && page_size >= 1;
     else if (f == "--json") json = true;
+    else if (f == "--check-args") check_args = true;
     else ok = false;
     if (!ok) {
       std::fprintf(stderr, "icecache-bench decode: bad option '%s'\n%s", f.c_str(), kUsage);
@@ -318,6 +321,11 @@ int RunDecode(int argc, char** argv) {
   if (dir.empty()) {
     std::fprintf(stderr, "icecache-bench decode: --model is required (make one with icecache make-model)\n%s", kUsage);
     return 2;
+  }
+  if (check_args) {
+    std::printf("icecache-bench decode: options ok (model %s, device %s, batch %d, context %d, steps %d, budget %d pages)\n",
+                dir.c_str(), kernels::DeviceName(device).c_str(), batch, prompt_len, steps, so.budget_pages);
+    return 0;
   }
   if (threads > 0) kernels::SetCpuThreads(threads);
   model::ModelLoadOptions load_options;

@@ -5,6 +5,7 @@
 //    output) per head, and writes a partial result; a merge kernel combines the splits exactly.
 //  * Prefill: FlashAttention-style tiles of kBr queries × kBc keys with online softmax, causal.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -187,29 +188,51 @@ __global__ void DecodeMergeKernel(const float* __restrict__ part_o, const float*
   }
 }
 
-int SmCount() {
-  static const int count = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
-  return count;
+// Device attributes the launches size themselves by, cached per device once a query succeeds. A
+// failed query is returned (and its error cleared, so the next launch check does not report it)
+// and asked again on the next call: nothing is cached from it.
+constexpr int kCachedDevices = 64;  // devices beyond this are queried every call
+
+StatusOr<int> CachedDeviceAttribute(cudaDeviceAttr attr, std::atomic<int>* cache, const char* what) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(err, "cudaGetDevice");
+  }
+  const bool cached = dev >= 0 && dev < kCachedDevices;
+  if (cached) {
+    if (const int v = cache[dev].load(std::memory_order_relaxed); v > 0) return v;
+  }
+  int n = 0;
+  err = cudaDeviceGetAttribute(&n, attr, dev);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(err, what);
+  }
+  if (n <= 0) {
+    return InternalError(std::string(what) + " returned " + std::to_string(n) + " on device " + std::to_string(dev));
+  }
+  if (cached) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
 }
 
-int MaxSharedBytes() {
-  static const int bytes = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return n;
-  }();
-  return bytes;
+StatusOr<int> SmCount() {
+  static std::atomic<int> cache[kCachedDevices];
+  return CachedDeviceAttribute(cudaDevAttrMultiProcessorCount, cache,
+                               "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+}
+
+StatusOr<int> MaxSharedBytes() {
+  static std::atomic<int> cache[kCachedDevices];
+  return CachedDeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache,
+                               "cudaDeviceGetAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)");
 }
 
 template <typename Kernel>
 Status PrepareShared(Kernel kernel, size_t bytes, const char* what) {
-  if (bytes > static_cast<size_t>(MaxSharedBytes())) {
+  ICE_ASSIGN_OR_RETURN(const int max_bytes, MaxSharedBytes());
+  if (bytes > static_cast<size_t>(max_bytes)) {
     return InvalidArgumentError(std::string(what) + ": head_dim/GQA group too large for shared memory (" +
                                 std::to_string(bytes) + " bytes needed)");
   }
@@ -317,7 +340,8 @@ Status PagedDecodeAttention(const PagedDecodeAttentionParams& p) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const int d = p.head_dim;
   // Enough blocks to fill the GPU about twice; a split with no pages just reports m = -inf.
-  const int splits = std::clamp(CeilDiv(2L * SmCount(), lists), 1, kMaxSplits);
+  ICE_ASSIGN_OR_RETURN(const int sm_count, SmCount());
+  const int splits = std::clamp(CeilDiv(2L * sm_count, lists), 1, kMaxSplits);
   void* ws = nullptr;
   const size_t parts = static_cast<size_t>(lists) * splits * group;
   ICE_RETURN_IF_ERROR(Workspace(parts * (d + 2) * sizeof(float), &ws));

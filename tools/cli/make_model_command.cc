@@ -18,7 +18,8 @@ constexpr const char* kUsage =
     "  --intermediate I (8/3 hidden)  --vocab V (512, two special tokens included)\n"
     "  --max-position P (4096)  --rope-theta T (10000)  --dtype bf16|f16|f32 (bf16)  --tie  --seed S (0)\n"
     "  --no-tokenizer    write no tokenizer.json (the model then serves token ids only)\n"
-    "  --chat-template   add <|im_start|>/<|im_end|> and a ChatML chat_template (serves chat requests)\n";
+    "  --chat-template   add <|im_start|>/<|im_end|> and a ChatML chat_template (serves chat requests)\n"
+    "  --check-args      check the options and the model shape, write nothing, exit 0\n";
 
 bool ParseInt(const char* s, long long lo, long long hi, long long* out) {
   char* end = nullptr;
@@ -34,7 +35,7 @@ int RunMakeModel(int argc, char** argv) {
   model::RandomModelSpec spec;
   spec.hidden = 256;
   spec.layers = 4;
-  bool have_arch = false;
+  bool have_arch = false, check_args = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -47,6 +48,10 @@ int RunMakeModel(int argc, char** argv) {
     }
     if (flag == "--chat-template") {
       spec.chat_template = true;
+      continue;
+    }
+    if (flag == "--check-args") {
+      check_args = true;
       continue;
     }
     if (flag == "--no-tokenizer") {
@@ -117,6 +122,18 @@ int RunMakeModel(int argc, char** argv) {
   if (spec.write_tokenizer && spec.vocab < 258) {
     std::fprintf(stderr, "icecache make-model: --vocab must be >= 258 for a byte-level tokenizer (or pass --no-tokenizer)\n");
     return 2;
+  }
+  if (check_args) {
+    auto config = model::RandomModelConfig(spec);
+    if (config.ok() && kernels::IsBlockQuantized(spec.dtype)) config = InvalidArgumentError("random checkpoints are f32, f16 or bf16");
+    if (!config.ok()) {
+      std::fprintf(stderr, "icecache make-model: %s\n", config.status().ToString().c_str());
+      return 2;
+    }
+    std::printf("icecache make-model: options ok (%d layers, hidden %d, %d/%d heads of %d, intermediate %d, vocab %d)\n",
+                config->num_layers, config->hidden_size, config->num_heads, config->num_kv_heads, config->head_dim,
+                config->intermediate_size, config->vocab_size);
+    return 0;
   }
   Status st = model::WriteRandomCheckpoint(out, spec);
   if (!st.ok()) {
