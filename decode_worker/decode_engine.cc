@@ -558,7 +558,7 @@ void DecodeEngine::ExpireReservations() {
       if (r->started) continue;
       // The clock runs from the prefill's start notice (queue time does not count); before it
       // arrives, the reservation waits at most its prefill_wait.
-      const int64_t notice = r->kv->prefill_started_ns();
+      const int64_t notice = r->kv ? r->kv->prefill_started_ns() : 0;  // none for a reused prefix
       const bool expired_now = notice != 0 ? now - Clock::time_point(Clock::duration(notice)) > limit
                                            : now - r->created > r->prefill_wait;
       if (expired_now) expired.push_back(id);
