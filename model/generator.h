@@ -1,6 +1,8 @@
 // The generation engine: continuous batching of many sequences over one LanguageModel (a Model,
 // or a TpGroup of tensor-parallel ranks) and one
-// AttentionBackend. The CLI and the decode worker drive it.
+// AttentionBackend. The CLI (`icecache generate --model`) and the benches drive it; the decode
+// worker (decode_worker/decode_engine.h) and the prefill worker (prefill_worker/prefill_engine.h)
+// run step loops of their own.
 //
 //   Generator gen(model, backend);
 //   ICE_ASSIGN_OR_RETURN(SequenceId id, gen.Add(prompt_ids, params));

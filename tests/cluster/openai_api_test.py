@@ -186,6 +186,39 @@ class OpenAiApiTest(unittest.TestCase):
             **GREEDY)
         self.assertEqual(parts.choices[0].message.content, r.choices[0].message.content)
 
+    def test_multi_turn_chat_reuses_the_conversation(self):
+        # KV reuse across requests: every turn resends the conversation; from turn 2 on the decode
+        # worker that holds it computes only the new tokens (usage.prompt_tokens_details), and the
+        # answers equal those of the same conversation under another cache_salt (no reuse there).
+        doc = "Report %d. " % random.randrange(1 << 30) + " ".join("line %d of the document" % i for i in range(60))
+        messages = [{"role": "user", "content": doc + "\nSummarise it."}]
+        full = {"temperature": 0, "extra_body": {"ignore_eos": True, "budget_pages": "full"}}
+        previous_prompt = 0
+        for turn in range(3):
+            r = self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, **full)
+            # A salt of its own each turn: nothing to reuse, the whole prompt is prefilled.
+            other = {"temperature": 0, "extra_body": {"ignore_eos": True, "budget_pages": "full",
+                                                      "cache_salt": "reference-%d" % turn}}
+            ref = self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, **other)
+            self.assertEqual(r.choices[0].message.content, ref.choices[0].message.content)
+            self.assertEqual(ref.usage.prompt_tokens_details.cached_tokens, 0)
+            cached = r.usage.prompt_tokens_details.cached_tokens
+            if turn == 0:
+                self.assertEqual(cached, 0)
+            else:
+                # At least the previous turn's prompt (its answer re-rendered by the template may
+                # tokenize differently at the end), never the whole prompt.
+                self.assertGreaterEqual(cached, previous_prompt - 4)
+                self.assertLess(cached, r.usage.prompt_tokens)
+            previous_prompt = r.usage.prompt_tokens
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": "And then %d?" % turn}]
+        # Streaming reports it in the usage chunk too.
+        chunks = list(self.client.chat.completions.create(model=MODEL, messages=messages[:-2], max_tokens=4,
+                                                          stream=True, stream_options={"include_usage": True},
+                                                          **full))
+        self.assertGreater(chunks[-1].usage.prompt_tokens_details.cached_tokens, 0)
+
     def test_streaming_completion_matches_and_reports_usage(self):
         whole = self.client.completions.create(model=MODEL, prompt="A cache keeps", max_tokens=10, **GREEDY)
         chunks = list(self.client.completions.create(model=MODEL, prompt="A cache keeps", max_tokens=10, stream=True,
