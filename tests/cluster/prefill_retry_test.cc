@@ -36,27 +36,7 @@ constexpr const char* kStallEnv = "ICECACHE_TEST_PREFILL_STALL_AFTER_SEGMENTS";
 // shipment stalls (a 40-token prompt ships 80 pages in 40 runs with ucx.max_segment_bytes 1024).
 constexpr int kStallAfter = 6;
 
-std::string ModelDir() {
-  const std::string dir = ::testing::TempDir() + "/icecache_prefill_retry_model";
-  model::RandomModelSpec spec;
-  spec.hidden = 64;
-  spec.layers = 4;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.vocab = 320;
-  spec.max_position = 4096;
-  spec.dtype = kernels::DType::kF32;
-  spec.seed = 23;
-  EXPECT_TRUE(model::EnsureRandomCheckpoint(dir, spec).ok());
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string ModelDir() { return SmallRandomModel("icecache_prefill_retry_model", 23); }
 
 struct Process {
   std::string name, address, log;

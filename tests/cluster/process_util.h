@@ -3,16 +3,20 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/subprocess.h"
+#include "model/random_checkpoint.h"
 
 namespace icecache::testing {
 
@@ -27,6 +31,31 @@ inline pid_t Spawn(const std::vector<std::string>& args, const std::string& log 
   o.env.insert(o.env.end(), env.begin(), env.end());
   StatusOr<pid_t> pid = SpawnProcess(args, o);
   return pid.ok() ? *pid : -1;
+}
+
+// A file's whole contents ("" when it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The small random f32 Llama the process tests serve (4 layers, 4 heads over 2 kv heads, hidden
+// 64, vocab 320), written once to TempDir()/name; its directory.
+inline std::string SmallRandomModel(const std::string& name, uint64_t seed) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  model::RandomModelSpec spec;
+  spec.hidden = 64;
+  spec.layers = 4;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.vocab = 320;
+  spec.max_position = 4096;
+  spec.dtype = kernels::DType::kF32;
+  spec.seed = seed;
+  EXPECT_TRUE(model::EnsureRandomCheckpoint(dir, spec).ok());
+  return dir;
 }
 
 // The body of GET http://127.0.0.1:port/metrics ("" when it cannot be read).

@@ -39,27 +39,7 @@ using Clock = std::chrono::steady_clock;
 const std::string kBin = std::string(ICECACHE_BINARY_DIR) + "/bin/";
 const double kSlow = sanitizer::kThread ? 5 : 1;  // TSan runs the processes 5-15x slower
 
-std::string ModelDir() {
-  const std::string dir = ::testing::TempDir() + "/icecache_supervision_model";
-  model::RandomModelSpec spec;
-  spec.hidden = 64;
-  spec.layers = 4;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.vocab = 320;
-  spec.max_position = 4096;
-  spec.dtype = kernels::DType::kF32;
-  spec.seed = 29;
-  EXPECT_TRUE(model::EnsureRandomCheckpoint(dir, spec).ok());
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string ModelDir() { return SmallRandomModel("icecache_supervision_model", 29); }
 
 // Waits up to `seconds` for `done()`.
 bool WaitFor(double seconds, const std::function<bool()>& done) {
