@@ -70,8 +70,8 @@
 namespace icecache::decode {
 
 struct DecodeEngineOptions {
-  int page_size = 16;
-  int64_t pool_pages = 16384;
+  int page_size = kernels::kDefaultPageSize;
+  int64_t pool_pages = kvstore::kDefaultDecodePoolPages;
   int max_sequences = 64;
   double reservation_timeout_seconds = 120;
   int threads = 0;  // OpenMP threads of the forward pass (0 = OpenMP's default)

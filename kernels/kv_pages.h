@@ -15,6 +15,10 @@
 
 namespace icecache::kernels {
 
+// Tokens per KV page (cache.page_size) wherever a caller does not choose: the one default of the
+// config, the engines, the caches and the CLI.
+inline constexpr int kDefaultPageSize = 16;
+
 // Writes row r, head g of k and v (converted to kv_dtype, round to nearest even) into the slot
 // slot_ids[r * num_heads + g]: K into the page's K block, V into its V block. A negative slot id
 // skips that row and head. Slot ids of one call must be distinct.

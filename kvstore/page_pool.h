@@ -23,15 +23,20 @@
 
 #include "common/status.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_pages.h"
 
 namespace icecache::kvstore {
+
+// A decode worker's host pool, in pages, unless decode.pool_pages says otherwise (config and
+// engine alike): 1 GiB at head_dim 64 in bf16, reserved as virtual memory, touched as pages fill.
+inline constexpr int64_t kDefaultDecodePoolPages = 262144;
 
 // Allocates `bytes` of host memory aligned to at least 64 bytes; returns nullptr on failure.
 using HostAllocFn = void* (*)(size_t bytes, void* ctx);
 using HostFreeFn = void (*)(void* ptr, size_t bytes, void* ctx);
 
 struct PagePoolOptions {
-  int page_size = 16;            // token slots per page, >= 1
+  int page_size = kernels::kDefaultPageSize;  // token slots per page, >= 1
   int head_dim = 128;            // >= 1
   kernels::DType dtype = kernels::DType::kBF16;
   int64_t num_pages = 0;         // capacity, >= 1 (page ids are int32)

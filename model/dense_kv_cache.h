@@ -24,12 +24,13 @@
 #include "kernels/backend.h"
 #include "kernels/device_buffer.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_pages.h"
 #include "model/attention_backend.h"
 
 namespace icecache::model {
 
 struct DenseKvCacheOptions {
-  int page_size = 16;
+  int page_size = kernels::kDefaultPageSize;
   kernels::DType kv_dtype = kernels::DType::kF32;
   int64_t max_pages = 0;  // pool limit in pages (0 = grow without limit)
   kernels::Device device;  // where the pages live and attention runs (the model's device)

@@ -43,6 +43,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_pages.h"
 #include "kvstore/dci_tree.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -52,7 +53,7 @@
 namespace icecache::prefill {
 
 struct PrefillEngineOptions {
-  int page_size = 16;
+  int page_size = kernels::kDefaultPageSize;
   int dense_layers = 2;
   int sink_pages = 2;
   int window_pages = 2;

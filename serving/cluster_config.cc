@@ -187,7 +187,7 @@ StatusOr<ClusterConfig> FromNode(const YAML::Node& root, const std::string& orig
   ICE_RETURN_IF_ERROR(cache.Number("sink_pages", &c.cache.sink_pages, 0, 4096));
   ICE_RETURN_IF_ERROR(cache.Number("window_pages", &c.cache.window_pages, 1, 4096));
   ICE_RETURN_IF_ERROR(cache.String("dci_preset", &c.cache.dci_preset));
-  if (c.cache.dci_preset != "reference" && c.cache.dci_preset != "tuned" && c.cache.dci_preset != "flat") {
+  if (!kvstore::DciParamsPreset(c.cache.dci_preset).ok()) {
     return InvalidArgumentError(origin + ": cache.dci_preset: must be reference, tuned or flat, got '" +
                                 c.cache.dci_preset + "'");
   }

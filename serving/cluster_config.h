@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kvstore/dci_tree.h"
+#include "kvstore/page_pool.h"
 #include "kvstore/retriever.h"
 
 namespace icecache::cluster {
@@ -23,7 +24,7 @@ struct ModelSection {
 };
 
 struct CacheSection {
-  int page_size = 16;             // tokens per KV page
+  int page_size = kernels::kDefaultPageSize;  // tokens per KV page
   int default_budget_pages = 16;  // budget when a request names none; 0 = full attention
   int dense_layers = 2;           // first layers that always attend fully
   int sink_pages = 2;
@@ -181,7 +182,7 @@ struct DecodeSection {
   // Host KV pages, each page_size tokens of ONE (layer, KV head), keys and values. 262144 pages are
   // 1 GiB at head_dim 64 in bf16 (2 GiB at 128): a ~45k-token SmolLM2 sequence, ~16k of an 8B
   // Llama; reserved as virtual memory and touched only as pages fill (pinned on a GPU worker).
-  int64_t pool_pages = 262144;
+  int64_t pool_pages = kvstore::kDefaultDecodePoolPages;
   int max_sequences = 64;  // sequences admitted at once: reserved, receiving or decoding
   // Keep sequences that end as retained prefixes, reused by later requests that start with them
   // (decode_worker/prefix_cache.h); admission evicts them, least recently used first.

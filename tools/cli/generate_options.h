@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/kv_pages.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -54,7 +55,7 @@ struct GenerateOptions {
   enum class Output { kDefault, kText, kIds } output = Output::kDefault;
   bool add_bos = true;
   bool chat = false;
-  int kv_page_size = 16;
+  int kv_page_size = kernels::kDefaultPageSize;
   int threads = 0;
   kernels::Device device;  // where the model runs (auto: a GPU when present)
   model::GgufWeights gguf_weights = model::GgufWeights::kKeep;
