@@ -45,18 +45,7 @@ cache=${ICECACHE_LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/icecache/llama.cp
 mkdir -p "$cache"
 
 if [ -z "$llama_bench" ]; then
-  llama_bench=$(find "$cache" -path '*/build/bin/llama-bench' -type f 2>/dev/null | head -1)
-  if [ -z "$llama_bench" ]; then
-    echo "bench-llamacpp: building llama-bench from PyPI's llama-cpp-python sdist into $cache" >&2
-    (cd "$cache" && python3 -m pip download llama-cpp-python --no-binary :all: --no-deps -d . -q)
-    sdist=$(ls "$cache"/llama_cpp_python-*.tar.gz | tail -1)
-    tar -xzf "$sdist" -C "$cache"
-    src=$(ls -d "$cache"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
-    cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-    cmake --build "$src/build" --target llama-bench -j "$threads" >/dev/null
-    llama_bench="$src/build/bin/llama-bench"
-  fi
+  llama_bench=$(ICECACHE_JOBS=$threads scripts/build-llamacpp.sh llama-bench)
 fi
 if [ -z "$gguf" ]; then
   gguf="$cache/SmolLM2-135M-Instruct.bf16.gguf"
