@@ -89,7 +89,8 @@ struct DecodeEngine::Running {
   std::shared_ptr<TokenStream> stream;
   // The prefix cache: the tokens whose KV the sequence holds (empty: not retained when it ends),
   // its salt and whether it has trees; the uncached tokens of a reused prefix still to feed
-  // (feed[fed] is the next input while fed < feed.size()), and the mode to go back to after them.
+  // (feed[fed] is the next input while fed < feed.size(); fed = feed.size() + 1 once output token 1
+  // was sampled from the last one's logits).
   std::vector<int32_t> kv_tokens;
   std::string salt;
   bool indexed = false;
